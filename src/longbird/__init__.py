@@ -1,0 +1,21 @@
+"""longbird: turn a short pretrained encoder into a long-context encoder without pretraining from scratch."""
+
+from .config import PRESETS, LongBirdConfig
+from .modeling import (
+    LongBirdForMaskedLM,
+    LongBirdForQuestionAnswering,
+    LongBirdForSequenceClassification,
+    LongBirdModel,
+    register_auto_classes,
+)
+from .convert import SUPPORTED_FAMILIES, convert
+
+__version__ = "0.1.0"
+METHODS = {"kobigbird": "BigBird ITC block-sparse attention + TAPER absolute positions (KoBigBird-large)"}
+
+register_auto_classes()
+
+__all__ = [
+    "METHODS", "PRESETS", "SUPPORTED_FAMILIES", "LongBirdConfig", "LongBirdForMaskedLM", "LongBirdForQuestionAnswering",
+    "LongBirdForSequenceClassification", "LongBirdModel", "convert",
+]

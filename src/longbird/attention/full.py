@@ -1,0 +1,14 @@
+"""Full attention through PyTorch SDPA (the fast dense path used at or below the source length)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def full_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """query/key/value (b, h, n, d); key_mask (b, n) bool, True = real token. Returns (b, h, n, d)."""
+    attn_mask = None if key_mask is None or bool(key_mask.all()) else key_mask[:, None, None, :]
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask)

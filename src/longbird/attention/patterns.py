@@ -1,0 +1,98 @@
+"""BigBird ITC block pattern as a small object: fast code reads its block indices, tests materialise it.
+
+Notation: b = block size, n = number of blocks, r = random blocks per query block, H = heads.
+Query blocks 0 and n-1 are global (attend to every key); every middle block i attends to the global
+blocks {0, n-1}, its window {i-1, i, i+1} and r random blocks drawn from the rest (BigBird ITC, Zaheer
+et al. 2020 §2; KoBigBird-large keeps the same pattern).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+WINDOW_BLOCKS = 3
+GLOBAL_BLOCKS = 2
+
+
+@dataclass(frozen=True)
+class BigBirdPattern:
+    """The block pattern for one layer at one length.
+
+    `random_blocks` (H, n-2, r) long: key-block index of each random block of each middle query block,
+    -1 where there were fewer than r candidate blocks (short inputs).
+    """
+
+    num_blocks: int
+    block_size: int
+    random_blocks: torch.Tensor
+
+    @property
+    def num_heads(self) -> int:
+        return self.random_blocks.shape[0]
+
+    def middle_key_blocks(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Key-block indices (H, n-2, 5+r) of every middle query block, and a bool validity (H, n-2, 5+r).
+
+        Order: first global, left, own, right, last global, random. A window block that is also a global
+        block is marked invalid so no key is counted twice.
+        """
+        n = self.num_blocks
+        heads = self.num_heads
+        middle = torch.arange(1, n - 1)
+        fixed = torch.stack(
+            [torch.zeros_like(middle), middle - 1, middle, middle + 1, torch.full_like(middle, n - 1)], dim=-1
+        )  # (n-2, 5)
+        fixed_valid = torch.ones_like(fixed, dtype=torch.bool)
+        fixed_valid[:, 1] = middle - 1 != 0
+        fixed_valid[:, 3] = middle + 1 != n - 1
+        fixed_valid[:, 4] = n - 1 != 0
+        fixed = fixed.expand(heads, -1, -1)
+        fixed_valid = fixed_valid.expand(heads, -1, -1)
+        random_valid = self.random_blocks >= 0
+        indices = torch.cat([fixed, self.random_blocks.clamp(min=0)], dim=-1)
+        valid = torch.cat([fixed_valid, random_valid], dim=-1)
+        return indices, valid
+
+    def materialize(self) -> torch.Tensor:
+        """The pattern as a dense bool mask (H, n*b, n*b), True = query may attend key. For tests/reference."""
+        n, b, heads = self.num_blocks, self.block_size, self.num_heads
+        block_mask = torch.zeros(heads, n, n, dtype=torch.bool)
+        block_mask[:, 0, :] = True
+        block_mask[:, n - 1, :] = True
+        if n > 2:
+            indices, valid = self.middle_key_blocks()
+            rows = torch.arange(1, n - 1)[None, :, None].expand_as(indices)
+            heads_index = torch.arange(heads)[:, None, None].expand_as(indices)
+            block_mask[heads_index[valid], rows[valid], indices[valid]] = True
+        return block_mask.repeat_interleave(b, dim=1).repeat_interleave(b, dim=2)
+
+
+def _plan_seed(seed: int, layer: int, num_blocks: int) -> int:
+    # A stable integer (not Python's salted hash) so plans agree across processes and runs.
+    return (seed * 1_000_003 + layer * 10_007 + num_blocks) % (2**63 - 1)
+
+
+@lru_cache(maxsize=256)
+def bigbird_pattern(
+    num_blocks: int, block_size: int, num_heads: int, num_random_blocks: int, seed: int, layer: int
+) -> BigBirdPattern:
+    """Draw the random blocks for (layer, length) once from a seeded generator; same plan in train and eval."""
+    n, r = num_blocks, num_random_blocks
+    middle = max(n - 2, 0)
+    if middle == 0 or r == 0:
+        return BigBirdPattern(n, block_size, torch.full((num_heads, middle, r), -1, dtype=torch.long))
+    generator = torch.Generator().manual_seed(_plan_seed(seed, layer, n))
+    keys = torch.rand(num_heads, middle, n, generator=generator)
+    rows = torch.arange(1, n - 1)[:, None]
+    cols = torch.arange(n)[None, :]
+    excluded = (cols == 0) | (cols == n - 1) | ((cols - rows).abs() <= 1)  # global + window blocks
+    keys = keys.masked_fill(excluded, float("inf"))
+    take = min(r, n)
+    chosen_keys, chosen = keys.topk(take, dim=-1, largest=False)
+    chosen = chosen.masked_fill(chosen_keys.isinf(), -1)
+    if take < r:
+        chosen = torch.cat([chosen, chosen.new_full((num_heads, middle, r - take), -1)], dim=-1)
+    return BigBirdPattern(n, block_size, chosen)

@@ -1,0 +1,105 @@
+"""LongBirdConfig: the source architecture plus two orthogonal choices, attention and position (design.md §3)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from huggingface_hub.dataclasses import strict
+from transformers import PreTrainedConfig
+
+ATTENTIONS = ("full", "bigbird", "littlebird")
+POSITIONS = ("absolute", "bialibi", "tape")
+POSITION_EXTENSIONS = ("taper", "copy")
+# Methods whose kernels land in later issues; the config names them so errors can say so.
+NOT_YET_AVAILABLE = {"attention": {"littlebird"}, "position": {"bialibi", "tape"}}
+
+# Paper systems as presets (design.md §3): only the two choices and their knobs, never architecture sizes.
+PRESETS: dict[str, dict[str, Any]] = {
+    "kobigbird": {"attention": "bigbird", "position": "absolute", "position_extension": "taper", "min_type_vocab_size": 2},
+    "full": {"attention": "full", "position": "absolute", "position_extension": "taper"},
+}
+
+
+@strict
+class LongBirdConfig(PreTrainedConfig):
+    """Configuration of a longbird encoder (model_type "longbird").
+
+    `source_max_positions` (L) is the number of usable learned positions of the source model;
+    `max_position_embeddings` is the target length. With attention "bigbird", inputs of length
+    <= `full_attention_max_length` (default L) use full attention, longer ones block-sparse attention.
+    """
+
+    model_type = "longbird"
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float | int = 0.1
+    attention_probs_dropout_prob: float | int = 0.0
+    max_position_embeddings: int = 4096
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int | None = 0
+    embedding_size: int | None = None
+    classifier_dropout: float | int | None = None
+    tie_word_embeddings: bool = True
+    # Where the weights came from.
+    source_model_type: str = "bert"
+    source_max_positions: int = 512
+    add_pooling_layer: bool = True
+    lm_head_act: str | None = None
+    # Method choices.
+    attention: str = "bigbird"
+    position: str = "absolute"
+    position_extension: str = "taper"
+    taper_schedule: str = "exp"
+    taper_mode: str = "scale"
+    taper_tau: float | int = 2.0
+    block_size: int = 64
+    num_random_blocks: int = 3
+    full_attention_max_length: int | None = None
+    random_seed: int = 0
+
+    def __post_init__(self, **kwargs):
+        if self.embedding_size is None:
+            self.embedding_size = self.hidden_size
+        if self.full_attention_max_length is None:
+            self.full_attention_max_length = self.source_max_positions
+        super().__post_init__(**kwargs)
+
+    @property
+    def has_lm_head(self) -> bool:
+        return self.lm_head_act is not None
+
+    def validate_architecture(self):
+        """Part of `@strict` validation: every error names the value and the fix."""
+        if self.hidden_size % self.num_attention_heads != 0:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads ({self.num_attention_heads})"
+            )
+        for name, allowed in (("attention", ATTENTIONS), ("position", POSITIONS)):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}; got {value!r}")
+            if value in NOT_YET_AVAILABLE[name]:
+                raise ValueError(f"{name}={value!r} is not implemented in this version of longbird; use one of "
+                                 f"{tuple(v for v in allowed if v not in NOT_YET_AVAILABLE[name])}")
+        if self.position_extension not in POSITION_EXTENSIONS:
+            raise ValueError(f"position_extension must be one of {POSITION_EXTENSIONS}; got {self.position_extension!r}")
+        if self.max_position_embeddings < self.source_max_positions:
+            raise ValueError(
+                f"max_position_embeddings ({self.max_position_embeddings}) is below the source length "
+                f"({self.source_max_positions}); use max_length >= {self.source_max_positions}"
+            )
+        if self.attention == "bigbird":
+            if self.block_size < 1 or self.max_position_embeddings % self.block_size != 0:
+                raise ValueError(
+                    f"max_length ({self.max_position_embeddings}) must be a multiple of block_size ({self.block_size}); "
+                    f"use max_length={-(-self.max_position_embeddings // self.block_size) * self.block_size}"
+                )
+            if self.num_random_blocks < 0:
+                raise ValueError(f"num_random_blocks must be >= 0; got {self.num_random_blocks}")

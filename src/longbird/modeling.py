@@ -1,0 +1,366 @@
+"""LongBirdModel and task heads. Module names mirror transformers' BERT so weights map one to one.
+
+Per call the encoder chooses its attention: full (SDPA) when the input is at or below
+`full_attention_max_length`, otherwise the configured sparse kernel on inputs right-padded to a block
+multiple (padding masked as keys and stripped from outputs). `attn_implementation="reference"` routes
+every layer through the dense oracle with the same pattern materialised as a mask.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.activations import ACT2FN
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPooling,
+    MaskedLMOutput,
+    QuestionAnsweringModelOutput,
+    SequenceClassifierOutput,
+)
+from transformers.modeling_utils import AttentionInterface
+
+from .attention import bigbird_attention, bigbird_pattern, full_attention, reference_attention
+from .config import LongBirdConfig
+
+REFERENCE = "reference"
+
+
+def _reference_marker(*args, **kwargs):
+    raise RuntimeError("longbird's 'reference' implementation is dispatched inside LongBirdModel, not called directly")
+
+
+# Registering the name lets `from_pretrained(..., attn_implementation="reference")` pass transformers' checks.
+AttentionInterface.register(REFERENCE, _reference_marker)
+
+
+class LongBirdEmbeddings(nn.Module):
+    def __init__(self, config: LongBirdConfig):
+        super().__init__()
+        width = config.embedding_size
+        self.word_embeddings = nn.Embedding(config.vocab_size, width, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, width)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, width)
+        self.LayerNorm = nn.LayerNorm(width, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids=None, token_type_ids=None, position_ids=None, inputs_embeds=None):
+        if inputs_embeds is None:
+            inputs_embeds = self.word_embeddings(input_ids)
+        embeddings = inputs_embeds + self.position_embeddings(position_ids) + self.token_type_embeddings(token_type_ids)
+        return self.dropout(self.LayerNorm(embeddings))
+
+
+class LongBirdSelfAttention(nn.Module):
+    def __init__(self, config: LongBirdConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def _heads(self, x):
+        batch, length, _ = x.shape
+        return x.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (b, h, n, d)
+
+    def forward(self, hidden_states, key_mask, pattern=None, use_reference=False):
+        query, key, value = (self._heads(proj(hidden_states)) for proj in (self.query, self.key, self.value))
+        if use_reference:
+            mask = key_mask[:, None, None, :]
+            if pattern is not None:
+                mask = mask & pattern.materialize().to(key_mask.device)[None]
+            context = reference_attention(query, key, value, mask)
+        elif pattern is not None:
+            context = bigbird_attention(query, key, value, key_mask, pattern)
+        else:
+            context = full_attention(query, key, value, key_mask)
+        batch, _, length, _ = context.shape
+        return context.transpose(1, 2).reshape(batch, length, -1)
+
+
+class LongBirdSelfOutput(nn.Module):
+    def __init__(self, config: LongBirdConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden_states, residual):
+        return self.LayerNorm(self.dropout(self.dense(hidden_states)) + residual)
+
+
+class LongBirdAttention(nn.Module):
+    def __init__(self, config: LongBirdConfig):
+        super().__init__()
+        self.self = LongBirdSelfAttention(config)
+        self.output = LongBirdSelfOutput(config)
+
+    def forward(self, hidden_states, key_mask, pattern=None, use_reference=False):
+        return self.output(self.self(hidden_states, key_mask, pattern, use_reference), hidden_states)
+
+
+class LongBirdIntermediate(nn.Module):
+    def __init__(self, config: LongBirdConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.intermediate_act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, hidden_states):
+        return self.intermediate_act_fn(self.dense(hidden_states))
+
+
+class LongBirdOutput(LongBirdSelfOutput):
+    def __init__(self, config: LongBirdConfig):
+        super().__init__(config)
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+
+
+class LongBirdLayer(nn.Module):
+    def __init__(self, config: LongBirdConfig):
+        super().__init__()
+        self.attention = LongBirdAttention(config)
+        self.intermediate = LongBirdIntermediate(config)
+        self.output = LongBirdOutput(config)
+
+    def forward(self, hidden_states, key_mask, pattern=None, use_reference=False):
+        attended = self.attention(hidden_states, key_mask, pattern, use_reference)
+        return self.output(self.intermediate(attended), attended)
+
+
+class LongBirdEncoder(nn.Module):
+    def __init__(self, config: LongBirdConfig):
+        super().__init__()
+        self.config = config
+        self.layer = nn.ModuleList(LongBirdLayer(config) for _ in range(config.num_hidden_layers))
+
+    def uses_sparse_attention(self, length: int) -> bool:
+        """Decided per call from the input length; the model is never switched permanently."""
+        return self.config.attention == "bigbird" and length > self.config.full_attention_max_length
+
+    def forward(self, hidden_states, key_mask, use_reference=False, output_hidden_states=False):
+        config = self.config
+        length = hidden_states.shape[1]
+        sparse = self.uses_sparse_attention(length)
+        if sparse:
+            # Right-pad to a block multiple; padded keys are masked and padded rows stripped below.
+            padded = -(-length // config.block_size) * config.block_size
+            if padded != length:
+                hidden_states = nn.functional.pad(hidden_states, (0, 0, 0, padded - length))
+                key_mask = nn.functional.pad(key_mask, (0, padded - length), value=False)
+        all_hidden = [hidden_states[:, :length]] if output_hidden_states else None
+        for index, layer in enumerate(self.layer):
+            pattern = None
+            if sparse:
+                pattern = bigbird_pattern(
+                    hidden_states.shape[1] // config.block_size, config.block_size, config.num_attention_heads,
+                    config.num_random_blocks, config.random_seed, index,
+                )
+            hidden_states = layer(hidden_states, key_mask, pattern, use_reference)
+            if output_hidden_states:
+                all_hidden.append(hidden_states[:, :length])
+        return hidden_states[:, :length], all_hidden
+
+
+class LongBirdPreTrainedModel(PreTrainedModel):
+    config_class = LongBirdConfig
+    config: LongBirdConfig
+    base_model_prefix = "longbird"
+    supports_gradient_checkpointing = False
+    _supports_sdpa = True
+    _supports_attention_backend = True
+
+
+class LongBirdModel(LongBirdPreTrainedModel):
+    def __init__(self, config: LongBirdConfig):
+        super().__init__(config)
+        self.embeddings = LongBirdEmbeddings(config)
+        if config.embedding_size != config.hidden_size:
+            self.embeddings_project = nn.Linear(config.embedding_size, config.hidden_size)  # ELECTRA
+        self.encoder = LongBirdEncoder(config)
+        self.pooler = LongBirdPooler(config) if config.add_pooling_layer else None
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value):
+        self.embeddings.word_embeddings = value
+
+    def _check_inputs(self, input_ids, inputs_embeds, token_type_ids, position_ids):
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids or inputs_embeds")
+        shape = input_ids.shape if input_ids is not None else inputs_embeds.shape[:2]
+        length, limit = shape[1], self.config.max_position_embeddings
+        if length > limit:
+            raise ValueError(
+                f"input length {length} exceeds max_position_embeddings ({limit}); truncate or window the input "
+                f"to {limit} tokens, or convert with max_length >= {length}"
+            )
+        if token_type_ids is not None and token_type_ids.numel() and (
+            token_type_ids.min() < 0 or token_type_ids.max() >= self.config.type_vocab_size
+        ):
+            bad = int(token_type_ids.max() if token_type_ids.max() >= self.config.type_vocab_size else token_type_ids.min())
+            raise ValueError(
+                f"token_type_ids contains {bad}, outside 0..{self.config.type_vocab_size - 1} "
+                f"(type_vocab_size={self.config.type_vocab_size}); convert with type_vocab_size={bad + 1} or fix the ids"
+            )
+        if position_ids is not None and position_ids.numel() and (
+            position_ids.min() < 0 or position_ids.max() >= limit
+        ):
+            raise ValueError(f"position_ids must lie in 0..{limit - 1}; got max {int(position_ids.max())}")
+        return shape
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ):
+        batch, length = self._check_inputs(input_ids, inputs_embeds, token_type_ids, position_ids)
+        device = input_ids.device if input_ids is not None else inputs_embeds.device
+        if attention_mask is None:
+            attention_mask = torch.ones(batch, length, dtype=torch.bool, device=device)
+        if token_type_ids is None:
+            token_type_ids = torch.zeros(batch, length, dtype=torch.long, device=device)
+        if position_ids is None:
+            position_ids = torch.arange(length, device=device).expand(batch, -1)
+        hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
+        if hasattr(self, "embeddings_project"):
+            hidden_states = self.embeddings_project(hidden_states)
+        use_reference = self.config._attn_implementation == REFERENCE
+        output_hidden_states = bool(output_hidden_states or self.config.output_hidden_states)
+        sequence_output, all_hidden = self.encoder(
+            hidden_states, attention_mask.bool(), use_reference, output_hidden_states
+        )
+        pooled = self.pooler(sequence_output) if self.pooler is not None else None
+        output = BaseModelOutputWithPooling(
+            last_hidden_state=sequence_output,
+            pooler_output=pooled,
+            hidden_states=tuple(all_hidden) if all_hidden is not None else None,
+        )
+        return output if return_dict is not False else output.to_tuple()
+
+
+class LongBirdPooler(nn.Module):
+    def __init__(self, config: LongBirdConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.activation = nn.Tanh()
+
+    def forward(self, hidden_states):
+        return self.activation(self.dense(hidden_states[:, 0]))
+
+
+class LongBirdLMHead(nn.Module):
+    """dense -> act -> LayerNorm -> decoder: the common shape of BERT's, RoBERTa's and ELECTRA's MLM heads."""
+
+    def __init__(self, config: LongBirdConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.embedding_size)
+        self.act = ACT2FN[config.lm_head_act or config.hidden_act]
+        self.LayerNorm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
+        self.decoder = nn.Linear(config.embedding_size, config.vocab_size, bias=False)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, hidden_states):
+        return self.decoder(self.LayerNorm(self.act(self.dense(hidden_states)))) + self.bias
+
+
+class LongBirdForMaskedLM(LongBirdPreTrainedModel):
+    _tied_weights_keys = {"lm_head.decoder.weight": "longbird.embeddings.word_embeddings.weight"}
+
+    def __init__(self, config: LongBirdConfig):
+        super().__init__(config)
+        self.longbird = LongBirdModel(config)
+        self.lm_head = LongBirdLMHead(config)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head.decoder
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head.decoder = new_embeddings
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, labels=None, output_hidden_states=None, return_dict=None, **kwargs):
+        outputs = self.longbird(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                                output_hidden_states=output_hidden_states)
+        logits = self.lm_head(outputs.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.view(-1))
+        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+
+
+class LongBirdForSequenceClassification(LongBirdPreTrainedModel):
+    """Classifier on the pooled [CLS] state (the source pooler when it has one, else the raw [CLS] state)."""
+
+    def __init__(self, config: LongBirdConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.longbird = LongBirdModel(config)
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, labels=None, output_hidden_states=None, return_dict=None, **kwargs):
+        outputs = self.longbird(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                                output_hidden_states=output_hidden_states)
+        pooled = outputs.pooler_output if outputs.pooler_output is not None else outputs.last_hidden_state[:, 0]
+        logits = self.classifier(self.dropout(pooled))
+        loss = None
+        if labels is not None:
+            if self.num_labels == 1:
+                loss = nn.functional.mse_loss(logits.squeeze(-1).float(), labels.float())
+            elif labels.dtype.is_floating_point:  # multi-label targets
+                loss = nn.functional.binary_cross_entropy_with_logits(logits.float(), labels.float())
+            else:
+                loss = nn.functional.cross_entropy(logits.float(), labels.view(-1))
+        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+
+
+class LongBirdForQuestionAnswering(LongBirdPreTrainedModel):
+    """Plain start/end span head (BERT-style); answers outside the input are pointed at index 0 ([CLS])."""
+
+    def __init__(self, config: LongBirdConfig):
+        super().__init__(config)
+        self.longbird = LongBirdModel(config)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, start_positions=None, end_positions=None, output_hidden_states=None,
+                return_dict=None, **kwargs):
+        outputs = self.longbird(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                                output_hidden_states=output_hidden_states)
+        start_logits, end_logits = self.qa_outputs(outputs.last_hidden_state).unbind(dim=-1)
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            length = start_logits.shape[1]
+            start_positions = start_positions.clamp(0, length - 1)
+            end_positions = end_positions.clamp(0, length - 1)
+            loss = (nn.functional.cross_entropy(start_logits.float(), start_positions)
+                    + nn.functional.cross_entropy(end_logits.float(), end_positions)) / 2
+        return QuestionAnsweringModelOutput(
+            loss=loss, start_logits=start_logits, end_logits=end_logits, hidden_states=outputs.hidden_states
+        )
+
+
+def register_auto_classes() -> None:
+    """After `import longbird`, AutoConfig/AutoModel* load saved longbird directories."""
+    from transformers import (AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering,
+                              AutoModelForSequenceClassification)
+
+    AutoConfig.register("longbird", LongBirdConfig, exist_ok=True)
+    for auto, model in ((AutoModel, LongBirdModel), (AutoModelForMaskedLM, LongBirdForMaskedLM),
+                        (AutoModelForQuestionAnswering, LongBirdForQuestionAnswering),
+                        (AutoModelForSequenceClassification, LongBirdForSequenceClassification)):
+        auto.register(LongBirdConfig, model, exist_ok=True)

@@ -1,0 +1,63 @@
+"""TAPER: Tapered Absolute Positional Encoding Representations (KoBigBird-large, arXiv 2309.10339).
+
+Notation: S (L, d) = the source's usable learned position rows, K = number of repetitions, a_k = amplitude
+of repetition k (a_0 = 1), tau = temperature. The paper does not publish the exact law; design.md §4 fixes it:
+  scale:    E[k L + p] = a_k S[p]
+  centered: E[k L + p] = mean(S) + a_k (S[p] - mean(S))
+  exp:   a_k = exp(-k / tau);   power: a_k = tau^-k;   copy: a_k = 1 (Longformer's copy baseline).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+
+TaperSchedule = Literal["exp", "power", "copy"]
+TaperMode = Literal["scale", "centered"]
+TAPER_SCHEDULES: tuple[str, ...] = ("exp", "power", "copy")
+TAPER_MODES: tuple[str, ...] = ("scale", "centered")
+
+
+def taper_amplitudes(repetitions: int, schedule: TaperSchedule = "exp", tau: float = 2.0) -> torch.Tensor:
+    """a_k for k = 0..K-1 (design.md §4), float64 so the table is computed once at full precision."""
+    k = torch.arange(repetitions, dtype=torch.float64)
+    if schedule == "exp":
+        return torch.exp(-k / tau)  # a_k = exp(-k/τ)
+    if schedule == "power":
+        return torch.tensor(tau, dtype=torch.float64) ** (-k)  # a_k = τ^-k
+    if schedule == "copy":
+        return torch.ones_like(k)  # a_k = 1
+    raise ValueError(f"TAPER schedule must be one of {TAPER_SCHEDULES}; got {schedule!r}")
+
+
+def extend_position_table(
+    source_rows: torch.Tensor,
+    target_length: int,
+    schedule: TaperSchedule = "exp",
+    mode: TaperMode = "scale",
+    tau: float = 2.0,
+) -> torch.Tensor:
+    """Extend S (L, d) to (target_length, d); rows 0..L-1 are bit-identical to S."""
+    source_length = source_rows.shape[0]
+    if target_length < source_length:
+        raise ValueError(
+            f"target length ({target_length}) is below the source's {source_length} positions; "
+            f"use max_length >= {source_length}"
+        )
+    if mode not in TAPER_MODES:
+        raise ValueError(f"TAPER mode must be one of {TAPER_MODES}; got {mode!r}")
+    if tau <= 0:
+        raise ValueError(f"TAPER tau must be > 0; got {tau}")
+    repetitions = math.ceil(target_length / source_length)
+    amplitudes = taper_amplitudes(repetitions, schedule, tau)[:, None, None]  # (K, 1, 1)
+    rows = source_rows.detach().to(torch.float64)
+    if mode == "scale":
+        table = amplitudes * rows[None]
+    else:
+        mean = rows.mean(dim=0, keepdim=True)
+        table = mean[None] + amplitudes * (rows - mean)[None]
+    table = table.reshape(repetitions * source_length, -1)[:target_length].to(source_rows.dtype)
+    table[:source_length] = source_rows.detach()  # exact copy: no float64 round trip on the source rows
+    return table
