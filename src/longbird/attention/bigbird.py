@@ -1,26 +1,29 @@
 """BigBird ITC block-sparse attention, blocked and batched (no Python loop over blocks).
 
 Global query blocks (first, last) attend densely to every key: (b, h, 2b, l) scores.
-Middle query blocks gather their 5 + r key blocks with one advanced-indexing op and attend in one
-batched matmul: (b, h, n-2, b, (5+r)b) scores, so time and memory are O(l (5+r) b).
-Softmax is computed in fp32 whatever the input dtype (bf16 / autocast safe).
+Middle query blocks gather their 5 + r key blocks with one index_select and attend in one batched
+SDPA call over (head, block) rows: (b, h(n-2), b, (5+r)b) scores, so time and memory are O(l (5+r) b).
+SDPA's CPU kernels accumulate the softmax in fp32 whatever the input dtype (bf16 / autocast safe).
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
+import torch.nn.functional as F
 
 from .patterns import BigBirdPattern
 
 
-def _masked_attention(query, key, value, mask, scale):
-    """softmax(q k^T * scale) v with a bool mask, fp32 softmax, all-masked rows -> zeros."""
-    scores = torch.matmul(query, key.transpose(-1, -2)).float() * scale
-    scores = scores.masked_fill(~mask, torch.finfo(torch.float32).min)
-    probs = torch.softmax(scores, dim=-1) * mask
-    return torch.matmul(probs.to(value.dtype), value)
+def _masked_attention(query, key, value, mask):
+    """SDPA with a bool key mask turned into an additive bias; rows with no allowed key give zeros.
+
+    A finite minimum (not -inf) keeps all-masked rows finite; they are zeroed afterwards, so they
+    never produce NaN in outputs or gradients. SDPA's CPU kernel accumulates bf16 softmax in fp32.
+    """
+    bias = torch.zeros(mask.shape, dtype=query.dtype, device=query.device)
+    bias = bias.masked_fill(~mask, torch.finfo(query.dtype).min)
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=bias)
+    return out * mask.any(dim=-1, keepdim=True).to(out.dtype)
 
 
 def bigbird_attention(
@@ -38,12 +41,11 @@ def bigbird_attention(
     n, block = pattern.num_blocks, pattern.block_size
     if length != n * block:
         raise ValueError(f"bigbird_attention expects length = num_blocks * block_size = {n * block}; got {length}")
-    scale = 1.0 / math.sqrt(dim)
 
     # Global query blocks: dense rows over all keys.
     global_rows = [slice(0, block)] if n == 1 else [slice(0, block), slice(length - block, length)]
     global_query = torch.cat([query[:, :, rows] for rows in global_rows], dim=2)  # (b, h, 2b, d)
-    global_out = _masked_attention(global_query, key, value, key_mask[:, None, None, :], scale)
+    global_out = _masked_attention(global_query, key, value, key_mask[:, None, None, :].expand(batch, 1, 1, length))
     if n <= 2:
         return global_out
 
@@ -51,16 +53,17 @@ def bigbird_attention(
     indices, valid = pattern.middle_key_blocks()  # (h, n-2, m)
     indices, valid = indices.to(query.device), valid.to(query.device)
     m = indices.shape[-1]
-    head_index = torch.arange(heads, device=query.device)[:, None, None]
-    key_blocks = key.view(batch, heads, n, block, dim)[:, head_index, indices]  # (b, h, n-2, m, blk, d)
-    value_blocks = value.view(batch, heads, n, block, dim)[:, head_index, indices]
+    # One index_select over (head, block) pairs: much faster than advanced indexing on CPU.
+    flat = (torch.arange(heads, device=query.device)[:, None, None] * n + indices).reshape(-1)
+    key_blocks = key.reshape(batch, heads * n, block, dim).index_select(1, flat)
+    value_blocks = value.reshape(batch, heads * n, block, dim).index_select(1, flat)
     mask_blocks = key_mask.view(batch, n, block)[:, indices] & valid[None, :, :, :, None]  # (b, h, n-2, m, blk)
     middle_query = query.view(batch, heads, n, block, dim)[:, :, 1:-1]  # (b, h, n-2, blk, d)
+    rows = heads * (n - 2)
     middle_out = _masked_attention(
-        middle_query,
-        key_blocks.reshape(batch, heads, n - 2, m * block, dim),
-        value_blocks.reshape(batch, heads, n - 2, m * block, dim),
-        mask_blocks.reshape(batch, heads, n - 2, 1, m * block),
-        scale,
-    ).reshape(batch, heads, (n - 2) * block, dim)
+        middle_query.reshape(batch, rows, block, dim),
+        key_blocks.view(batch, rows, m * block, dim),
+        value_blocks.view(batch, rows, m * block, dim),
+        mask_blocks.reshape(batch, rows, 1, m * block),
+    ).view(batch, heads, (n - 2) * block, dim)
     return torch.cat([global_out[:, :, :block], middle_out, global_out[:, :, block:]], dim=2)

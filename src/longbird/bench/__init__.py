@@ -1,0 +1,1 @@
+"""Benchmark helpers: peak-memory sampling and timing shared by `longbird bench` and benchmarks/."""

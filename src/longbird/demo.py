@@ -1,0 +1,98 @@
+"""The main job (`make demo`): convert the embedded MiniLM to a 4096-token kobigbird model and check it."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+from transformers import AutoModel, AutoTokenizer
+
+from .bench.memory import PeakMemory
+from .convert import convert, default_source, load_source
+from .files import write_directory_atomically
+
+SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+DEFAULT_DOCUMENT = SHARED_DATA / "konlpy-corpus" / "kolaw" / "constitution.txt"
+SHORT_TEXTS = (SHARED_DATA / "konlpy-corpus" / "kobill" / "1809890.txt", SHARED_DATA / "konlpy-corpus" / "kobill" / "1809891.txt")
+
+
+def _timed(fn, repeats: int) -> tuple[float, int, torch.Tensor]:
+    fn()  # warm-up: first call pays one-off allocation and kernel selection
+    times, peak = [], 0
+    for _ in range(repeats):
+        with PeakMemory() as memory:
+            start = time.perf_counter()
+            out = fn()
+            times.append(time.perf_counter() - start)
+        peak = max(peak, memory.bytes)
+    return statistics.median(times), peak, out
+
+
+def run_demo(
+    out: Path,
+    source: str | Path | None = None,
+    document: Path = DEFAULT_DOCUMENT,
+    max_length: int = 4096,
+    repeats: int = 2,
+    overwrite: bool = True,
+    step: Callable[[str], None] = lambda message: None,
+) -> dict:
+    """Returns the measured figures; `step` reports progress (the CLI prints it)."""
+    if not Path(document).is_file():
+        raise FileNotFoundError(f"demo document {document} not found; pass --document FILE")
+    source = Path(source) if source is not None else default_source()
+    results: dict = {"source": str(source), "max_length": max_length}
+
+    step("converting the source model")
+    source_model = load_source(source).eval()
+    tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+    model = convert(source_model, preset="kobigbird", max_length=max_length)
+    base = getattr(model, "longbird", model)
+
+    step("checking equivalence with the source at <= 512 tokens on real text")
+    texts = [Path(path).read_text(encoding="utf-8") for path in SHORT_TEXTS if Path(path).is_file()]
+    texts.append(Path(document).read_text(encoding="utf-8")[:200])
+    limit = base.config.source_max_positions
+    batch = tokenizer(texts, truncation=True, max_length=limit, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        expected = source_model.base_model(**batch).last_hidden_state
+        actual = base(**batch).last_hidden_state
+    real = batch["attention_mask"].bool()
+    results["equivalence_lengths"] = batch["attention_mask"].sum(1).tolist()
+    results["max_abs_diff_vs_source"] = (expected - actual).abs()[real].max().item()
+
+    step(f"encoding {Path(document).name} at {max_length} tokens (fp32 and bf16 autocast)")
+    encoded = tokenizer(Path(document).read_text(encoding="utf-8"), return_tensors="pt")
+    results["document_tokens"] = int(encoded["input_ids"].shape[1])
+    long_batch = tokenizer(Path(document).read_text(encoding="utf-8"), truncation=True, max_length=max_length,
+                           return_tensors="pt")
+    results["encoded_tokens"] = int(long_batch["input_ids"].shape[1])
+    with torch.inference_mode():
+        seconds, peak, fp32_out = _timed(lambda: base(**long_batch).last_hidden_state, repeats)
+        results["fp32_seconds"], results["fp32_peak_mib"] = seconds, peak / 2**20
+
+        def bf16():
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return base(**long_batch).last_hidden_state
+
+        seconds, peak, bf16_out = _timed(bf16, repeats)
+    results["bf16_seconds"], results["bf16_peak_mib"] = seconds, peak / 2**20
+    results["bf16_min_cosine_vs_fp32"] = torch.nn.functional.cosine_similarity(
+        bf16_out.float(), fp32_out, dim=-1).min().item()
+
+    step(f"saving to {out} and reloading")
+
+    def write(directory: Path) -> None:
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+
+    write_directory_atomically(out, write, overwrite=overwrite)
+    reloaded = AutoModel.from_pretrained(out, local_files_only=True).eval()
+    with torch.inference_mode():
+        again = reloaded(**long_batch).last_hidden_state
+    results["reload_identical"] = bool(torch.equal(again, fp32_out))
+    results["saved_to"] = str(out)
+    return results

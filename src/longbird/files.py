@@ -1,0 +1,41 @@
+"""Write output directories atomically: a crash never leaves a half-written checkpoint or clobbers an old one."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+
+def write_directory_atomically(out: str | os.PathLike, write: Callable[[Path], None], overwrite: bool = False) -> Path:
+    """Call `write(tmp_dir)` on a sibling temporary directory, then rename it to `out`."""
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"output directory {out} already exists; pass overwrite=True (--overwrite) to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        write(staging)
+        if out.exists():
+            backup = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.replace(out, backup / out.name)
+            os.replace(staging, out)
+            shutil.rmtree(backup)
+        else:
+            os.replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out
+
+
+def write_file_atomically(path: str | os.PathLike, text: str) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(handle, "w", encoding="utf-8") as stream:
+        stream.write(text)
+    os.replace(tmp, path)
+    return path

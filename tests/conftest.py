@@ -1,0 +1,64 @@
+"""Tiny random source models of every supported family (hidden 32, 2 layers, 4 heads, block 8)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import (
+    BertConfig, BertForMaskedLM, BertModel, CamembertConfig, CamembertForMaskedLM, ElectraConfig,
+    ElectraForMaskedLM, ElectraModel, RobertaConfig, RobertaForMaskedLM, RobertaModel, XLMRobertaConfig,
+    XLMRobertaModel,
+)
+
+SOURCE_LENGTH = 64  # L of the tiny sources
+BLOCK = 8
+AWKWARD_LENGTHS = (9, 63, 64, 65, 113, 256)
+VOCAB = 99
+_SIZES = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+              hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+def _roberta_sizes():
+    # RoBERTa tables reserve rows 0..pad (pad=1): L usable positions need L + 2 rows.
+    return dict(_SIZES, max_position_embeddings=SOURCE_LENGTH + 2, pad_token_id=1, type_vocab_size=1)
+
+
+SOURCES = {
+    "bert": lambda: BertModel(BertConfig(**_SIZES, max_position_embeddings=SOURCE_LENGTH)),
+    "bert-mlm": lambda: BertForMaskedLM(BertConfig(**_SIZES, max_position_embeddings=SOURCE_LENGTH)),
+    "roberta": lambda: RobertaModel(RobertaConfig(**_roberta_sizes())),
+    "roberta-mlm": lambda: RobertaForMaskedLM(RobertaConfig(**_roberta_sizes())),
+    "xlm-roberta": lambda: XLMRobertaModel(XLMRobertaConfig(**_roberta_sizes())),
+    "camembert-mlm": lambda: CamembertForMaskedLM(CamembertConfig(**_roberta_sizes())),
+    "electra": lambda: ElectraModel(ElectraConfig(**_SIZES, embedding_size=16, max_position_embeddings=SOURCE_LENGTH)),
+    "electra-mlm": lambda: ElectraForMaskedLM(
+        ElectraConfig(**_SIZES, embedding_size=16, max_position_embeddings=SOURCE_LENGTH)),
+}
+
+
+def make_source(name: str, seed: int = 0):
+    torch.manual_seed(seed)
+    model = SOURCES[name]().eval()
+    # Random init leaves LayerNorm at identity and biases at zero; perturb them so the test sees them.
+    with torch.no_grad():
+        for parameter_name, parameter in model.named_parameters():
+            if "LayerNorm" in parameter_name or "layer_norm" in parameter_name or parameter_name.endswith("bias"):
+                parameter.add_(0.1 * torch.randn_like(parameter))
+    return model
+
+
+def make_batch(length: int, batch: int = 2, pad_id: int = 0, seed: int = 0, padded_rows: int = 1):
+    """Random ids with the first token as [CLS]-like id 5; the last `padded_rows` rows are right-padded."""
+    generator = torch.Generator().manual_seed(seed + length)
+    input_ids = torch.randint(5, VOCAB, (batch, length), generator=generator)
+    attention_mask = torch.ones(batch, length, dtype=torch.long)
+    for row in range(batch - padded_rows, batch):
+        real = max(1, length - 1 - (length // 3) - row)
+        attention_mask[row, real:] = 0
+        input_ids[row, real:] = pad_id
+    return input_ids, attention_mask
+
+
+@pytest.fixture(params=list(SOURCES))
+def source_name(request):
+    return request.param

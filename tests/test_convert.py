@@ -1,0 +1,93 @@
+"""The headline test: a converted model equals its source at every length <= L (minGPT-style)."""
+
+import pytest
+import torch
+
+import longbird
+from longbird.convert import default_source
+from conftest import BLOCK, SOURCE_LENGTH, make_batch, make_source
+
+LENGTHS_UP_TO_L = (1, 2, 9, 17, 31, 33, 63, SOURCE_LENGTH)
+
+
+def _source_hidden(source, input_ids, attention_mask):
+    with torch.no_grad():
+        return source.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+@pytest.mark.parametrize("preset", ["kobigbird", "full"])
+def test_converted_equals_source_at_every_length_up_to_L(source_name, preset):
+    source = make_source(source_name)
+    model = longbird.convert(source, preset=preset, max_length=256, block_size=BLOCK)
+    base = getattr(model, "longbird", model)
+    pad = source.config.pad_token_id
+    for length in LENGTHS_UP_TO_L:
+        input_ids, attention_mask = make_batch(length, pad_id=pad, padded_rows=1 if length > 2 else 0)
+        expected = _source_hidden(source, input_ids, attention_mask)
+        with torch.no_grad():
+            actual = base(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        real = attention_mask.bool()
+        assert (expected - actual)[real].abs().max() <= 1e-5, (source_name, length)
+
+
+def test_mlm_head_matches_source_logits():
+    for name in ("bert-mlm", "roberta-mlm", "camembert-mlm", "electra-mlm"):
+        source = make_source(name)
+        model = longbird.convert(source, max_length=128, block_size=BLOCK)
+        assert isinstance(model, longbird.LongBirdForMaskedLM)
+        input_ids, attention_mask = make_batch(40, pad_id=source.config.pad_token_id)
+        with torch.no_grad():
+            expected = source(input_ids=input_ids, attention_mask=attention_mask).logits
+            actual = model(input_ids=input_ids, attention_mask=attention_mask).logits
+        real = attention_mask.bool()
+        assert (expected - actual)[real].abs().max() <= 1e-4, name
+
+
+def test_roberta_offset_and_second_token_type():
+    source = make_source("roberta")
+    model = longbird.convert(source, max_length=256, block_size=BLOCK)
+    table = model.embeddings.position_embeddings.weight
+    source_table = source.embeddings.position_embeddings.weight
+    # Row p of longbird = usable RoBERTa row p + padding_idx + 1 (RoBERTa reserves rows 0..padding_idx).
+    assert torch.equal(table[:SOURCE_LENGTH], source_table[2: 2 + SOURCE_LENGTH])
+    types = model.embeddings.token_type_embeddings.weight
+    assert types.shape[0] == 2 and torch.equal(types[1], types[0])  # kobigbird uses two segments
+
+
+def test_electra_projection_is_kept():
+    source = make_source("electra")
+    model = longbird.convert(source, max_length=128, block_size=BLOCK)
+    assert model.config.embedding_size == 16
+    assert torch.equal(model.embeddings_project.weight, source.embeddings_project.weight)
+    assert model.pooler is None  # ELECTRA has no pooler; none is invented
+
+
+def test_real_minilm_equals_source_at_512():
+    from transformers import AutoTokenizer, BertModel
+
+    path = default_source()
+    source = BertModel.from_pretrained(path).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = longbird.convert(source, max_length=1024)
+    from longbird.demo import DEFAULT_DOCUMENT
+
+    text = DEFAULT_DOCUMENT.read_text(encoding="utf-8")
+    batch = tokenizer([text, text[:300]], truncation=True, max_length=512, padding=True, return_tensors="pt")
+    assert batch["input_ids"].shape[1] == 512
+    expected = _source_hidden(source, batch["input_ids"], batch["attention_mask"])
+    with torch.no_grad():
+        actual = model(**batch).last_hidden_state
+    real = batch["attention_mask"].bool()
+    assert (expected - actual)[real].abs().max() <= 1e-5
+
+
+def test_sparse_attention_beyond_L_runs_forward_and_backward(source_name):
+    source = make_source(source_name)
+    model = longbird.convert(source, max_length=256, block_size=BLOCK).train()
+    input_ids, attention_mask = make_batch(4 * SOURCE_LENGTH, pad_id=source.config.pad_token_id)
+    out = model(input_ids=input_ids, attention_mask=attention_mask)
+    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out.logits
+    hidden.float().pow(2).mean().backward()
+    assert torch.isfinite(hidden).all()
+    word = model.get_input_embeddings().weight
+    assert word.grad is not None and word.grad.abs().sum() > 0
