@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub.errors import StrictDataclassClassValidationError
 from transformers import AutoModel, AutoModelForMaskedLM, PreTrainedModel
 
 from .config import PRESETS, LongBirdConfig
@@ -115,7 +116,10 @@ def _build_config(source: PreTrainedModel, preset: str, max_length: int, overrid
         raise ValueError(f"unknown conversion option(s) {unknown}; valid options are LongBirdConfig fields, e.g. "
                          "block_size, num_random_blocks, taper_schedule, taper_mode, taper_tau, type_vocab_size")
     values.update(overrides)
-    return LongBirdConfig(**values)
+    try:
+        return LongBirdConfig(**values)
+    except StrictDataclassClassValidationError as error:  # surface our message, not the validator wrapper
+        raise ValueError(str(error.__cause__ or error)) from error
 
 
 def convert(

@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from .bench.memory import PeakMemory
+from .bench.memory import peak_allocated_bytes
 from .convert import convert, default_source, load_source
 from .files import write_directory_atomically
 
@@ -20,14 +20,14 @@ SHORT_TEXTS = (SHARED_DATA / "konlpy-corpus" / "kobill" / "1809890.txt", SHARED_
 
 
 def _timed(fn, repeats: int) -> tuple[float, int, torch.Tensor]:
+    """Median seconds over `repeats` calls after a warm-up, and the peak tensor memory of one extra call."""
     fn()  # warm-up: first call pays one-off allocation and kernel selection
-    times, peak = [], 0
+    times = []
     for _ in range(repeats):
-        with PeakMemory() as memory:
-            start = time.perf_counter()
-            out = fn()
-            times.append(time.perf_counter() - start)
-        peak = max(peak, memory.bytes)
+        start = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - start)
+    peak, _ = peak_allocated_bytes(fn)
     return statistics.median(times), peak, out
 
 

@@ -1,0 +1,118 @@
+"""longbird kobigbird vs transformers.BigBirdModel: forward latency and peak memory, one process.
+
+Base size (12 layers, 768 hidden, 12 heads), block 64, 3 random blocks, random init, batch 1.
+Usage: python benchmarks/bigbird_vs_hf.py [--lengths 1024 2048 4096 8192] [--dtypes fp32 bf16] [--repeats 2]
+Writes benchmarks/results/bigbird_vs_hf.json and .md (with the command that made them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import BigBirdConfig, BigBirdModel
+
+from longbird import LongBirdConfig, LongBirdModel
+from longbird.bench.memory import peak_allocated_bytes
+from longbird.files import write_file_atomically
+
+BASE = dict(vocab_size=32000, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, type_vocab_size=2)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def build(max_length: int):
+    torch.manual_seed(0)
+    ours = LongBirdModel(LongBirdConfig(**BASE, max_position_embeddings=max_length, source_max_positions=512,
+                                        attention="bigbird", block_size=64, num_random_blocks=3)).eval()
+    theirs = BigBirdModel(BigBirdConfig(**BASE, max_position_embeddings=max_length, attention_type="block_sparse",
+                                        block_size=64, num_random_blocks=3)).eval()
+    return {"longbird-kobigbird": ours, "hf-bigbird": theirs}
+
+
+def measure(model, input_ids, repeats):
+    """Median forward seconds after a warm-up, plus the peak tensor memory of one profiled call."""
+    with torch.inference_mode():
+        model(input_ids=input_ids)  # warm-up
+        times = []
+        for _ in range(repeats):
+            gc.collect()
+            start = time.perf_counter()
+            out = model(input_ids=input_ids).last_hidden_state
+            times.append(time.perf_counter() - start)
+        peak, _ = peak_allocated_bytes(lambda: model(input_ids=input_ids))
+    return statistics.median(times), peak, out.float()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
+    parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=list(DTYPES))
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = parser.parse_args(argv)
+
+    models = build(max(args.lengths))
+    # Same weights in both, so the bf16-vs-fp32 check compares like with like.
+    models["hf-bigbird"].load_state_dict(
+        {("pooler.weight" if k == "pooler.dense.weight" else "pooler.bias" if k == "pooler.dense.bias" else k): v
+         for k, v in models["longbird-kobigbird"].state_dict().items()}, strict=False)
+    rows = []
+    for dtype_name in args.dtypes:
+        for name, model in models.items():
+            model.to(DTYPES[dtype_name])
+        for length in args.lengths:
+            input_ids = torch.randint(5, BASE["vocab_size"], (1, length), generator=torch.Generator().manual_seed(length))
+            outputs = {}
+            for name, model in models.items():
+                seconds, peak, outputs[name] = measure(model, input_ids, args.repeats)
+                rows.append({"model": name, "dtype": dtype_name, "length": length, "median_seconds": seconds,
+                             "peak_mib": peak / 2**20})
+                print(json.dumps(rows[-1]), flush=True)
+            if dtype_name != "fp32" and "fp32" in args.dtypes:
+                models["longbird-kobigbird"].float()
+                _, _, reference = measure(models["longbird-kobigbird"], input_ids, 1)
+                models["longbird-kobigbird"].to(DTYPES[dtype_name])
+                cosine = torch.nn.functional.cosine_similarity(outputs["longbird-kobigbird"], reference, dim=-1)
+                rows[-2]["min_cosine_vs_fp32"] = cosine.min().item()
+    report = {
+        "command": "python " + " ".join(["benchmarks/bigbird_vs_hf.py", *sys.argv[1:]]),
+        "torch": torch.__version__, "transformers": transformers.__version__, "threads": torch.get_num_threads(),
+        "cpu": next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
+                     if l.startswith("model name")), platform.processor()),
+        "config": {**BASE, "block_size": 64, "num_random_blocks": 3, "batch": 1, "repeats": args.repeats},
+        "results": rows,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_file_atomically(args.out / "bigbird_vs_hf.json", json.dumps(report, indent=2) + "\n")
+    write_file_atomically(args.out / "bigbird_vs_hf.md", markdown(report))
+    print(markdown(report))
+
+
+def markdown(report) -> str:
+    index = {(r["model"], r["dtype"], r["length"]): r for r in report["results"]}
+    lines = [f"Command: `{report['command']}`  ",
+             f"torch {report['torch']}, transformers {report['transformers']}, {report['threads']} threads, {report['cpu']}",
+             "", "| dtype | length | longbird s | HF BigBird s | speed-up | longbird peak MiB | HF peak MiB | bf16 cos vs fp32 |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for (model, dtype, length), ours in index.items():
+        if model != "longbird-kobigbird":
+            continue
+        theirs = index[("hf-bigbird", dtype, length)]
+        cosine = ours.get("min_cosine_vs_fp32")
+        lines.append(f"| {dtype} | {length} | {ours['median_seconds']:.3f} | {theirs['median_seconds']:.3f} | "
+                     f"{theirs['median_seconds'] / ours['median_seconds']:.2f}x | {ours['peak_mib']:.0f} | "
+                     f"{theirs['peak_mib']:.0f} | {'' if cosine is None else f'{cosine:.5f}'} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

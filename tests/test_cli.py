@@ -1,0 +1,68 @@
+"""CLI commands end to end on a tiny model in a temp dir (accelerate-style: commands are plain functions)."""
+
+import json
+
+import torch
+from typer.testing import CliRunner
+from transformers import AutoModel, BertTokenizerFast, BigBirdModel
+
+from longbird.cli import app
+from conftest import VOCAB, make_batch, make_source
+
+runner = CliRunner()
+
+
+def _tiny_source_dir(path):
+    make_source("bert").save_pretrained(path)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(VOCAB - 5)]
+    (path / "vocab.txt").write_text("\n".join(vocab))
+    BertTokenizerFast(vocab_file=str(path / "vocab.txt")).save_pretrained(path)
+    return path
+
+
+def test_convert_then_export_end_to_end(tmp_path):
+    source = _tiny_source_dir(tmp_path / "source")
+    result = runner.invoke(app, ["convert", str(source), "--preset", "kobigbird", "--max-length", "256",
+                                 "--out", str(tmp_path / "lb"), "--set", "block_size=8", "--set", "taper_schedule=power"])
+    assert result.exit_code == 0, result.output
+    config = json.loads((tmp_path / "lb" / "config.json").read_text())
+    assert config["model_type"] == "longbird" and config["taper_schedule"] == "power" and config["block_size"] == 8
+    assert (tmp_path / "lb" / "tokenizer.json").is_file()
+    model = AutoModel.from_pretrained(tmp_path / "lb")
+    assert model.embeddings.position_embeddings.weight.shape == (256, 32)
+
+    result = runner.invoke(app, ["export", str(tmp_path / "lb"), "--format", "hf-bigbird", "--out", str(tmp_path / "hf")])
+    assert result.exit_code == 0, result.output
+    hf = BigBirdModel.from_pretrained(tmp_path / "hf", attention_type="original_full").eval()
+    input_ids, attention_mask = make_batch(50)
+    with torch.no_grad():
+        diff = (hf(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+                - model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state)
+    assert diff[attention_mask.bool()].abs().max() <= 1e-5
+
+
+def test_convert_refuses_to_overwrite_and_reports_bad_options(tmp_path):
+    source = _tiny_source_dir(tmp_path / "source")
+    (tmp_path / "lb").mkdir()
+    result = runner.invoke(app, ["convert", str(source), "--max-length", "256", "--out", str(tmp_path / "lb"),
+                                 "--set", "block_size=8"])
+    assert result.exit_code != 0 and "already exists" in str(result.exception)
+    result = runner.invoke(app, ["convert", str(source), "--out", str(tmp_path / "x"), "--set", "block_size"])
+    assert result.exit_code != 0 and "KEY=VALUE" in result.output
+
+
+def test_env_lists_versions_presets_and_kernels():
+    result = runner.invoke(app, ["env"])
+    assert result.exit_code == 0, result.output
+    for expected in ("torch", "transformers", "kobigbird", "bigbird (blocked ITC)", "electra"):
+        assert expected in result.output
+
+
+def test_demo_job_on_the_embedded_model(tmp_path):
+    from longbird.demo import run_demo
+
+    results = run_demo(tmp_path / "demo", max_length=1024, repeats=1)
+    assert results["max_abs_diff_vs_source"] <= 1e-5
+    assert results["encoded_tokens"] == 1024 and results["document_tokens"] > 4096
+    assert results["reload_identical"] is True
+    assert results["bf16_min_cosine_vs_fp32"] > 0.99

@@ -1,0 +1,55 @@
+"""Bad input gets an error that names the value and the fix."""
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2Model
+
+import longbird
+from conftest import BLOCK, make_source
+
+
+def test_unknown_family_lists_supported_ones():
+    source = GPT2Model(GPT2Config(n_layer=1, n_embd=32, n_head=4, vocab_size=50))
+    with pytest.raises(ValueError, match="unsupported source model_type 'gpt2'; longbird converts bert, roberta, "
+                                         "xlm-roberta, camembert, electra"):
+        longbird.convert(source)
+
+
+def test_max_length_not_a_block_multiple():
+    with pytest.raises(ValueError, match=r"max_length \(100\) must be a multiple of block_size \(8\); use max_length=104"):
+        longbird.convert(make_source("bert"), max_length=100, block_size=BLOCK)
+
+
+def test_max_length_below_source_length():
+    with pytest.raises(ValueError, match=r"max_position_embeddings \(32\) is below the source length \(64\); "
+                                         r"use max_length >= 64"):
+        longbird.convert(make_source("bert"), max_length=32, block_size=BLOCK)
+
+
+def test_input_longer_than_max_positions():
+    model = longbird.convert(make_source("bert"), max_length=128, block_size=BLOCK)
+    with pytest.raises(ValueError, match=r"input length 129 exceeds max_position_embeddings \(128\)"):
+        model(input_ids=torch.ones(1, 129, dtype=torch.long))
+
+
+def test_token_type_out_of_range():
+    model = longbird.convert(make_source("bert"), max_length=128, block_size=BLOCK)
+    with pytest.raises(ValueError, match=r"token_type_ids contains 2, outside 0..1 \(type_vocab_size=2\)"):
+        model(input_ids=torch.ones(1, 10, dtype=torch.long), token_type_ids=torch.full((1, 10), 2))
+
+
+def test_unknown_preset_and_option():
+    with pytest.raises(ValueError, match="unknown preset 'bigbard'"):
+        longbird.convert(make_source("bert"), preset="bigbard")
+    with pytest.raises(ValueError, match=r"unknown conversion option\(s\) \['blok_size'\]"):
+        longbird.convert(make_source("bert"), blok_size=8)
+
+
+def test_not_yet_available_method_is_named():
+    with pytest.raises(ValueError, match="attention='littlebird' is not implemented"):
+        longbird.convert(make_source("bert"), max_length=128, block_size=BLOCK, attention="littlebird")
+
+
+def test_source_path_without_config(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a local model directory with a config.json"):
+        longbird.convert(tmp_path)

@@ -1,0 +1,91 @@
+"""save_pretrained/from_pretrained round trips, Auto classes, hf-bigbird export, atomic writes."""
+
+import pytest
+import torch
+from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering, BigBirdForMaskedLM, BigBirdModel
+
+import longbird
+from longbird.export import export
+from longbird.files import write_directory_atomically
+from conftest import BLOCK, make_batch, make_source
+
+
+@pytest.mark.parametrize("name", ["bert", "roberta-mlm", "electra"])
+def test_save_load_round_trip_is_exact(tmp_path, name):
+    model = longbird.convert(make_source(name), max_length=256, block_size=BLOCK, num_random_blocks=2)
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").is_file()
+    auto = AutoModelForMaskedLM if name.endswith("mlm") else AutoModel
+    loaded = auto.from_pretrained(tmp_path).eval()
+    assert type(loaded) is type(model)
+    for (key, a), (_, b) in zip(sorted(model.state_dict().items()), sorted(loaded.state_dict().items())):
+        assert torch.equal(a, b), key
+    input_ids, attention_mask = make_batch(200, pad_id=model.config.pad_token_id)
+    with torch.no_grad():
+        first = model(input_ids=input_ids, attention_mask=attention_mask)
+        second = loaded(input_ids=input_ids, attention_mask=attention_mask)
+    key = "logits" if name.endswith("mlm") else "last_hidden_state"
+    assert torch.equal(first[key], second[key])
+
+
+def test_task_heads_load_from_a_converted_base(tmp_path):
+    longbird.convert(make_source("bert"), max_length=128, block_size=BLOCK).save_pretrained(tmp_path)
+    qa = AutoModelForQuestionAnswering.from_pretrained(tmp_path)
+    input_ids, attention_mask = make_batch(100)
+    out = qa(input_ids=input_ids, attention_mask=attention_mask,
+             start_positions=torch.tensor([3, 4]), end_positions=torch.tensor([5, 200]))
+    assert out.start_logits.shape == (2, 100) and torch.isfinite(out.loss)
+    out.loss.backward()
+    assert qa.qa_outputs.weight.grad.abs().sum() > 0
+    cls = longbird.LongBirdForSequenceClassification.from_pretrained(tmp_path, num_labels=3)
+    out = cls(input_ids=input_ids, attention_mask=attention_mask, labels=torch.tensor([0, 2]))
+    assert out.logits.shape == (2, 3) and torch.isfinite(out.loss)
+
+
+def test_reference_implementation_selected_at_load(tmp_path):
+    longbird.convert(make_source("bert"), max_length=128, block_size=BLOCK).save_pretrained(tmp_path)
+    model = AutoModel.from_pretrained(tmp_path, attn_implementation="reference")
+    assert model.config._attn_implementation == "reference"
+
+
+@pytest.mark.parametrize("name", ["bert", "roberta-mlm", "electra-mlm"])
+def test_export_to_hf_bigbird_loads_cleanly_with_equal_outputs(tmp_path, name):
+    source = make_source(name)
+    if name == "electra-mlm":
+        with pytest.raises(ValueError, match="hf-bigbird has no embedding projection"):
+            longbird.export.to_bigbird(longbird.convert(source, max_length=128, block_size=BLOCK))
+        return
+    model = longbird.convert(source, max_length=128, block_size=BLOCK)
+    model.save_pretrained(tmp_path / "lb")
+    export(tmp_path / "lb", tmp_path / "hf")
+    target_class = BigBirdForMaskedLM if name.endswith("mlm") else BigBirdModel
+    hf, info = target_class.from_pretrained(tmp_path / "hf", output_loading_info=True, attention_type="original_full")
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    hf.eval()
+    input_ids, attention_mask = make_batch(60, pad_id=model.config.pad_token_id)
+    with torch.no_grad():
+        ours = model(input_ids=input_ids, attention_mask=attention_mask)
+        theirs = hf(input_ids=input_ids, attention_mask=attention_mask)
+    real = attention_mask.bool()
+    key = "logits" if name.endswith("mlm") else "last_hidden_state"
+    assert (ours[key] - theirs[key])[real].abs().max() <= 1e-5
+    if key == "last_hidden_state":
+        torch.testing.assert_close(ours.pooler_output, theirs.pooler_output, atol=1e-5, rtol=1e-5)
+        base, base_info = BigBirdModel.from_pretrained(tmp_path / "hf", output_loading_info=True)
+        assert not base_info["missing_keys"] and not base_info["unexpected_keys"]
+
+
+def test_atomic_write_keeps_old_output_on_failure(tmp_path):
+    out = tmp_path / "model"
+    write_directory_atomically(out, lambda d: (d / "weights").write_text("old"))
+
+    def crash(directory):
+        (directory / "weights").write_text("half")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        write_directory_atomically(out, crash, overwrite=True)
+    assert (out / "weights").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # no partial directory left behind
+    with pytest.raises(FileExistsError, match="already exists; pass overwrite=True"):
+        write_directory_atomically(out, lambda d: None)
