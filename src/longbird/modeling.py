@@ -64,7 +64,7 @@ class LongBirdSelfAttention(nn.Module):
         batch, length, _ = x.shape
         return x.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (b, h, n, d)
 
-    def forward(self, hidden_states, key_mask, pattern=None, use_reference=False):
+    def forward(self, hidden_states, key_mask, pattern=None, use_reference=False, workspace=None):
         query, key, value = (self._heads(proj(hidden_states)) for proj in (self.query, self.key, self.value))
         if use_reference:
             mask = key_mask[:, None, None, :]
@@ -72,7 +72,7 @@ class LongBirdSelfAttention(nn.Module):
                 mask = mask & pattern.materialize().to(key_mask.device)[None]
             context = reference_attention(query, key, value, mask)
         elif pattern is not None:
-            context = bigbird_attention(query, key, value, key_mask, pattern)
+            context = bigbird_attention(query, key, value, key_mask, pattern, workspace)
         else:
             context = full_attention(query, key, value, key_mask)
         batch, _, length, _ = context.shape
@@ -96,8 +96,8 @@ class LongBirdAttention(nn.Module):
         self.self = LongBirdSelfAttention(config)
         self.output = LongBirdSelfOutput(config)
 
-    def forward(self, hidden_states, key_mask, pattern=None, use_reference=False):
-        return self.output(self.self(hidden_states, key_mask, pattern, use_reference), hidden_states)
+    def forward(self, hidden_states, key_mask, pattern=None, use_reference=False, workspace=None):
+        return self.output(self.self(hidden_states, key_mask, pattern, use_reference, workspace), hidden_states)
 
 
 class LongBirdIntermediate(nn.Module):
@@ -123,8 +123,8 @@ class LongBirdLayer(nn.Module):
         self.intermediate = LongBirdIntermediate(config)
         self.output = LongBirdOutput(config)
 
-    def forward(self, hidden_states, key_mask, pattern=None, use_reference=False):
-        attended = self.attention(hidden_states, key_mask, pattern, use_reference)
+    def forward(self, hidden_states, key_mask, pattern=None, use_reference=False, workspace=None):
+        attended = self.attention(hidden_states, key_mask, pattern, use_reference, workspace)
         return self.output(self.intermediate(attended), attended)
 
 
@@ -149,6 +149,7 @@ class LongBirdEncoder(nn.Module):
                 hidden_states = nn.functional.pad(hidden_states, (0, 0, 0, padded - length))
                 key_mask = nn.functional.pad(key_mask, (0, padded - length), value=False)
         all_hidden = [hidden_states[:, :length]] if output_hidden_states else None
+        workspace = {}  # per-call scratch buffers shared by the layers (inference only)
         for index, layer in enumerate(self.layer):
             pattern = None
             if sparse:
@@ -156,7 +157,7 @@ class LongBirdEncoder(nn.Module):
                     hidden_states.shape[1] // config.block_size, config.block_size, config.num_attention_heads,
                     config.num_random_blocks, config.random_seed, index,
                 )
-            hidden_states = layer(hidden_states, key_mask, pattern, use_reference)
+            hidden_states = layer(hidden_states, key_mask, pattern, use_reference, workspace)
             if output_hidden_states:
                 all_hidden.append(hidden_states[:, :length])
         return hidden_states[:, :length], all_hidden

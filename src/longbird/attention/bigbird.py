@@ -15,15 +15,21 @@ from .patterns import BigBirdPattern
 
 
 def _masked_attention(query, key, value, mask):
-    """SDPA with a bool key mask turned into an additive bias; rows with no allowed key give zeros.
+    """SDPA with a bool mask (True = may attend). SDPA gives zeros (and zero gradients) for rows with no
+    allowed key, and a bool mask is faster on CPU than the equivalent additive float bias."""
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask)
 
-    A finite minimum (not -inf) keeps all-masked rows finite; they are zeroed afterwards, so they
-    never produce NaN in outputs or gradients. SDPA's CPU kernel accumulates bf16 softmax in fp32.
-    """
-    bias = torch.zeros(mask.shape, dtype=query.dtype, device=query.device)
-    bias = bias.masked_fill(~mask, torch.finfo(query.dtype).min)
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=bias)
-    return out * mask.any(dim=-1, keepdim=True).to(out.dtype)
+
+def _gather_blocks(blocks, index, workspace, name):
+    """index_select over (head, block) pairs. Without autograd, reuse one buffer per shape across layers:
+    on CPU a fresh multi-MB output costs more in page faults than the copy itself."""
+    if workspace is None or torch.is_grad_enabled() and blocks.requires_grad:
+        return blocks.index_select(1, index)
+    shape = (blocks.shape[0], index.numel(), *blocks.shape[2:])
+    key = (name, shape, blocks.dtype, blocks.device)
+    if key not in workspace:
+        workspace[key] = torch.empty(shape, dtype=blocks.dtype, device=blocks.device)
+    return torch.index_select(blocks, 1, index, out=workspace[key])
 
 
 def bigbird_attention(
@@ -32,10 +38,12 @@ def bigbird_attention(
     value: torch.Tensor,
     key_mask: torch.Tensor,
     pattern: BigBirdPattern,
+    workspace: dict | None = None,
 ) -> torch.Tensor:
     """query/key/value (b, h, l, d) with l = n * block; key_mask (b, l) bool, True = real token.
 
     Returns (b, h, l, d). The caller pads l to a block multiple (padding is masked as keys).
+    `workspace`: an optional dict, owned by one forward call, in which inference reuses gather buffers.
     """
     batch, heads, length, dim = query.shape
     n, block = pattern.num_blocks, pattern.block_size
@@ -55,8 +63,8 @@ def bigbird_attention(
     m = indices.shape[-1]
     # One index_select over (head, block) pairs: much faster than advanced indexing on CPU.
     flat = (torch.arange(heads, device=query.device)[:, None, None] * n + indices).reshape(-1)
-    key_blocks = key.reshape(batch, heads * n, block, dim).index_select(1, flat)
-    value_blocks = value.reshape(batch, heads * n, block, dim).index_select(1, flat)
+    key_blocks = _gather_blocks(key.reshape(batch, heads * n, block, dim), flat, workspace, "key")
+    value_blocks = _gather_blocks(value.reshape(batch, heads * n, block, dim), flat, workspace, "value")
     mask_blocks = key_mask.view(batch, n, block)[:, indices] & valid[None, :, :, :, None]  # (b, h, n-2, m, blk)
     middle_query = query.view(batch, heads, n, block, dim)[:, :, 1:-1]  # (b, h, n-2, blk, d)
     rows = heads * (n - 2)
