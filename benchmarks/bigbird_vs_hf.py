@@ -38,25 +38,32 @@ def build(max_length: int):
     return {"longbird-kobigbird": ours, "hf-bigbird": theirs}
 
 
-def measure(model, input_ids, repeats):
-    """Median forward seconds after a warm-up, plus the peak tensor memory of one profiled call."""
+def measure(models, input_ids, repeats):
+    """Per model: median forward seconds and the peak tensor memory of one profiled call.
+
+    Timed calls alternate between the models (A B A B ...) so machine noise hits both alike.
+    """
+    times = {name: [] for name in models}
+    outputs, peaks = {}, {}
     with torch.inference_mode():
-        model(input_ids=input_ids)  # warm-up
-        times = []
+        for model in models.values():
+            model(input_ids=input_ids)  # warm-up
         for _ in range(repeats):
-            gc.collect()
-            start = time.perf_counter()
-            out = model(input_ids=input_ids).last_hidden_state
-            times.append(time.perf_counter() - start)
-        peak, _ = peak_allocated_bytes(lambda: model(input_ids=input_ids))
-    return statistics.median(times), peak, out.float()
+            for name, model in models.items():
+                gc.collect()
+                start = time.perf_counter()
+                outputs[name] = model(input_ids=input_ids).last_hidden_state.float()
+                times[name].append(time.perf_counter() - start)
+        for name, model in models.items():
+            peaks[name], _ = peak_allocated_bytes(lambda: model(input_ids=input_ids))
+    return {name: (statistics.median(times[name]), peaks[name], outputs[name]) for name in models}
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
     parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=list(DTYPES))
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args(argv)
 
@@ -65,23 +72,26 @@ def main(argv=None):
     models["hf-bigbird"].load_state_dict(
         {("pooler.weight" if k == "pooler.dense.weight" else "pooler.bias" if k == "pooler.dense.bias" else k): v
          for k, v in models["longbird-kobigbird"].state_dict().items()}, strict=False)
-    rows = []
-    for dtype_name in args.dtypes:
+    rows, fp32_outputs = [], {}
+    for dtype_name in sorted(args.dtypes, key=lambda name: name != "fp32"):  # fp32 first: the reference
         for name, model in models.items():
             model.to(DTYPES[dtype_name])
         for length in args.lengths:
             input_ids = torch.randint(5, BASE["vocab_size"], (1, length), generator=torch.Generator().manual_seed(length))
-            outputs = {}
-            for name, model in models.items():
-                seconds, peak, outputs[name] = measure(model, input_ids, args.repeats)
+            measured = measure(models, input_ids, args.repeats)
+            for name, (seconds, peak, _) in measured.items():
                 rows.append({"model": name, "dtype": dtype_name, "length": length, "median_seconds": seconds,
                              "peak_mib": peak / 2**20})
                 print(json.dumps(rows[-1]), flush=True)
-            if dtype_name != "fp32" and "fp32" in args.dtypes:
-                models["longbird-kobigbird"].float()
-                _, _, reference = measure(models["longbird-kobigbird"], input_ids, 1)
-                models["longbird-kobigbird"].to(DTYPES[dtype_name])
-                cosine = torch.nn.functional.cosine_similarity(outputs["longbird-kobigbird"], reference, dim=-1)
+            if dtype_name == "fp32":
+                fp32_outputs[length] = measured["longbird-kobigbird"][2]
+            else:
+                if length not in fp32_outputs:  # fp32 not in this run: recompute from the original fp32 weights
+                    with torch.inference_mode():
+                        fp32_outputs[length] = build(max(args.lengths))["longbird-kobigbird"](
+                            input_ids=input_ids).last_hidden_state
+                cosine = torch.nn.functional.cosine_similarity(
+                    measured["longbird-kobigbird"][2], fp32_outputs[length], dim=-1)
                 rows[-2]["min_cosine_vs_fp32"] = cosine.min().item()
     report = {
         "command": "python " + " ".join(["benchmarks/bigbird_vs_hf.py", *sys.argv[1:]]),

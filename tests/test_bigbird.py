@@ -141,3 +141,19 @@ def test_bf16_runs_and_stays_close_to_fp32(mode):
     real = attention_mask.bool()
     cosine = torch.nn.functional.cosine_similarity(out.float()[real], reference[real], dim=-1)
     assert torch.isfinite(out.float()).all() and cosine.min() > 0.99
+
+
+@pytest.mark.parametrize("length", [9, 63, 64])
+def test_full_attention_path_equals_reference_implementation(length):
+    model = longbird.convert(make_source("roberta"), max_length=128, block_size=BLOCK)
+    reference = longbird.convert(make_source("roberta"), max_length=128, block_size=BLOCK,
+                                 attn_implementation="reference")
+    input_ids, attention_mask = make_batch(length, pad_id=1)
+    out = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    ref = reference(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    real = attention_mask.bool()
+    torch.testing.assert_close(out[real], ref[real], atol=1e-5, rtol=1e-4)
+    out[real].sum().backward()
+    ref[real].sum().backward()
+    torch.testing.assert_close(model.embeddings.word_embeddings.weight.grad,
+                               reference.embeddings.word_embeddings.weight.grad, atol=1e-5, rtol=1e-4)

@@ -7,7 +7,7 @@ import longbird
 from longbird.convert import default_source
 from conftest import BLOCK, SOURCE_LENGTH, make_batch, make_source
 
-LENGTHS_UP_TO_L = (1, 2, 9, 17, 31, 33, 63, SOURCE_LENGTH)
+LENGTHS_UP_TO_L = range(1, SOURCE_LENGTH + 1)  # every length <= L
 
 
 def _source_hidden(source, input_ids, attention_mask):

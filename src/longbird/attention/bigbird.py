@@ -23,7 +23,7 @@ def _masked_attention(query, key, value, mask):
 def _gather_blocks(blocks, index, workspace, name):
     """index_select over (head, block) pairs. Without autograd, reuse one buffer per shape across layers:
     on CPU a fresh multi-MB output costs more in page faults than the copy itself."""
-    if workspace is None or torch.is_grad_enabled() and blocks.requires_grad:
+    if workspace is None or torch.is_grad_enabled():  # autograd may save the gathered blocks
         return blocks.index_select(1, index)
     shape = (blocks.shape[0], index.numel(), *blocks.shape[2:])
     key = (name, shape, blocks.dtype, blocks.device)
