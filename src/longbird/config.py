@@ -11,12 +11,13 @@ ATTENTIONS = ("full", "bigbird", "littlebird")
 POSITIONS = ("absolute", "bialibi", "tape")
 POSITION_EXTENSIONS = ("taper", "copy")
 # Methods whose kernels land in later issues; the config names them so errors can say so.
-NOT_YET_AVAILABLE = {"attention": {"littlebird"}, "position": {"bialibi", "tape"}}
+NOT_YET_AVAILABLE = {"attention": set(), "position": {"tape"}}
 
 # Paper systems as presets (design.md §3): only the two choices and their knobs, never architecture sizes.
 PRESETS: dict[str, dict[str, Any]] = {
     "kobigbird": {"attention": "bigbird", "position": "absolute", "position_extension": "taper", "min_type_vocab_size": 2},
     "full": {"attention": "full", "position": "absolute", "position_extension": "taper"},
+    "littlebird": {"attention": "littlebird", "position": "bialibi"},
 }
 
 
@@ -63,6 +64,8 @@ class LongBirdConfig(PreTrainedConfig):
     num_random_blocks: int = 3
     full_attention_max_length: int | None = None
     random_seed: int = 0
+    pack_size: int = 64
+    bialibi_learnable: bool = True
 
     def __post_init__(self, **kwargs):
         if self.embedding_size is None:
@@ -95,11 +98,21 @@ class LongBirdConfig(PreTrainedConfig):
                 f"max_position_embeddings ({self.max_position_embeddings}) is below the source length "
                 f"({self.source_max_positions}); use max_length >= {self.source_max_positions}"
             )
-        if self.attention == "bigbird":
-            if self.block_size < 1 or self.max_position_embeddings % self.block_size != 0:
-                raise ValueError(
-                    f"max_length ({self.max_position_embeddings}) must be a multiple of block_size ({self.block_size}); "
-                    f"use max_length={-(-self.max_position_embeddings // self.block_size) * self.block_size}"
-                )
-            if self.num_random_blocks < 0:
-                raise ValueError(f"num_random_blocks must be >= 0; got {self.num_random_blocks}")
+        if (self.attention == "littlebird") != (self.position == "bialibi"):
+            raise ValueError(
+                f"attention='littlebird' and position='bialibi' go together (the USW kernel computes the BiALiBi "
+                f"bias); got attention={self.attention!r}, position={self.position!r}"
+            )
+        if self.attention in ("bigbird", "littlebird") and (
+            self.block_size < 1 or self.max_position_embeddings % self.block_size != 0
+        ):
+            block = max(self.block_size, 1)
+            raise ValueError(
+                f"max_length ({self.max_position_embeddings}) must be a multiple of block_size ({self.block_size}); "
+                f"use max_length={-(-self.max_position_embeddings // block) * block}"
+            )
+        if self.attention == "littlebird" and not 0 <= self.pack_size <= self.max_position_embeddings:
+            raise ValueError(f"pack_size ({self.pack_size}) must lie in 0..max_length ({self.max_position_embeddings}); "
+                             "use 0 to disable pack attention or the paper's 64")
+        if self.attention == "bigbird" and self.num_random_blocks < 0:
+            raise ValueError(f"num_random_blocks must be >= 0; got {self.num_random_blocks}")

@@ -145,13 +145,18 @@ def convert(
     state = {name: tensor for name, tensor in base_state.items()
              if name not in _REBUILT and not name.endswith(("position_ids", "token_type_ids"))}
 
-    # Positions: longbird id p = source usable row p; rows >= L extended by TAPER / copy (design.md §4).
-    offset = source.config.pad_token_id + 1 if family.roberta_offset else 0
-    usable = base_state["embeddings.position_embeddings.weight"][offset: offset + config.source_max_positions]
-    schedule = "copy" if config.position_extension == "copy" else config.taper_schedule
-    state["embeddings.position_embeddings.weight"] = extend_position_table(
-        usable, config.max_position_embeddings, schedule, config.taper_mode, config.taper_tau
-    )
+    if config.position == "absolute":
+        # Positions: longbird id p = source usable row p; rows >= L extended by TAPER / copy (design.md §4).
+        offset = source.config.pad_token_id + 1 if family.roberta_offset else 0
+        usable = base_state["embeddings.position_embeddings.weight"][offset: offset + config.source_max_positions]
+        schedule = "copy" if config.position_extension == "copy" else config.taper_schedule
+        state["embeddings.position_embeddings.weight"] = extend_position_table(
+            usable, config.max_position_embeddings, schedule, config.taper_mode, config.taper_tau
+        )
+    if config.attention == "littlebird" and config.pack_size > 0:
+        # Pack attention starts as a copy of the layer's attention (LittleBird §3.4 step 1).
+        state.update({name.replace(".attention.", ".pack_attention.", 1): tensor.clone()
+                      for name, tensor in state.items() if ".attention." in name})
     # Token types: extra rows start as a copy of row 0 (a one-type source gains a second segment).
     types = base_state["embeddings.token_type_embeddings.weight"]
     extra = config.type_vocab_size - types.shape[0]
@@ -173,9 +178,11 @@ def convert(
     else:
         model = LongBirdModel(config)
     missing, unexpected = model.load_state_dict(state, strict=False)
+    # New parameters with no source counterpart keep their initialisation (ALiBi slopes, pack vectors).
+    new = {name for name in missing if ".bialibi." in name or name.endswith("pack_embeddings")}
     tied = {"lm_head.decoder.weight"} if config.tie_word_embeddings else set()
-    if set(missing) - tied or unexpected:
-        raise RuntimeError(f"conversion left missing={sorted(set(missing) - tied)} unexpected={sorted(unexpected)}; "
+    if set(missing) - tied - new or unexpected:
+        raise RuntimeError(f"conversion left missing={sorted(set(missing) - tied - new)} unexpected={sorted(unexpected)}; "
                            f"the {source.config.model_type} layout is not what longbird expects")
     model.tie_weights()
     return model.eval()

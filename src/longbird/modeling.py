@@ -20,8 +20,10 @@ from transformers.modeling_outputs import (
 )
 from transformers.modeling_utils import AttentionInterface
 
-from .attention import bigbird_attention, bigbird_pattern, full_attention, reference_attention
+from .attention import (bigbird_attention, bigbird_pattern, full_attention, pack_attention, reference_attention,
+                        usw_attention, usw_attention_reference)
 from .config import LongBirdConfig
+from .positions.alibi import BiALiBi, alibi_slopes
 
 REFERENCE = "reference"
 
@@ -39,7 +41,10 @@ class LongBirdEmbeddings(nn.Module):
         super().__init__()
         width = config.embedding_size
         self.word_embeddings = nn.Embedding(config.vocab_size, width, padding_idx=config.pad_token_id)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, width)
+        # Relative methods (BiALiBi) carry positions in attention: no absolute table.
+        self.position_embeddings = (
+            nn.Embedding(config.max_position_embeddings, width) if config.position == "absolute" else None
+        )
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, width)
         self.LayerNorm = nn.LayerNorm(width, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
@@ -47,7 +52,9 @@ class LongBirdEmbeddings(nn.Module):
     def forward(self, input_ids=None, token_type_ids=None, position_ids=None, inputs_embeds=None):
         if inputs_embeds is None:
             inputs_embeds = self.word_embeddings(input_ids)
-        embeddings = inputs_embeds + self.position_embeddings(position_ids) + self.token_type_embeddings(token_type_ids)
+        embeddings = inputs_embeds + self.token_type_embeddings(token_type_ids)
+        if self.position_embeddings is not None:
+            embeddings = embeddings + self.position_embeddings(position_ids)
         return self.dropout(self.LayerNorm(embeddings))
 
 
@@ -64,6 +71,11 @@ class LongBirdSelfAttention(nn.Module):
         batch, length, _ = x.shape
         return x.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (b, h, n, d)
 
+    @staticmethod
+    def _merge(context):
+        batch, _, length, _ = context.shape
+        return context.transpose(1, 2).reshape(batch, length, -1)
+
     def forward(self, hidden_states, key_mask, pattern=None, use_reference=False, workspace=None):
         query, key, value = (self._heads(proj(hidden_states)) for proj in (self.query, self.key, self.value))
         if use_reference:
@@ -75,8 +87,7 @@ class LongBirdSelfAttention(nn.Module):
             context = bigbird_attention(query, key, value, key_mask, pattern, workspace)
         else:
             context = full_attention(query, key, value, key_mask)
-        batch, _, length, _ = context.shape
-        return context.transpose(1, 2).reshape(batch, length, -1)
+        return self._merge(context)
 
 
 class LongBirdSelfOutput(nn.Module):
@@ -128,19 +139,63 @@ class LongBirdLayer(nn.Module):
         return self.output(self.intermediate(attended), attended)
 
 
+class LittleBirdLayer(nn.Module):
+    """C_p = Attn(P, X); P = LN(C_p + P); C_x = USWAttn(X, C_p); A = LN(C_x + X); X = LN(FFN(A) + A)
+    (LittleBird §3.3). `attention` is the unpack/USW attention, `pack_attention` has its own Q/K/V/output."""
+
+    def __init__(self, config: LongBirdConfig):
+        super().__init__()
+        self.block_size = config.block_size
+        self.attention = LongBirdAttention(config)
+        self.pack_attention = LongBirdAttention(config) if config.pack_size > 0 else None
+        self.bialibi = BiALiBi(config.num_attention_heads, learnable=config.bialibi_learnable)
+        self.intermediate = LongBirdIntermediate(config)
+        self.output = LongBirdOutput(config)
+
+    def forward(self, hidden_states, key_mask, positions, pack, use_reference=False):
+        unpack = self.attention.self
+        pack_key = pack_value = None
+        if self.pack_attention is not None:
+            packer = self.pack_attention.self
+            packed = (pack_attention if not use_reference else _dense_pack_attention)(
+                packer._heads(packer.query(pack)), packer._heads(packer.key(hidden_states)),
+                packer._heads(packer.value(hidden_states)), key_mask)
+            context = self.pack_attention.output.dense(packer._merge(packed))  # C_p
+            out = self.pack_attention.output
+            pack = out.LayerNorm(out.dropout(context) + pack)  # P = LN(C_p + P)
+            pack_key, pack_value = unpack._heads(unpack.key(context)), unpack._heads(unpack.value(context))
+        kernel = usw_attention_reference if use_reference else usw_attention
+        context = kernel(unpack._heads(unpack.query(hidden_states)), unpack._heads(unpack.key(hidden_states)),
+                         unpack._heads(unpack.value(hidden_states)), key_mask, positions, self.bialibi,
+                         self.block_size, pack_key, pack_value)
+        attended = self.attention.output(unpack._merge(context), hidden_states)  # A = LN(C_x + X)
+        return self.output(self.intermediate(attended), attended), pack
+
+
+def _dense_pack_attention(pack_query, key, value, key_mask):
+    return reference_attention(pack_query, key, value, key_mask[:, None, None, :])
+
+
 class LongBirdEncoder(nn.Module):
     def __init__(self, config: LongBirdConfig):
         super().__init__()
         self.config = config
-        self.layer = nn.ModuleList(LongBirdLayer(config) for _ in range(config.num_hidden_layers))
+        layer_class = LittleBirdLayer if config.attention == "littlebird" else LongBirdLayer
+        self.layer = nn.ModuleList(layer_class(config) for _ in range(config.num_hidden_layers))
+        if config.attention == "littlebird" and config.pack_size > 0:
+            # P: s learned pack vectors at the input, carried from layer to layer (LittleBird §3.3).
+            self.pack_embeddings = nn.Parameter(torch.randn(config.pack_size, config.hidden_size)
+                                                * config.initializer_range)
 
     def uses_sparse_attention(self, length: int) -> bool:
         """Decided per call from the input length; the model is never switched permanently."""
         return self.config.attention == "bigbird" and length > self.config.full_attention_max_length
 
-    def forward(self, hidden_states, key_mask, use_reference=False, output_hidden_states=False):
+    def forward(self, hidden_states, key_mask, position_ids, use_reference=False, output_hidden_states=False):
         config = self.config
         length = hidden_states.shape[1]
+        if config.attention == "littlebird":
+            return self._forward_littlebird(hidden_states, key_mask, position_ids, use_reference, output_hidden_states)
         sparse = self.uses_sparse_attention(length)
         if sparse:
             # Right-pad to a block multiple; padded keys are masked and padded rows stripped below.
@@ -162,6 +217,22 @@ class LongBirdEncoder(nn.Module):
                 all_hidden.append(hidden_states[:, :length])
         return hidden_states[:, :length], all_hidden
 
+    def _forward_littlebird(self, hidden_states, key_mask, position_ids, use_reference, output_hidden_states):
+        batch, length, _ = hidden_states.shape
+        padded = -(-length // self.config.block_size) * self.config.block_size
+        if padded != length:  # right-pad to a block multiple; padded keys are masked, rows stripped below
+            hidden_states = nn.functional.pad(hidden_states, (0, 0, 0, padded - length))
+            key_mask = nn.functional.pad(key_mask, (0, padded - length), value=False)
+            position_ids = nn.functional.pad(position_ids, (0, padded - length))
+        pack = getattr(self, "pack_embeddings", None)
+        pack = pack.to(hidden_states.dtype)[None].expand(batch, -1, -1) if pack is not None else None
+        all_hidden = [hidden_states[:, :length]] if output_hidden_states else None
+        for layer in self.layer:
+            hidden_states, pack = layer(hidden_states, key_mask, position_ids, pack, use_reference)
+            if output_hidden_states:
+                all_hidden.append(hidden_states[:, :length])
+        return hidden_states[:, :length], all_hidden
+
 
 class LongBirdPreTrainedModel(PreTrainedModel):
     config_class = LongBirdConfig
@@ -170,6 +241,16 @@ class LongBirdPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = False
     _supports_sdpa = True
     _supports_attention_backend = True
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if isinstance(module, BiALiBi):
+            slopes = alibi_slopes(module.alpha.shape[0])
+            for parameter in (module.alpha, module.beta, module.gamma):
+                parameter.copy_(slopes)
+        elif isinstance(module, LongBirdEncoder) and hasattr(module, "pack_embeddings"):
+            module.pack_embeddings.normal_(0.0, self.config.initializer_range)
 
 
 class LongBirdModel(LongBirdPreTrainedModel):
@@ -206,10 +287,13 @@ class LongBirdModel(LongBirdPreTrainedModel):
                 f"token_type_ids contains {bad}, outside 0..{self.config.type_vocab_size - 1} "
                 f"(type_vocab_size={self.config.type_vocab_size}); convert with type_vocab_size={bad + 1} or fix the ids"
             )
-        if position_ids is not None and position_ids.numel() and (
-            position_ids.min() < 0 or position_ids.max() >= limit
-        ):
-            raise ValueError(f"position_ids must lie in 0..{limit - 1}; got max {int(position_ids.max())}")
+        if position_ids is not None and position_ids.numel():
+            if position_ids.min() < 0:
+                raise ValueError(f"position_ids must be >= 0; got {int(position_ids.min())}")
+            # A learned table has `limit` rows; relative methods (BiALiBi) accept any gap (Padding Insertion).
+            if self.config.position == "absolute" and position_ids.max() >= limit:
+                raise ValueError(f"position_ids must lie in 0..{limit - 1} for absolute positions; "
+                                 f"got max {int(position_ids.max())}")
         return shape
 
     def forward(
@@ -237,7 +321,7 @@ class LongBirdModel(LongBirdPreTrainedModel):
         use_reference = self.config._attn_implementation == REFERENCE
         output_hidden_states = bool(output_hidden_states or self.config.output_hidden_states)
         sequence_output, all_hidden = self.encoder(
-            hidden_states, attention_mask.bool(), use_reference, output_hidden_states
+            hidden_states, attention_mask.bool(), position_ids, use_reference, output_hidden_states
         )
         pooled = self.pooler(sequence_output) if self.pooler is not None else None
         output = BaseModelOutputWithPooling(

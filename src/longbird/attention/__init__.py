@@ -2,7 +2,9 @@
 
 from .bigbird import bigbird_attention
 from .full import full_attention
-from .patterns import BigBirdPattern, bigbird_pattern
+from .littlebird import pack_attention, usw_attention, usw_attention_reference
+from .patterns import BigBirdPattern, bigbird_pattern, sliding_window_mask
 from .reference import reference_attention
 
-__all__ = ["BigBirdPattern", "bigbird_attention", "bigbird_pattern", "full_attention", "reference_attention"]
+__all__ = ["BigBirdPattern", "bigbird_attention", "bigbird_pattern", "full_attention", "pack_attention",
+           "reference_attention", "sliding_window_mask", "usw_attention", "usw_attention_reference"]

@@ -96,3 +96,11 @@ def bigbird_pattern(
     if take < r:
         chosen = torch.cat([chosen, chosen.new_full((num_heads, middle, r - take), -1)], dim=-1)
     return BigBirdPattern(n, block_size, chosen)
+
+
+def sliding_window_mask(num_blocks: int, block_size: int) -> torch.Tensor:
+    """LittleBird's X-to-X pattern as a dense bool (l, l) mask: every query block attends to the first
+    block (global keys) and to its own, left and right blocks (LittleBird §3.2-3.3). For tests/reference."""
+    block = torch.arange(num_blocks * block_size) // block_size
+    near = (block[:, None] - block[None, :]).abs() <= 1
+    return near | (block[None, :] == 0)

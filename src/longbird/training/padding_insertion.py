@@ -1,0 +1,85 @@
+"""Padding Insertion (LittleBird §3.4, §4.4): train on short inputs as if they were long.
+
+After a sentence-ending token, with probability `probability`, the position ids of everything that follows
+jump by a gap drawn from U(0, max_gap) (both ends included). No token is added: inserting masked padding
+would only change BiALiBi distances, so changing position ids is the same thing for free. Tokens, labels,
+answer positions and masks keep their indices; only `position_ids` change, and they never decrease.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+import torch
+
+SENTENCE_ENDINGS = (".", "?", "!")
+_PIECE_MARKERS = ("##", "Ġ", "▁")  # WordPiece, byte-level BPE and SentencePiece word markers
+
+
+def sentence_end_token_ids(tokenizer, endings: Iterable[str] = SENTENCE_ENDINGS) -> list[int]:
+    """Ids of every vocabulary piece that ends a sentence: ".", "?", "!" alone or as a tokenizer piece
+    such as "##." or "▁." (and pieces like "...")."""
+    endings = tuple(endings)
+    ids = []
+    for piece, index in tokenizer.get_vocab().items():
+        text = piece
+        for marker in _PIECE_MARKERS:
+            text = text.replace(marker, "")
+        if text and all(character in "".join(endings) for character in text):
+            ids.append(index)
+    if not ids:
+        raise ValueError(f"no token of this tokenizer ends a sentence with {endings}; pass sentence_end_ids")
+    return sorted(ids)
+
+
+class PaddingInsertion:
+    """Callable on a collated batch dict with `input_ids` (B, l) and optionally `attention_mask`/`position_ids`."""
+
+    def __init__(self, sentence_end_ids: Iterable[int], probability: float = 0.2, max_gap: int = 256,
+                 seed: int | None = None):
+        if not 0.0 <= probability <= 1.0:
+            raise ValueError(f"probability must lie in [0, 1]; got {probability}")
+        if max_gap < 0:
+            raise ValueError(f"max_gap must be >= 0; got {max_gap}")
+        self.sentence_end_ids = torch.tensor(sorted(set(sentence_end_ids)), dtype=torch.long)
+        self.probability = probability
+        self.max_gap = max_gap
+        self.generator = torch.Generator().manual_seed(seed) if seed is not None else None
+
+    def gaps(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, l) long: the gap inserted right after each token (0 almost everywhere)."""
+        is_end = torch.isin(input_ids, self.sentence_end_ids.to(input_ids.device))
+        if attention_mask is not None:
+            is_end &= attention_mask.bool()
+        draw = torch.rand(input_ids.shape, generator=self.generator) < self.probability
+        size = torch.randint(0, self.max_gap + 1, input_ids.shape, generator=self.generator)
+        return (is_end & draw.to(is_end.device)).long() * size.to(input_ids.device)
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        input_ids = batch["input_ids"]
+        positions = batch.get("position_ids")
+        if positions is None:
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+        gaps = self.gaps(input_ids, batch.get("attention_mask"))
+        shift = torch.cumsum(gaps, dim=1) - gaps  # a gap applies to the tokens after the sentence end
+        return {**batch, "position_ids": positions + shift}
+
+
+class PaddingInsertionCollator:
+    """Wraps a collator; applies Padding Insertion only in training mode (`.train()` / `.eval()`)."""
+
+    def __init__(self, collator: Callable[[list], dict], padding_insertion: PaddingInsertion):
+        self.collator = collator
+        self.padding_insertion = padding_insertion
+        self.training = True
+
+    def train(self, mode: bool = True) -> "PaddingInsertionCollator":
+        self.training = mode
+        return self
+
+    def eval(self) -> "PaddingInsertionCollator":
+        return self.train(False)
+
+    def __call__(self, features: list) -> dict:
+        batch = self.collator(features)
+        return self.padding_insertion(batch) if self.training else batch

@@ -1,0 +1,212 @@
+"""LittleBird: USW + pack kernels vs dense oracle, sparsity, padding and Padding-Insertion invariance, BiALiBi."""
+
+import copy
+
+import pytest
+import torch
+
+import longbird
+from longbird.attention import pack_attention, reference_attention, usw_attention, usw_attention_reference
+from longbird.positions.alibi import BiALiBi
+from conftest import AWKWARD_LENGTHS, BLOCK, SOURCE_LENGTH, make_batch, make_source
+
+
+def _bias(heads=4):
+    bias = BiALiBi(heads)
+    with torch.no_grad():  # distinct α, β, γ so a mix-up between them shows
+        bias.alpha.mul_(3.0)
+        bias.gamma.mul_(0.5)
+    return bias
+
+
+@pytest.mark.parametrize("length", [8, 16, 64, 72, 120, 256])
+@pytest.mark.parametrize("pack", [0, 4])
+def test_usw_kernel_equals_dense_reference(length, pack):
+    generator = torch.Generator().manual_seed(length + pack)
+    q, k, v = (torch.randn(2, 4, length, 8, generator=generator).requires_grad_() for _ in range(3))
+    pk, pv = (torch.randn(2, 4, pack, 8, generator=generator).requires_grad_() for _ in range(2))
+    key_mask = torch.ones(2, length, dtype=torch.bool)
+    key_mask[1, length - 5:] = False
+    positions = torch.arange(length).expand(2, -1).clone()
+    positions[1, 3:] += 11  # a Padding-Insertion gap
+    bias = _bias()
+    args = (q, k, v, key_mask, positions, bias, BLOCK, pk if pack else None, pv if pack else None)
+    out, ref = usw_attention(*args), usw_attention_reference(*args)
+    torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
+    params = [q, k, v, bias.alpha, bias.beta, bias.gamma] + ([pk, pv] if pack else [])
+    grad_out = torch.randn_like(out)
+    for got, want in zip(torch.autograd.grad(out, params, grad_out), torch.autograd.grad(ref, params, grad_out)):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_pack_kernel_equals_dense_reference():
+    generator = torch.Generator().manual_seed(0)
+    pq = torch.randn(2, 4, 4, 8, generator=generator, requires_grad=True)
+    k, v = (torch.randn(2, 4, 65, 8, generator=generator, requires_grad=True) for _ in range(2))
+    key_mask = torch.ones(2, 65, dtype=torch.bool)
+    key_mask[1, 40:] = False
+    out = pack_attention(pq, k, v, key_mask)
+    ref = reference_attention(pq, k, v, key_mask[:, None, None, :])
+    torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
+    for got, want in zip(torch.autograd.grad(out.sum(), (pq, k, v)), torch.autograd.grad(ref.sum(), (pq, k, v))):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+def _littlebird(name="bert", pack_size=4, **overrides):
+    overrides = {"block_size": BLOCK, **overrides}
+    return longbird.convert(make_source(name), preset="littlebird", max_length=512, pack_size=pack_size, **overrides)
+
+
+def _with_reference(model):
+    reference = copy.deepcopy(model)
+    reference.config._attn_implementation = "reference"
+    return reference
+
+
+@pytest.mark.parametrize("length", AWKWARD_LENGTHS)
+@pytest.mark.parametrize("pack_size", [0, 4])
+def test_model_equals_reference_implementation(length, pack_size):
+    model = _littlebird(pack_size=pack_size)
+    reference = _with_reference(model)
+    input_ids, attention_mask = make_batch(length)
+    out = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    ref = reference(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    real = attention_mask.bool()
+    torch.testing.assert_close(out[real], ref[real], atol=1e-5, rtol=1e-4)
+    out[real].sum().backward()
+    ref[real].sum().backward()
+    for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
+        if p.grad is not None or q.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-3, msg=name)
+
+
+def test_sparsity_gradient_zero_outside_window_and_first_block():
+    from transformers import BertConfig, BertModel
+
+    from conftest import _SIZES
+
+    torch.manual_seed(0)
+    source = BertModel(BertConfig(**{**_SIZES, "num_hidden_layers": 1}, max_position_embeddings=SOURCE_LENGTH))
+    model = longbird.convert(source, preset="littlebird", max_length=512, block_size=BLOCK, pack_size=0)
+    length = 6 * BLOCK
+    embeds = torch.randn(1, length, 32, requires_grad=True)
+    out = model(inputs_embeds=embeds).last_hidden_state
+    block = torch.arange(length) // BLOCK
+    probe = torch.randn(32)  # a plain sum of a LayerNorm output is constant: project instead
+    for i in (3, 20, 40):
+        (grad,) = torch.autograd.grad(out[0, i] @ probe, embeds, retain_graph=True)
+        touched = grad[0].abs().sum(-1) > 0
+        allowed = ((block - block[i]).abs() <= 1) | (block == 0)
+        assert not touched[~allowed].any(), f"query {i} sees keys outside its window"
+        assert touched[allowed].all(), f"query {i} misses keys inside its window"
+
+
+@pytest.mark.parametrize("length", [65, 113])
+def test_padding_never_changes_real_tokens_even_across_blocks(length):
+    model = _littlebird()
+    input_ids, _ = make_batch(length, batch=1, padded_rows=0)
+    with torch.no_grad():
+        alone = model(input_ids=input_ids).last_hidden_state
+        extra = 37  # adds blocks: LittleBird has no last global block, so nothing may change
+        padded = model(input_ids=torch.cat([input_ids, torch.full((1, extra), 7)], 1),
+                       attention_mask=torch.cat([torch.ones(1, length), torch.zeros(1, extra)], 1).long()
+                       ).last_hidden_state
+    torch.testing.assert_close(padded[:, :length], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_position_gap_equals_inserted_masked_padding():
+    # Two blocks of 16 hold everything before and after, so blocking cannot differ between the two inputs.
+    model = longbird.convert(make_source("bert"), preset="littlebird", max_length=512, block_size=16, pack_size=4)
+    input_ids, _ = make_batch(20, batch=1, padded_rows=0)
+    cut, gap = 9, 6
+    with torch.no_grad():
+        positions = torch.arange(20)[None].clone()
+        positions[:, cut:] += gap
+        with_gap = model(input_ids=input_ids, position_ids=positions).last_hidden_state
+        padded_ids = torch.cat([input_ids[:, :cut], torch.full((1, gap), 7), input_ids[:, cut:]], 1)
+        mask = torch.ones(1, 20 + gap, dtype=torch.long)
+        mask[:, cut: cut + gap] = 0
+        inserted = model(input_ids=padded_ids, attention_mask=mask).last_hidden_state
+    keep = mask[0].bool()
+    torch.testing.assert_close(inserted[:, keep], with_gap, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():  # and the gap does change the outputs (the test can fail)
+        no_gap = model(input_ids=input_ids).last_hidden_state
+    assert (no_gap - with_gap).abs().max() > 1e-3
+
+
+def test_bialibi_matches_hand_written_5x5():
+    bias = BiALiBi(1)
+    with torch.no_grad():
+        bias.alpha.fill_(10.0)
+        bias.beta.fill_(1.0)
+        bias.gamma.fill_(2.0)
+    # rows = query position, columns = key position; left keys β·distance, right keys γ·distance, [CLS] α.
+    expected = torch.tensor([
+        [0., 10., 10., 10., 10.],
+        [10., 0., 2., 4., 6.],
+        [10., 1., 0., 2., 4.],
+        [10., 2., 1., 0., 2.],
+        [10., 3., 2., 1., 0.],
+    ])
+    torch.testing.assert_close(bias.distance(torch.arange(5), torch.arange(5))[0], expected)
+    # Positions, not indices: a gap of 3 after index 2 stretches distances across it only.
+    stretched = bias.distance(torch.tensor([0, 1, 2, 6, 7]), torch.tensor([0, 1, 2, 6, 7]))[0]
+    assert stretched[4, 2] == 5.0 and stretched[2, 4] == 10.0 and stretched[4, 3] == 1.0
+    torch.testing.assert_close(bias.pack_distance(8), torch.tensor([(1.0 + 2.0) / 2 * 8]))
+
+
+def test_save_load_round_trip(tmp_path):
+    model = _littlebird("roberta-mlm")
+    model.save_pretrained(tmp_path)
+    from transformers import AutoModelForMaskedLM
+
+    loaded = AutoModelForMaskedLM.from_pretrained(tmp_path)
+    for (key, a), (_, b) in zip(sorted(model.state_dict().items()), sorted(loaded.state_dict().items())):
+        assert torch.equal(a, b), key
+    input_ids, attention_mask = make_batch(100, pad_id=1)
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=input_ids, attention_mask=attention_mask).logits,
+                           loaded(input_ids=input_ids, attention_mask=attention_mask).logits)
+
+
+def test_conversion_reuses_source_weights_and_runs_at_four_times_L(source_name):
+    source = make_source(source_name)
+    model = longbird.convert(source, preset="littlebird", max_length=512, block_size=BLOCK, pack_size=4).train()
+    base = getattr(model, "longbird", model)
+    assert base.embeddings.position_embeddings is None  # BiALiBi replaces the absolute table
+    layer, source_layer = base.encoder.layer[0], source.base_model.encoder.layer[0]
+    for ours in (layer.attention.self.query, layer.pack_attention.self.query):
+        assert torch.equal(ours.weight, source_layer.attention.self.query.weight)
+    input_ids, attention_mask = make_batch(4 * SOURCE_LENGTH, pad_id=source.config.pad_token_id)
+    out = model(input_ids=input_ids, attention_mask=attention_mask)
+    hidden = out.logits if hasattr(out, "logits") else out.last_hidden_state
+    assert torch.isfinite(hidden).all()
+    hidden.float().pow(2).mean().backward()
+    assert layer.bialibi.beta.grad is not None and layer.bialibi.beta.grad.abs().sum() > 0
+    assert base.encoder.pack_embeddings.grad.abs().sum() > 0
+
+
+def test_bad_littlebird_settings_raise_clear_errors():
+    with pytest.raises(ValueError, match=r"pack_size \(600\) must lie in 0..max_length \(512\)"):
+        _littlebird(pack_size=600)
+    with pytest.raises(ValueError, match=r"max_length \(512\) must be a multiple of block_size \(48\)"):
+        _littlebird(block_size=48)
+    with pytest.raises(ValueError, match="attention='littlebird' and position='bialibi' go together"):
+        longbird.convert(make_source("bert"), preset="littlebird", max_length=512, block_size=BLOCK, position="absolute")
+    with pytest.raises(ValueError, match=r"input length 513 exceeds max_position_embeddings \(512\)"):
+        _littlebird()(input_ids=torch.ones(1, 513, dtype=torch.long))
+
+
+@pytest.mark.parametrize("mode", ["pure-bf16", "autocast"])
+def test_bf16_close_to_fp32(mode):
+    model = _littlebird()
+    input_ids, attention_mask = make_batch(113)
+    with torch.no_grad():
+        reference = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        if mode == "pure-bf16":
+            out = model.to(torch.bfloat16)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        else:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    real = attention_mask.bool()
+    assert torch.nn.functional.cosine_similarity(out.float()[real], reference[real], dim=-1).min() > 0.99

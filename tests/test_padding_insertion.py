@@ -1,0 +1,50 @@
+import pytest
+import torch
+from transformers import BertTokenizerFast
+
+from longbird.training import PaddingInsertion, PaddingInsertionCollator, sentence_end_token_ids
+from longbird.convert import default_source
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return BertTokenizerFast.from_pretrained(default_source())
+
+
+def test_sentence_end_pieces_found(tokenizer):
+    ids = set(sentence_end_token_ids(tokenizer))
+    for piece in (".", "?", "!"):
+        assert tokenizer.convert_tokens_to_ids(piece) in ids
+    assert tokenizer.convert_tokens_to_ids("the") not in ids
+
+
+def test_positions_only_jump_after_sentence_ends_and_alignment_is_kept(tokenizer):
+    text = "대한민국은 민주공화국이다. 주권은 국민에게 있다! 정말인가? 그렇다."
+    batch = tokenizer([text, text[:20]], padding=True, return_tensors="pt")
+    batch["labels"] = batch["input_ids"].clone()
+    transform = PaddingInsertion(sentence_end_token_ids(tokenizer), probability=1.0, max_gap=256, seed=0)
+    out = transform(dict(batch))
+    for key in ("input_ids", "attention_mask", "labels", "token_type_ids"):
+        assert torch.equal(out[key], batch[key])  # tokens, labels and masks untouched
+    positions = out["position_ids"]
+    steps = positions[:, 1:] - positions[:, :-1]
+    assert (steps >= 1).all()  # positions only increase
+    ends = torch.isin(batch["input_ids"][:, :-1], transform.sentence_end_ids) & batch["attention_mask"][:, :-1].bool()
+    assert (steps[~ends] == 1).all()  # jumps only right after a sentence end
+    assert (steps[ends] > 1).any() and (steps[ends] <= 257).all()
+
+
+def test_probability_zero_and_eval_mode_leave_positions_plain(tokenizer):
+    batch = tokenizer(["하나. 둘. 셋."], return_tensors="pt")
+    plain = torch.arange(batch["input_ids"].shape[1])[None]
+    assert torch.equal(PaddingInsertion([tokenizer.convert_tokens_to_ids(".")], probability=0.0)(dict(batch))["position_ids"], plain)
+    collator = PaddingInsertionCollator(lambda features: dict(batch),
+                                        PaddingInsertion(sentence_end_token_ids(tokenizer), probability=1.0, seed=1))
+    assert "position_ids" not in collator.eval()([None])
+    trained = collator.train()([None])["position_ids"]
+    assert trained[0, -1] > plain[0, -1]
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match=r"probability must lie in \[0, 1\]; got 1.5"):
+        PaddingInsertion([1], probability=1.5)
