@@ -11,7 +11,10 @@ from .modeling import (
 from .convert import SUPPORTED_FAMILIES, convert
 
 __version__ = "0.1.0"
-METHODS = {"kobigbird": "BigBird ITC block-sparse attention + TAPER absolute positions (KoBigBird-large)"}
+METHODS = {
+    "kobigbird": "BigBird ITC block-sparse attention + TAPER absolute positions (KoBigBird-large)",
+    "littlebird": "BiALiBi + unpack & sliding-window attention + pack attention; Padding Insertion (LittleBird)",
+}
 
 register_auto_classes()
 

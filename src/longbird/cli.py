@@ -96,7 +96,7 @@ def env():
         "bf16 AMX": str(torch.backends.cpu.get_cpu_capability()),
         "source families": ", ".join(SUPPORTED_FAMILIES),
         "presets": ", ".join(f"{name} ({', '.join(f'{k}={v}' for k, v in values.items())})" for name, values in PRESETS.items()),
-        "kernels": "full (SDPA), bigbird (blocked ITC), reference (dense oracle)",
+        "kernels": "full (SDPA), bigbird (blocked ITC), littlebird (blocked USW + pack), reference (dense oracle)",
         "methods": "; ".join(f"{name}: {text}" for name, text in METHODS.items()),
     }
     for key, value in rows.items():
@@ -138,6 +138,45 @@ def demo(
     if results["max_abs_diff_vs_source"] > 1e-4 or not results["reload_identical"]:
         console.print("[red]demo checks failed[/]")
         raise typer.Exit(1)
+
+
+@app.command()
+def bench(
+    models: list[str] = typer.Option(["littlebird", "kobigbird", "full", "hf-bigbird", "hf-longformer", "sdpa-roberta"],
+                                     "--model", help="Presets and baselines to compare (repeat the option)"),
+    lengths: list[int] = typer.Option([1024, 2048, 4096, 8192, 16384], "--length", help="Sequence lengths"),
+    modes: list[str] = typer.Option(["forward", "forward+backward"], "--mode", help="forward and/or forward+backward"),
+    dtypes: list[str] = typer.Option(["fp32"], "--dtype", help="fp32 and/or bf16"),
+    repeats: int = typer.Option(3, help="Timed calls per point (median), after one warm-up"),
+    max_seconds: float = typer.Option(60.0, help="Skip a model at longer lengths once a call takes longer"),
+    max_memory_gib: float = typer.Option(16.0, help="Skip a model when its projected peak memory passes this"),
+    out: Path = typer.Option(Path("benchmarks/results"), help="Directory for JSON, markdown and PNG plots"),
+    smoke: bool = typer.Option(False, help="Tiny model (2 layers, 128 hidden) for a quick check, e.g. in CI"),
+):
+    """Latency and peak memory vs length for longbird presets and transformers baselines, with plots."""
+    import sys
+
+    from rich.progress import Progress
+
+    from .bench.models import BASE
+    from .bench.report import markdown, write_report
+    from .bench.sweep import SweepSettings, run_sweep
+
+    for mode in modes:
+        if mode not in ("forward", "forward+backward"):
+            raise typer.BadParameter(f"--mode must be forward or forward+backward; got {mode!r}")
+    settings = SweepSettings(models=list(models), lengths=list(lengths), modes=list(modes), dtypes=list(dtypes),
+                             repeats=repeats, max_seconds=max_seconds, max_memory_gib=max_memory_gib)
+    base = dict(BASE, num_hidden_layers=2, hidden_size=128, num_attention_heads=2, intermediate_size=256) if smoke else None
+    steps = len(dtypes) * len(modes) * len(lengths)
+    with Progress(console=console) as progress:
+        task = progress.add_task("bench", total=steps)
+        report = run_sweep(settings, base, progress=lambda message: progress.update(
+            task, advance=1, description=message))
+    command = "longbird " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "longbird bench"
+    paths = write_report(report, out, command, stem="bench_smoke" if smoke else "bench")
+    console.print(markdown(report | {"command": command}, command))
+    console.print("wrote " + ", ".join(str(path) for path in paths))
 
 
 if __name__ == "__main__":

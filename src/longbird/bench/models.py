@@ -1,0 +1,87 @@
+"""The models a benchmark sweep compares: longbird presets and transformers baselines, base size, random init."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+BASE = dict(vocab_size=32000, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, type_vocab_size=2)
+PRESET_SETTINGS = {
+    "kobigbird": dict(attention="bigbird", position="absolute", block_size=64, num_random_blocks=3),
+    "littlebird": dict(attention="littlebird", position="bialibi", block_size=64, pack_size=64),
+    "full": dict(attention="full", position="absolute"),
+}
+BASELINES = ("hf-bigbird", "hf-longformer", "sdpa-roberta")
+
+
+def build_model(name: str, max_length: int, base: dict | None = None) -> torch.nn.Module:
+    """A random-init encoder by name: a longbird preset or one of BASELINES."""
+    base = dict(BASE if base is None else base)
+    torch.manual_seed(0)
+    if name in PRESET_SETTINGS:
+        from ..config import LongBirdConfig
+        from ..modeling import LongBirdModel
+
+        # L = 512 as for BERT-size sources (kobigbird runs full attention up to L); a short sweep lowers it.
+        config = LongBirdConfig(**base, max_position_embeddings=max_length, source_max_positions=min(512, max_length // 2),
+                                **PRESET_SETTINGS[name])
+        return LongBirdModel(config).eval()
+    import transformers
+
+    if name == "hf-bigbird":
+        config = transformers.BigBirdConfig(**base, max_position_embeddings=max_length, attention_type="block_sparse",
+                                            block_size=64, num_random_blocks=3)
+        return transformers.BigBirdModel(config).eval()
+    if name == "hf-longformer":
+        config = transformers.LongformerConfig(**base, max_position_embeddings=max_length + 2, attention_window=512,
+                                               pad_token_id=1)
+        return transformers.LongformerModel(config).eval()
+    if name == "sdpa-roberta":
+        config = transformers.RobertaConfig(**base, max_position_embeddings=max_length + 2, pad_token_id=1)
+        model = transformers.RobertaModel(config, add_pooling_layer=False).eval()
+        model.set_attn_implementation("sdpa")
+        return model
+    raise ValueError(f"unknown benchmark model {name!r}; choose from {tuple(PRESET_SETTINGS) + BASELINES}")
+
+
+def forward_fn(model: torch.nn.Module, length: int, backward: bool) -> Callable[[], torch.Tensor]:
+    """A closure running one forward (and backward) at `length`, batch 1."""
+    generator = torch.Generator().manual_seed(length)
+    input_ids = torch.randint(5, BASE["vocab_size"], (1, length), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+
+    def run():
+        if backward:
+            out = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            out.float().pow(2).mean().backward()
+            model.zero_grad(set_to_none=True)
+            return out.detach()
+        with torch.inference_mode():
+            return model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    return run
+
+
+def linear_flops(length: int, base: dict | None = None) -> float:
+    """FLOPs of the dense projections and FFN of one forward (the floor every model shares)."""
+    base = BASE if base is None else base
+    hidden, inner, layers = base["hidden_size"], base["intermediate_size"], base["num_hidden_layers"]
+    return 2.0 * length * layers * (4 * hidden * hidden + 2 * hidden * inner)
+
+
+def matmul_throughput(dtype: torch.dtype, size=(4096, 768, 3072), repeats: int = 5) -> float:
+    """This machine's dense matmul FLOP/s for `dtype` (a (m,k)x(k,n) product, median of `repeats`)."""
+    import statistics
+    import time
+
+    m, k, n = size
+    a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+    a @ b
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return 2.0 * m * k * n / statistics.median(times)

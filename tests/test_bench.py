@@ -1,0 +1,33 @@
+"""`longbird bench` smoke run (2 lengths, tiny model) and the report helpers. Timings are not asserted."""
+
+import json
+import math
+
+from typer.testing import CliRunner
+
+from longbird.bench.report import fitted_exponent
+from longbird.cli import app
+
+
+def test_fitted_exponent_recovers_power_laws():
+    assert math.isclose(fitted_exponent([(4096, 1.0), (8192, 2.0), (16384, 4.0)]), 1.0)
+    assert math.isclose(fitted_exponent([(4096, 1.0), (8192, 4.0)]), 2.0)
+    assert fitted_exponent([(1024, 1.0), (2048, 2.0)]) is None  # nothing at or above 4K
+
+
+def test_bench_smoke_writes_json_markdown_and_plots(tmp_path):
+    result = CliRunner().invoke(app, ["bench", "--smoke", "--length", "128", "--length", "256", "--repeats", "1",
+                                      "--model", "littlebird", "--model", "kobigbird", "--model", "sdpa-roberta",
+                                      "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "bench_smoke.json").read_text())
+    measured = [row for row in report["rows"] if "skipped" not in row]
+    assert {(row["model"], row["mode"], row["length"]) for row in measured} == {
+        (model, mode, length) for model in ("littlebird", "kobigbird", "sdpa-roberta")
+        for mode in ("forward", "forward+backward") for length in (128, 256)}
+    assert all(row["median_seconds"] > 0 and row["peak_mib"] > 0 for row in measured)
+    assert report["matmul_tflops"]["fp32"] > 0 and report["cpu"] and report["threads"] >= 1
+    markdown = (tmp_path / "bench_smoke.md").read_text()
+    assert "| littlebird |" in markdown and "Command: `longbird bench" in markdown
+    for mode in ("forward", "forward_backward"):
+        assert (tmp_path / f"bench_smoke_fp32_{mode}.png").stat().st_size > 1000
