@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import longbird
-from longbird.attention import pack_attention, reference_attention, usw_attention, usw_attention_reference
+from longbird.attention import pack_attention, reference_attention, usw_attention, usw_attention_reference, usw_layout
 from longbird.positions.alibi import BiALiBi
 from conftest import AWKWARD_LENGTHS, BLOCK, SOURCE_LENGTH, make_batch, make_source
 
@@ -30,8 +30,9 @@ def test_usw_kernel_equals_dense_reference(length, pack):
     positions = torch.arange(length).expand(2, -1).clone()
     positions[1, 3:] += 11  # a Padding-Insertion gap
     bias = _bias()
-    args = (q, k, v, key_mask, positions, bias, BLOCK, pk if pack else None, pv if pack else None)
-    out, ref = usw_attention(*args), usw_attention_reference(*args)
+    packed = (pk, pv) if pack else (None, None)
+    out = usw_attention(q, k, v, usw_layout(key_mask, positions, BLOCK), bias, *packed)
+    ref = usw_attention_reference(q, k, v, key_mask, positions, bias, BLOCK, *packed)
     torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
     params = [q, k, v, bias.alpha, bias.beta, bias.gamma] + ([pk, pv] if pack else [])
     grad_out = torch.randn_like(out)

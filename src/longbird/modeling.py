@@ -21,7 +21,7 @@ from transformers.modeling_outputs import (
 from transformers.modeling_utils import AttentionInterface
 
 from .attention import (bigbird_attention, bigbird_pattern, full_attention, pack_attention, reference_attention,
-                        usw_attention, usw_attention_reference)
+                        usw_attention, usw_attention_reference, usw_layout)
 from .config import LongBirdConfig
 from .positions.alibi import BiALiBi, alibi_slopes
 
@@ -152,7 +152,9 @@ class LittleBirdLayer(nn.Module):
         self.intermediate = LongBirdIntermediate(config)
         self.output = LongBirdOutput(config)
 
-    def forward(self, hidden_states, key_mask, positions, pack, use_reference=False):
+    def forward(self, hidden_states, key_mask, positions, pack, layout=None, workspace=None):
+        """`layout` (from usw_layout) selects the blocked kernel; None selects the dense reference."""
+        use_reference = layout is None
         unpack = self.attention.self
         pack_key = pack_value = None
         if self.pack_attention is not None:
@@ -164,10 +166,12 @@ class LittleBirdLayer(nn.Module):
             out = self.pack_attention.output
             pack = out.LayerNorm(out.dropout(context) + pack)  # P = LN(C_p + P)
             pack_key, pack_value = unpack._heads(unpack.key(context)), unpack._heads(unpack.value(context))
-        kernel = usw_attention_reference if use_reference else usw_attention
-        context = kernel(unpack._heads(unpack.query(hidden_states)), unpack._heads(unpack.key(hidden_states)),
-                         unpack._heads(unpack.value(hidden_states)), key_mask, positions, self.bialibi,
-                         self.block_size, pack_key, pack_value)
+        query, key, value = (unpack._heads(proj(hidden_states)) for proj in (unpack.query, unpack.key, unpack.value))
+        if use_reference:
+            context = usw_attention_reference(query, key, value, key_mask, positions, self.bialibi, self.block_size,
+                                              pack_key, pack_value)
+        else:
+            context = usw_attention(query, key, value, layout, self.bialibi, pack_key, pack_value, workspace)
         attended = self.attention.output(unpack._merge(context), hidden_states)  # A = LN(C_x + X)
         return self.output(self.intermediate(attended), attended), pack
 
@@ -227,8 +231,11 @@ class LongBirdEncoder(nn.Module):
         pack = getattr(self, "pack_embeddings", None)
         pack = pack.to(hidden_states.dtype)[None].expand(batch, -1, -1) if pack is not None else None
         all_hidden = [hidden_states[:, :length]] if output_hidden_states else None
+        # Blocking, padding and BiALiBi distances are the same in every layer: computed once per call.
+        layout = None if use_reference else usw_layout(key_mask, position_ids, self.config.block_size)
+        workspace = {}  # per-call scratch buffers shared by the layers (inference only)
         for layer in self.layer:
-            hidden_states, pack = layer(hidden_states, key_mask, position_ids, pack, use_reference)
+            hidden_states, pack = layer(hidden_states, key_mask, position_ids, pack, layout, workspace)
             if output_hidden_states:
                 all_hidden.append(hidden_states[:, :length])
         return hidden_states[:, :length], all_hidden

@@ -10,13 +10,20 @@ left and right blocks (BiALiBi bias from position ids). Blocked and batched: key
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
 
-class PositionBias(Protocol):
+class BiALiBiSlopes(Protocol):
+    """Per-head slopes (H,) and the packed-context distance (positions.alibi.BiALiBi satisfies this)."""
+
+    alpha: torch.Tensor
+    beta: torch.Tensor
+    gamma: torch.Tensor
+
     def distance(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor: ...
     def pack_distance(self, block_size: int) -> torch.Tensor: ...
 
@@ -35,67 +42,101 @@ def _neighbour_blocks(x: torch.Tensor, axis: int, fill) -> torch.Tensor:
     return torch.cat([padded.narrow(axis, offset, n) for offset in range(3)], dim=axis + 1)
 
 
-def usw_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    key_mask: torch.Tensor,
-    positions: torch.Tensor,
-    bias: PositionBias,
-    block_size: int,
-    pack_key: torch.Tensor | None = None,
-    pack_value: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """query/key/value (B, H, l, d), l = n·b (the caller pads); key_mask (B, l) bool; positions (B, l) long;
-    pack_key/pack_value (B, H, s, d) or None (pack_size 0). Returns (B, H, l, d).
+@dataclass
+class USWLayout:
+    """Which keys each query block sees and their slope-free BiALiBi terms; computed once per forward
+    (positions and padding are the same in every layer).
 
-    Softmax and bias arithmetic run in fp32 whatever the input dtype.
+    Key order per query block: [global block 0 | left | own | right] = 4b keys.
+    mask (B, n, 4b) bool; left/right/cls (B, 1, n, b, 4b) fp32 (see positions.alibi.bialibi_terms).
     """
-    batch, heads, length, dim = query.shape
+
+    block_size: int
+    mask: torch.Tensor
+    left: torch.Tensor
+    right: torch.Tensor
+    cls: torch.Tensor
+
+
+def usw_layout(key_mask: torch.Tensor, positions: torch.Tensor, block_size: int) -> USWLayout:
+    from ..positions.alibi import bialibi_terms
+
+    batch, length = key_mask.shape
     b = block_size
     n = length // b
     if n * b != length:
         raise ValueError(f"usw_attention expects length to be a multiple of block_size ({b}); got {length}")
-    blocks = lambda x: x.view(batch, heads, n, b, dim)  # noqa: E731
-    q, k, v = blocks(query), blocks(key), blocks(value)
     mask_blocks = key_mask.view(batch, n, b)
     position_blocks = positions.view(batch, n, b)
-
-    # Keys per query block: [global block 0 | left | own | right] (+ packed context in front).
-    window_k, window_v = _neighbour_blocks(k, 2, 0.0), _neighbour_blocks(v, 2, 0.0)  # (B, H, n, 3b, d)
-    window_mask = _neighbour_blocks(mask_blocks, 1, False)  # (B, n, 3b)
-    window_positions = _neighbour_blocks(position_blocks, 1, 0)
-    global_k = k[:, :, :1].expand(-1, -1, n, -1, -1)
-    global_v = v[:, :, :1].expand(-1, -1, n, -1, -1)
     # Blocks 0 and 1 already see block 0 in their window: mask the global copy so no key counts twice.
-    global_mask = mask_blocks[:, :1].expand(-1, n, -1) & (torch.arange(n, device=query.device) >= 2)[None, :, None]
-    global_positions = position_blocks[:, :1].expand(-1, n, -1)
+    global_mask = mask_blocks[:, :1].expand(-1, n, -1) & (torch.arange(n, device=key_mask.device) >= 2)[None, :, None]
+    mask = torch.cat([global_mask, _neighbour_blocks(mask_blocks, 1, False)], dim=-1)
+    key_positions = torch.cat([position_blocks[:, :1].expand(-1, n, -1), _neighbour_blocks(position_blocks, 1, 0)], -1)
+    left, right, cls = (term[:, None] for term in bialibi_terms(position_blocks, key_positions))
+    return USWLayout(b, mask, left, right, cls)
 
-    key_groups = [global_k, window_k]
-    value_groups = [global_v, window_v]
-    distance = torch.cat([bias.distance(position_blocks, global_positions),
-                          bias.distance(position_blocks, window_positions)], dim=-1)  # (B, n, H, b, 4b)
-    mask = torch.cat([global_mask, window_mask], dim=-1)  # (B, n, 4b)
-    if pack_key is not None and pack_key.shape[2] > 0:
-        s = pack_key.shape[2]
+
+def _concat(groups, dim, workspace, name):
+    """torch.cat, into a buffer reused across layers when autograd is off (fresh multi-MB outputs cost
+    more in page faults than the copy itself on CPU)."""
+    if workspace is None or torch.is_grad_enabled():
+        return torch.cat(groups, dim=dim)
+    shape = list(groups[0].shape)
+    shape[dim] = sum(group.shape[dim] for group in groups)
+    key = (name, tuple(shape), groups[0].dtype, groups[0].device)
+    if key not in workspace:
+        workspace[key] = torch.empty(shape, dtype=groups[0].dtype, device=groups[0].device)
+    return torch.cat(groups, dim=dim, out=workspace[key])
+
+
+def usw_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    layout: USWLayout,
+    slopes: "BiALiBiSlopes",
+    pack_key: torch.Tensor | None = None,
+    pack_value: torch.Tensor | None = None,
+    workspace: dict | None = None,
+) -> torch.Tensor:
+    """query/key/value (B, H, l, d), l = n·b (the caller pads); `layout` from `usw_layout`; `slopes` has per-head
+    alpha, beta, gamma and pack_distance(b); pack_key/pack_value (B, H, s, d) or None. Returns (B, H, l, d).
+
+    Softmax and bias arithmetic run in fp32 whatever the input dtype. A query row with no allowed key (only
+    possible in an all-padding row without pack tokens) gets an average of masked values, never used.
+    """
+    batch, heads, length, dim = query.shape
+    b = layout.block_size
+    n = length // b
+    blocks = lambda x: x.view(batch, heads, n, b, dim)  # noqa: E731
+    q, k, v = blocks(query), blocks(key), blocks(value)
+    key_groups = [k[:, :, :1].expand(-1, -1, n, -1, -1), _neighbour_blocks(k, 2, 0.0)]
+    value_groups = [v[:, :, :1].expand(-1, -1, n, -1, -1), _neighbour_blocks(v, 2, 0.0)]
+    s = 0 if pack_key is None else pack_key.shape[2]
+    mask = layout.mask
+    if s:
         key_groups.insert(0, pack_key[:, :, None].expand(-1, -1, n, -1, -1))
         value_groups.insert(0, pack_value[:, :, None].expand(-1, -1, n, -1, -1))
-        pack_distance = bias.pack_distance(b).view(1, 1, heads, 1, 1).expand(batch, n, heads, b, s)
-        distance = torch.cat([pack_distance, distance], dim=-1)
         mask = torch.cat([mask.new_ones(batch, n, s), mask], dim=-1)
-    keys = torch.cat(key_groups, dim=3)  # (B, H, n, s + 4b, d)
-    values = torch.cat(value_groups, dim=3)
+    keys = _concat(key_groups, 3, workspace, "keys")  # (B, H, n, s + 4b, d)
+    values = _concat(value_groups, 3, workspace, "values")
 
-    scores = torch.matmul(q, keys.transpose(-1, -2)).float() / math.sqrt(dim)  # (B, H, n, b, s + 4b)
-    scores = scores - distance.permute(0, 2, 1, 3, 4)  # score − D (BiALiBi, LittleBird §3.1)
-    allowed = mask[:, None, :, None, :]  # (B, 1, n, 1, s + 4b)
-    scores = scores.masked_fill(~allowed, torch.finfo(torch.float32).min)
-    probs = torch.softmax(scores, dim=-1) * allowed  # all-masked rows -> zeros, as the reference
+    scores = torch.matmul(q, keys.transpose(-1, -2))  # (B, H, n, b, s + 4b)
+    scores = scores.float() if scores.dtype != torch.float32 else scores
+    scores.mul_(1.0 / math.sqrt(dim))
+    # score − D with D = β·left + γ·right + α·cls (BiALiBi, LittleBird §3.1), in place: no (B, H, n, b, 4b) temps.
+    local = scores[..., s:]
+    for slope, term in ((slopes.beta, layout.left), (slopes.gamma, layout.right), (slopes.alpha, layout.cls)):
+        local.addcmul_(term, slope.float().view(1, heads, 1, 1, 1), value=-1.0)
+    if s:  # packed context: uniform distance (β+γ)/2·b (LittleBird §3.3, D_C)
+        scores[..., :s].sub_(slopes.pack_distance(b).view(1, heads, 1, 1, 1))
+    scores.masked_fill_(~mask[:, None, :, None, :], torch.finfo(torch.float32).min)
+    probs = torch.softmax(scores, dim=-1)
     out = torch.matmul(probs.to(values.dtype), values)
     return out.view(batch, heads, length, dim)
 
 
-def usw_attention_reference(query, key, value, key_mask, positions, bias: PositionBias, block_size,
+def usw_attention_reference(query, key, value, key_mask, positions, bias: BiALiBiSlopes, block_size,
                             pack_key=None, pack_value=None):
     """Dense oracle for `usw_attention`: the pattern and BiALiBi bias materialised as (l, s + l) tensors."""
     from .patterns import sliding_window_mask

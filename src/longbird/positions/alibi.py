@@ -30,6 +30,18 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
     return torch.tensor(power_of_two(closest) + extra)
 
 
+def bialibi_terms(query_positions: torch.Tensor, key_positions: torch.Tensor):
+    """The slope-free parts of D, each (..., q, k) fp32, so that D_h = β_h·left + γ_h·right + α_h·cls.
+
+    left = p_i − p_j where the key is on the left, right = p_j − p_i where it is on the right, cls = 1 where
+    either position is 0 (and p_i ≠ p_j); left and right are 0 where cls applies.
+    """
+    delta = query_positions[..., :, None].float() - key_positions[..., None, :].float()
+    cls = ((query_positions[..., :, None] == 0) | (key_positions[..., None, :] == 0)) & (delta != 0)
+    not_cls = (~cls).float()
+    return delta.clamp(min=0) * not_cls, (-delta).clamp(min=0) * not_cls, cls.float()
+
+
 class BiALiBi(nn.Module):
     """Per-head α, β, γ (learnable unless `learnable=False`), initialised from ALiBi's slopes."""
 
@@ -45,15 +57,9 @@ class BiALiBi(nn.Module):
 
         Leading dims broadcast; heads are inserted before the last two dims.
         """
-        p_i = query_positions[..., None, :, None].float()  # (..., 1, q, 1)
-        p_j = key_positions[..., None, None, :].float()  # (..., 1, 1, k)
-        shape = (-1, 1, 1)
-        alpha, beta, gamma = (s.float().view(shape) for s in (self.alpha, self.beta, self.gamma))
-        delta = p_i - p_j
-        distance = torch.where(delta > 0, beta * delta, gamma * (-delta))  # β(p_i−p_j) left, γ(p_j−p_i) right
-        cls = (p_i == 0) | (p_j == 0)
-        distance = torch.where(cls & (delta != 0), alpha.expand_as(distance), distance)  # α for [CLS]
-        return distance
+        left, right, cls = (term[..., None, :, :] for term in bialibi_terms(query_positions, key_positions))
+        alpha, beta, gamma = (s.float().view(-1, 1, 1) for s in (self.alpha, self.beta, self.gamma))
+        return beta * left + gamma * right + alpha * cls
 
     def pack_distance(self, block_size: int) -> torch.Tensor:
         """(H,) uniform distance to packed context tokens: (β + γ)/2 · b (LittleBird §3.3, D_C)."""
