@@ -152,6 +152,7 @@ def bench(
     max_memory_gib: float = typer.Option(16.0, help="Skip a model when its projected peak memory passes this"),
     out: Path = typer.Option(Path("benchmarks/results"), help="Directory for JSON, markdown and PNG plots"),
     smoke: bool = typer.Option(False, help="Tiny model (2 layers, 128 hidden) for a quick check, e.g. in CI"),
+    name: str = typer.Option("", help="File stem of the results (default: bench, or bench_smoke with --smoke)"),
 ):
     """Latency and peak memory vs length for longbird presets and transformers baselines, with plots."""
     import sys
@@ -174,7 +175,7 @@ def bench(
         report = run_sweep(settings, base, progress=lambda message: progress.update(
             task, advance=1, description=message))
     command = "longbird " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "longbird bench"
-    paths = write_report(report, out, command, stem="bench_smoke" if smoke else "bench")
+    paths = write_report(report, out, command, stem=name or ("bench_smoke" if smoke else "bench"))
     console.print(markdown(report | {"command": command}, command))
     console.print("wrote " + ", ".join(str(path) for path in paths))
 
