@@ -18,24 +18,16 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import BigBirdConfig, BigBirdModel
 
-from longbird import LongBirdConfig, LongBirdModel
+from longbird.bench.models import BASE, build_model
 from longbird.bench.memory import peak_allocated_bytes
 from longbird.files import write_file_atomically
 
-BASE = dict(vocab_size=32000, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
-            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, type_vocab_size=2)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def build(max_length: int):
-    torch.manual_seed(0)
-    ours = LongBirdModel(LongBirdConfig(**BASE, max_position_embeddings=max_length, source_max_positions=512,
-                                        attention="bigbird", block_size=64, num_random_blocks=3)).eval()
-    theirs = BigBirdModel(BigBirdConfig(**BASE, max_position_embeddings=max_length, attention_type="block_sparse",
-                                        block_size=64, num_random_blocks=3)).eval()
-    return {"longbird-kobigbird": ours, "hf-bigbird": theirs}
+    return {"longbird-kobigbird": build_model("kobigbird", max_length), "hf-bigbird": build_model("hf-bigbird", max_length)}
 
 
 def measure(models, input_ids, repeats):
