@@ -89,3 +89,19 @@ def test_atomic_write_keeps_old_output_on_failure(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # no partial directory left behind
     with pytest.raises(FileExistsError, match="already exists; pass overwrite=True"):
         write_directory_atomically(out, lambda d: None)
+
+
+def test_atomic_outputs_get_ordinary_permissions(tmp_path):
+    import os
+    import stat
+
+    from longbird.files import write_file_atomically
+
+    umask = os.umask(0o022)
+    try:
+        out = write_directory_atomically(tmp_path / "dir", lambda d: (d / "f").write_text("x"))
+        path = write_file_atomically(tmp_path / "report.json", "{}")
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644 and path.read_text() == "{}"

@@ -17,6 +17,7 @@ def write_directory_atomically(out: str | os.PathLike, write: Callable[[Path], N
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
+        staging.chmod(_default_mode(0o777))  # mkdtemp makes 0700; the result should look like any new directory
         write(staging)
         if out.exists():
             backup = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
@@ -37,5 +38,12 @@ def write_file_atomically(path: str | os.PathLike, text: str) -> Path:
     handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     with os.fdopen(handle, "w", encoding="utf-8") as stream:
         stream.write(text)
+    os.chmod(tmp, _default_mode(0o666))  # mkstemp makes 0600
     os.replace(tmp, path)
     return path
+
+
+def _default_mode(full: int) -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return full & ~umask
