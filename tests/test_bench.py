@@ -21,6 +21,7 @@ def test_bench_smoke_writes_json_markdown_and_plots(tmp_path):
                                       "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "bench_smoke.json").read_text())
+    assert not (tmp_path / "bench_smoke.partial.json").exists()  # the checkpoint is replaced by the report
     measured = [row for row in report["rows"] if "skipped" not in row]
     assert {(row["model"], row["mode"], row["length"]) for row in measured} == {
         (model, mode, length) for model in ("littlebird", "kobigbird", "sdpa-roberta")

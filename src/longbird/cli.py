@@ -169,13 +169,21 @@ def bench(
     settings = SweepSettings(models=list(models), lengths=list(lengths), modes=list(modes), dtypes=list(dtypes),
                              repeats=repeats, max_seconds=max_seconds, max_memory_gib=max_memory_gib)
     base = dict(BASE, num_hidden_layers=2, hidden_size=128, num_attention_heads=2, intermediate_size=256) if smoke else None
+    import json
+
+    from .files import write_file_atomically
+
+    stem = name or ("bench_smoke" if smoke else "bench")
+    partial = out / f"{stem}.partial.json"
     steps = len(dtypes) * len(modes) * len(lengths)
     with Progress(console=console) as progress:
         task = progress.add_task("bench", total=steps)
         report = run_sweep(settings, base, progress=lambda message: progress.update(
-            task, advance=1, description=message))
+            task, advance=1, description=message),
+            checkpoint=lambda report: write_file_atomically(partial, json.dumps(report, indent=2) + "\n"))
+    partial.unlink(missing_ok=True)
     command = "longbird " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "longbird bench"
-    paths = write_report(report, out, command, stem=name or ("bench_smoke" if smoke else "bench"))
+    paths = write_report(report, out, command, stem=stem)
     console.print(markdown(report | {"command": command}, command))
     console.print("wrote " + ", ".join(str(path) for path in paths))
 

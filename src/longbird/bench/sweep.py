@@ -46,8 +46,12 @@ def cpu_model() -> str:
 
 
 def run_sweep(settings: SweepSettings, base: dict | None = None,
-              progress: Callable[[str], None] = lambda message: None) -> dict:
-    """Returns a JSON-ready report: environment, matmul throughput, one row per (model, dtype, mode, length)."""
+              progress: Callable[[str], None] = lambda message: None,
+              checkpoint: Callable[[dict], None] = lambda report: None) -> dict:
+    """Returns a JSON-ready report: environment, matmul throughput, one row per (model, dtype, mode, length).
+
+    `checkpoint(report)` is called after every length so a long sweep that is stopped keeps what it measured.
+    """
     import transformers
 
     base = dict(BASE if base is None else base)
@@ -82,6 +86,7 @@ def run_sweep(settings: SweepSettings, base: dict | None = None,
                     last_peak[name] = (length, row["peak_mib"])
                     if row["median_seconds"] > settings.max_seconds:
                         skipped[name] = f"one call took {row['median_seconds']:.0f} s > max_seconds {settings.max_seconds:.0f}"
+                checkpoint(report)
             del models
             gc.collect()
     return report
