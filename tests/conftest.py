@@ -62,3 +62,18 @@ def make_batch(length: int, batch: int = 2, pad_id: int = 0, seed: int = 0, padd
 @pytest.fixture(params=list(SOURCES))
 def source_name(request):
     return request.param
+
+
+def assert_same_outputs_and_gradients(model, reference, input_ids, attention_mask, atol=1e-5, grad_atol=1e-4):
+    """The fast model and its `attn_implementation="reference"` twin agree on real-token outputs and on
+    every parameter gradient of a random projection of them (a plain sum of a LayerNorm output is ~constant)."""
+    out = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    ref = reference(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    real = attention_mask.bool()
+    torch.testing.assert_close(out[real], ref[real], atol=atol, rtol=1e-4)
+    probe = torch.randn(out.shape[-1], generator=torch.Generator().manual_seed(0))
+    (out[real] @ probe).sum().backward()
+    (ref[real] @ probe).sum().backward()
+    for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
+        if p.grad is not None or q.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, atol=grad_atol, rtol=1e-3, msg=name)

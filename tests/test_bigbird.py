@@ -5,7 +5,7 @@ import torch
 
 import longbird
 from longbird.attention import bigbird_attention, bigbird_pattern, reference_attention
-from conftest import AWKWARD_LENGTHS, BLOCK, make_batch, make_source
+from conftest import AWKWARD_LENGTHS, BLOCK, assert_same_outputs_and_gradients, make_batch, make_source
 
 
 def _qkv(length, heads=4, dim=8, batch=2, dtype=torch.float32, seed=0):
@@ -65,15 +65,7 @@ def _sparse_model(name="bert", **overrides):
 def test_model_sparse_path_equals_reference_implementation(length):
     model = _sparse_model()
     reference = _sparse_model(attn_implementation="reference")
-    input_ids, attention_mask = make_batch(length)
-    out = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-    ref = reference(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-    real = attention_mask.bool()
-    torch.testing.assert_close(out[real], ref[real], atol=1e-5, rtol=1e-4)
-    out[real].sum().backward()
-    ref[real].sum().backward()
-    for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
-        torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-3, msg=name)
+    assert_same_outputs_and_gradients(model, reference, *make_batch(length))
 
 
 @pytest.mark.parametrize("length", [65, 113, 250])
@@ -148,12 +140,4 @@ def test_full_attention_path_equals_reference_implementation(length):
     model = longbird.convert(make_source("roberta"), max_length=128, block_size=BLOCK)
     reference = longbird.convert(make_source("roberta"), max_length=128, block_size=BLOCK,
                                  attn_implementation="reference")
-    input_ids, attention_mask = make_batch(length, pad_id=1)
-    out = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-    ref = reference(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-    real = attention_mask.bool()
-    torch.testing.assert_close(out[real], ref[real], atol=1e-5, rtol=1e-4)
-    out[real].sum().backward()
-    ref[real].sum().backward()
-    torch.testing.assert_close(model.embeddings.word_embeddings.weight.grad,
-                               reference.embeddings.word_embeddings.weight.grad, atol=1e-5, rtol=1e-4)
+    assert_same_outputs_and_gradients(model, reference, *make_batch(length, pad_id=1))

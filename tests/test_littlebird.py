@@ -8,7 +8,7 @@ import torch
 import longbird
 from longbird.attention import pack_attention, reference_attention, usw_attention, usw_attention_reference, usw_layout
 from longbird.positions.alibi import BiALiBi
-from conftest import AWKWARD_LENGTHS, BLOCK, SOURCE_LENGTH, make_batch, make_source
+from conftest import AWKWARD_LENGTHS, BLOCK, SOURCE_LENGTH, assert_same_outputs_and_gradients, make_batch, make_source
 
 
 def _bias(heads=4):
@@ -69,16 +69,7 @@ def _with_reference(model):
 def test_model_equals_reference_implementation(length, pack_size):
     model = _littlebird(pack_size=pack_size)
     reference = _with_reference(model)
-    input_ids, attention_mask = make_batch(length)
-    out = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-    ref = reference(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-    real = attention_mask.bool()
-    torch.testing.assert_close(out[real], ref[real], atol=1e-5, rtol=1e-4)
-    out[real].sum().backward()
-    ref[real].sum().backward()
-    for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
-        if p.grad is not None or q.grad is not None:
-            torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-3, msg=name)
+    assert_same_outputs_and_gradients(model, reference, *make_batch(length))
 
 
 def test_sparsity_gradient_zero_outside_window_and_first_block():

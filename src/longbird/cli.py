@@ -86,14 +86,15 @@ def env():
     import transformers
 
     from . import METHODS, PRESETS, __version__
+    from .bench.sweep import cpu_model
     from .convert import SUPPORTED_FAMILIES
 
     table = Table(title="longbird environment", show_header=False)
     rows = {
         "longbird": __version__, "python": platform.python_version(), "torch": torch.__version__,
         "transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
-        "threads": str(torch.get_num_threads()), "cpu": _cpu_model(),
-        "bf16 AMX": str(torch.backends.cpu.get_cpu_capability()),
+        "threads": str(torch.get_num_threads()), "cpu": cpu_model(),
+        "cpu capability": str(torch.backends.cpu.get_cpu_capability()),
         "source families": ", ".join(SUPPORTED_FAMILIES),
         "presets": ", ".join(f"{name} ({', '.join(f'{k}={v}' for k, v in values.items())})" for name, values in PRESETS.items()),
         "kernels": "full (SDPA), bigbird (blocked ITC), littlebird (blocked USW + pack), reference (dense oracle)",
@@ -102,16 +103,6 @@ def env():
     for key, value in rows.items():
         table.add_row(key, value)
     console.print(table)
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 @app.command()
