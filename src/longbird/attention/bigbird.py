@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from .patterns import BigBirdPattern
+from .workspace import scratch_buffer
 
 
 def _masked_attention(query, key, value, mask):
@@ -21,15 +22,9 @@ def _masked_attention(query, key, value, mask):
 
 
 def _gather_blocks(blocks, index, workspace, name):
-    """index_select over (head, block) pairs. Without autograd, reuse one buffer per shape across layers:
-    on CPU a fresh multi-MB output costs more in page faults than the copy itself."""
-    if workspace is None or torch.is_grad_enabled():  # autograd may save the gathered blocks
-        return blocks.index_select(1, index)
-    shape = (blocks.shape[0], index.numel(), *blocks.shape[2:])
-    key = (name, shape, blocks.dtype, blocks.device)
-    if key not in workspace:
-        workspace[key] = torch.empty(shape, dtype=blocks.dtype, device=blocks.device)
-    return torch.index_select(blocks, 1, index, out=workspace[key])
+    """index_select over (head, block) pairs, into a reused buffer at inference."""
+    out = scratch_buffer(workspace, name, (blocks.shape[0], index.numel(), *blocks.shape[2:]), blocks)
+    return blocks.index_select(1, index) if out is None else torch.index_select(blocks, 1, index, out=out)
 
 
 def bigbird_attention(

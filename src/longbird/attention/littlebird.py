@@ -16,6 +16,8 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from .workspace import scratch_buffer
+
 
 class BiALiBiSlopes(Protocol):
     """Per-head slopes (H,) and the packed-context distance (positions.alibi.BiALiBi satisfies this)."""
@@ -77,16 +79,11 @@ def usw_layout(key_mask: torch.Tensor, positions: torch.Tensor, block_size: int)
 
 
 def _concat(groups, dim, workspace, name):
-    """torch.cat, into a buffer reused across layers when autograd is off (fresh multi-MB outputs cost
-    more in page faults than the copy itself on CPU)."""
-    if workspace is None or torch.is_grad_enabled():
-        return torch.cat(groups, dim=dim)
+    """torch.cat, into a reused buffer at inference."""
     shape = list(groups[0].shape)
     shape[dim] = sum(group.shape[dim] for group in groups)
-    key = (name, tuple(shape), groups[0].dtype, groups[0].device)
-    if key not in workspace:
-        workspace[key] = torch.empty(shape, dtype=groups[0].dtype, device=groups[0].device)
-    return torch.cat(groups, dim=dim, out=workspace[key])
+    out = scratch_buffer(workspace, name, shape, groups[0])
+    return torch.cat(groups, dim=dim) if out is None else torch.cat(groups, dim=dim, out=out)
 
 
 def usw_attention(

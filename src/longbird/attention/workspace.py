@@ -1,0 +1,19 @@
+"""Scratch buffers shared by the layers of one forward call (inference only).
+
+On CPU a fresh multi-MB tensor costs more in page faults than the copy that fills it, so kernels write
+their gathered/concatenated key and value blocks into one buffer per shape, reused layer after layer.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def scratch_buffer(workspace: dict | None, name: str, shape, like: torch.Tensor) -> torch.Tensor | None:
+    """A reusable buffer, or None when there is no workspace or autograd is on (it may save the tensor)."""
+    if workspace is None or torch.is_grad_enabled():
+        return None
+    key = (name, tuple(shape), like.dtype, like.device)
+    if key not in workspace:
+        workspace[key] = torch.empty(shape, dtype=like.dtype, device=like.device)
+    return workspace[key]
