@@ -36,7 +36,7 @@ def test_task_heads_load_from_a_converted_base(tmp_path):
              start_positions=torch.tensor([3, 4]), end_positions=torch.tensor([5, 200]))
     assert out.start_logits.shape == (2, 100) and torch.isfinite(out.loss)
     out.loss.backward()
-    assert qa.qa_outputs.weight.grad.abs().sum() > 0
+    assert qa.qa_start.weight.grad.abs().sum() > 0 and qa.qa_end.dense.weight.grad.abs().sum() > 0
     cls = longbird.LongBirdForSequenceClassification.from_pretrained(tmp_path, num_labels=3)
     out = cls(input_ids=input_ids, attention_mask=attention_mask, labels=torch.tensor([0, 2]))
     assert out.logits.shape == (2, 3) and torch.isfinite(out.loss)

@@ -1,13 +1,13 @@
 """longbird: turn a short pretrained encoder into a long-context encoder without pretraining from scratch."""
 
 from .config import PRESETS, LongBirdConfig
-from .modeling import (
+from .heads import (
     LongBirdForMaskedLM,
     LongBirdForQuestionAnswering,
     LongBirdForSequenceClassification,
-    LongBirdModel,
     register_auto_classes,
 )
+from .modeling import LongBirdModel
 from .convert import SUPPORTED_FAMILIES, convert
 
 __version__ = "0.1.0"

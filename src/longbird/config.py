@@ -8,6 +8,7 @@ from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
 ATTENTIONS = ("full", "bigbird", "littlebird")
+QA_HEADS = ("conditional", "linear")
 POSITIONS = ("absolute", "bialibi", "tape")
 POSITION_EXTENSIONS = ("taper", "copy")
 # Methods whose kernels land in later issues; the config names them so errors can say so.
@@ -66,6 +67,9 @@ class LongBirdConfig(PreTrainedConfig):
     random_seed: int = 0
     pack_size: int = 64
     bialibi_learnable: bool = True
+    # Task heads.
+    qa_head: str = "conditional"
+    qa_top_k: int = 5
 
     def __post_init__(self, **kwargs):
         if self.embedding_size is None:
@@ -116,3 +120,7 @@ class LongBirdConfig(PreTrainedConfig):
                              "use 0 to disable pack attention or the paper's 64")
         if self.attention == "bigbird" and self.num_random_blocks < 0:
             raise ValueError(f"num_random_blocks must be >= 0; got {self.num_random_blocks}")
+        if self.qa_head not in QA_HEADS:
+            raise ValueError(f"qa_head must be one of {QA_HEADS}; got {self.qa_head!r}")
+        if self.qa_top_k < 1:
+            raise ValueError(f"qa_top_k must be >= 1; got {self.qa_top_k}")

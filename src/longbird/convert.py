@@ -18,7 +18,8 @@ from huggingface_hub.errors import StrictDataclassClassValidationError
 from transformers import AutoModel, AutoModelForMaskedLM, PreTrainedModel
 
 from .config import PRESETS, LongBirdConfig
-from .modeling import LongBirdForMaskedLM, LongBirdModel
+from .heads import LongBirdForMaskedLM
+from .modeling import LongBirdModel
 from .positions import extend_position_table
 
 

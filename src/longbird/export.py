@@ -10,7 +10,8 @@ from transformers import BigBirdConfig, BigBirdForMaskedLM, BigBirdModel
 
 from .config import LongBirdConfig
 from .files import write_directory_atomically
-from .modeling import LongBirdForMaskedLM, LongBirdModel, LongBirdPreTrainedModel
+from .heads import LongBirdForMaskedLM
+from .modeling import LongBirdModel, LongBirdPreTrainedModel
 
 EXPORT_FORMATS = ("hf-bigbird",)
 

@@ -1,4 +1,4 @@
-"""LongBirdModel and task heads. Module names mirror transformers' BERT so weights map one to one.
+"""LongBirdModel (embeddings, layers, encoder); task heads live in heads.py. Module names mirror transformers' BERT so weights map one to one.
 
 Per call the encoder chooses its attention: full (SDPA) when the input is at or below
 `full_attention_max_length`, otherwise the configured sparse kernel on inputs right-padded to a block
@@ -12,12 +12,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
-from transformers.modeling_outputs import (
-    BaseModelOutputWithPooling,
-    MaskedLMOutput,
-    QuestionAnsweringModelOutput,
-    SequenceClassifierOutput,
-)
+from transformers.modeling_outputs import BaseModelOutputWithPooling
 from transformers.modeling_utils import AttentionInterface
 
 from .attention import (bigbird_attention, bigbird_pattern, full_attention, pack_attention, reference_attention,
@@ -347,112 +342,3 @@ class LongBirdPooler(nn.Module):
 
     def forward(self, hidden_states):
         return self.activation(self.dense(hidden_states[:, 0]))
-
-
-class LongBirdLMHead(nn.Module):
-    """dense -> act -> LayerNorm -> decoder: the common shape of BERT's, RoBERTa's and ELECTRA's MLM heads."""
-
-    def __init__(self, config: LongBirdConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.embedding_size)
-        self.act = ACT2FN[config.lm_head_act or config.hidden_act]
-        self.LayerNorm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
-        self.decoder = nn.Linear(config.embedding_size, config.vocab_size, bias=False)
-        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
-
-    def forward(self, hidden_states):
-        return self.decoder(self.LayerNorm(self.act(self.dense(hidden_states)))) + self.bias
-
-
-class LongBirdForMaskedLM(LongBirdPreTrainedModel):
-    _tied_weights_keys = {"lm_head.decoder.weight": "longbird.embeddings.word_embeddings.weight"}
-
-    def __init__(self, config: LongBirdConfig):
-        super().__init__(config)
-        self.longbird = LongBirdModel(config)
-        self.lm_head = LongBirdLMHead(config)
-        self.post_init()
-
-    def get_output_embeddings(self):
-        return self.lm_head.decoder
-
-    def set_output_embeddings(self, new_embeddings):
-        self.lm_head.decoder = new_embeddings
-
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None, labels=None, output_hidden_states=None, return_dict=None, **kwargs):
-        outputs = self.longbird(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                                output_hidden_states=output_hidden_states)
-        logits = self.lm_head(outputs.last_hidden_state)
-        loss = None
-        if labels is not None:
-            loss = nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.view(-1))
-        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
-
-
-class LongBirdForSequenceClassification(LongBirdPreTrainedModel):
-    """Classifier on the pooled [CLS] state (the source pooler when it has one, else the raw [CLS] state)."""
-
-    def __init__(self, config: LongBirdConfig):
-        super().__init__(config)
-        self.num_labels = config.num_labels
-        self.longbird = LongBirdModel(config)
-        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(dropout)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        self.post_init()
-
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None, labels=None, output_hidden_states=None, return_dict=None, **kwargs):
-        outputs = self.longbird(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                                output_hidden_states=output_hidden_states)
-        pooled = outputs.pooler_output if outputs.pooler_output is not None else outputs.last_hidden_state[:, 0]
-        logits = self.classifier(self.dropout(pooled))
-        loss = None
-        if labels is not None:
-            if self.num_labels == 1:
-                loss = nn.functional.mse_loss(logits.squeeze(-1).float(), labels.float())
-            elif labels.dtype.is_floating_point:  # multi-label targets
-                loss = nn.functional.binary_cross_entropy_with_logits(logits.float(), labels.float())
-            else:
-                loss = nn.functional.cross_entropy(logits.float(), labels.view(-1))
-        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
-
-
-class LongBirdForQuestionAnswering(LongBirdPreTrainedModel):
-    """Plain start/end span head (BERT-style); answers outside the input are pointed at index 0 ([CLS])."""
-
-    def __init__(self, config: LongBirdConfig):
-        super().__init__(config)
-        self.longbird = LongBirdModel(config)
-        self.qa_outputs = nn.Linear(config.hidden_size, 2)
-        self.post_init()
-
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None, start_positions=None, end_positions=None, output_hidden_states=None,
-                return_dict=None, **kwargs):
-        outputs = self.longbird(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                                output_hidden_states=output_hidden_states)
-        start_logits, end_logits = self.qa_outputs(outputs.last_hidden_state).unbind(dim=-1)
-        loss = None
-        if start_positions is not None and end_positions is not None:
-            length = start_logits.shape[1]
-            start_positions = start_positions.clamp(0, length - 1)
-            end_positions = end_positions.clamp(0, length - 1)
-            loss = (nn.functional.cross_entropy(start_logits.float(), start_positions)
-                    + nn.functional.cross_entropy(end_logits.float(), end_positions)) / 2
-        return QuestionAnsweringModelOutput(
-            loss=loss, start_logits=start_logits, end_logits=end_logits, hidden_states=outputs.hidden_states
-        )
-
-
-def register_auto_classes() -> None:
-    """After `import longbird`, AutoConfig/AutoModel* load saved longbird directories."""
-    from transformers import (AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering,
-                              AutoModelForSequenceClassification)
-
-    AutoConfig.register("longbird", LongBirdConfig, exist_ok=True)
-    for auto, model in ((AutoModel, LongBirdModel), (AutoModelForMaskedLM, LongBirdForMaskedLM),
-                        (AutoModelForQuestionAnswering, LongBirdForQuestionAnswering),
-                        (AutoModelForSequenceClassification, LongBirdForSequenceClassification)):
-        auto.register(LongBirdConfig, model, exist_ok=True)

@@ -1,0 +1,1 @@
+"""Readers, preprocessing and features for long-document QA and classification."""

@@ -1,0 +1,162 @@
+"""KorQuAD readers: 2.x pages (HTML contexts) and 1.0 articles joined into whole-article contexts.
+
+Both give a `datasets.Dataset` with one row per question, SQuAD-style:
+``{id, title, question, context, is_html, answers: {text: [...], answer_start: [...]}}``.
+A record whose answer offsets do not match its context is reported (id and reason) and skipped; a record
+missing a field raises an error naming the record.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from datasets import Dataset, DatasetDict
+
+logger = logging.getLogger(__name__)
+V2_QA_FIELDS = ("question", "id", "answer")
+V2_ANSWER_FIELDS = ("text", "answer_start")
+WHOLE_ARTICLE_SEPARATOR = "\n\n"
+
+
+class MalformedRecordError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class SkippedRecord:
+    id: str
+    reason: str
+
+
+def _json_files(path) -> list[Path]:
+    if isinstance(path, (list, tuple)):
+        return [file for item in path for file in _json_files(item)]
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(path.glob("*.json"))
+        if not files:
+            raise FileNotFoundError(f"no *.json files in {path}")
+        return files
+    if not path.exists():
+        raise FileNotFoundError(f"dataset file {path} does not exist")
+    return [path]
+
+
+def _require(record: dict, fields, where: str) -> None:
+    missing = [name for name in fields if name not in record]
+    if missing:
+        raise MalformedRecordError(f"malformed record {where}: missing field(s) {missing}")
+
+
+def _offset_problem(context: str, text: str, start) -> str | None:
+    if not isinstance(start, int) or start < 0:
+        return f"answer_start {start!r} is not a non-negative integer"
+    found = context[start:start + len(text)]
+    if found != text:
+        return f"context[{start}:{start + len(text)}] is {found[:40]!r}, not the answer {text[:40]!r}"
+    return None
+
+
+def read_korquad_v2(path) -> tuple[Dataset, list[SkippedRecord]]:
+    """Read KorQuAD 2.x JSON (a file, a directory of *.json files, or a list of either). Returns (questions, skipped records)."""
+    rows, skipped = [], []
+    for file in _json_files(path):
+        documents = json.loads(file.read_text(encoding="utf-8"))
+        if not isinstance(documents, dict) or "data" not in documents:
+            raise MalformedRecordError(f"{file} is not KorQuAD 2.x JSON: expected an object with a 'data' list")
+        for index, document in enumerate(documents["data"]):
+            _require(document, ("title", "context", "qas"), f"data[{index}] in {file.name}")
+            for qa in document["qas"]:
+                where = f"{qa.get('id', '?')} (document {document['title']!r}, {file.name})"
+                _require(qa, V2_QA_FIELDS, where)
+                _require(qa["answer"], V2_ANSWER_FIELDS, f"{where}: answer")
+                answer = qa["answer"]
+                problem = _offset_problem(document["context"], answer["text"], answer["answer_start"])
+                if problem:
+                    skipped.append(SkippedRecord(str(qa["id"]), problem))
+                    continue
+                rows.append({
+                    "id": str(qa["id"]), "title": document["title"], "question": qa["question"],
+                    "context": document["context"], "is_html": True,
+                    "answers": {"text": [answer["text"]], "answer_start": [answer["answer_start"]]},
+                })
+    _report(skipped, path)
+    return Dataset.from_list(rows), skipped
+
+
+def _report(skipped: list[SkippedRecord], path) -> None:
+    for record in skipped:
+        logger.warning("skipped record %s from %s: %s", record.id, path, record.reason)
+
+
+def join_article(article: dict, separator: str = WHOLE_ARTICLE_SEPARATOR) -> tuple[str, list[dict]]:
+    """One whole-article context from the paragraphs of a SQuAD-format article; answer offsets shifted."""
+    context_parts, questions, offset = [], [], 0
+    for index, paragraph in enumerate(article["paragraphs"]):
+        _require(paragraph, ("context", "qas"), f"paragraph {index} of article {article.get('title', '?')!r}")
+        if index:
+            offset += len(separator)
+        for qa in paragraph["qas"]:
+            _require(qa, ("id", "question", "answers"), f"{qa.get('id', '?')} (article {article.get('title', '?')!r})")
+            answers = [{"text": a["text"], "answer_start": a["answer_start"] + offset,
+                        "paragraph_start": a["answer_start"], "paragraph": paragraph["context"]}
+                       for a in qa["answers"]]
+            questions.append({"id": str(qa["id"]), "question": qa["question"], "answers": answers})
+        context_parts.append(paragraph["context"])
+        offset += len(paragraph["context"])
+    return separator.join(context_parts), questions
+
+
+def read_korquad_v1_articles(path: str | Path) -> tuple[Dataset, list[SkippedRecord]]:
+    """KorQuAD 1.0 (SQuAD 1.1 format) with each article's paragraphs joined into one context."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or "data" not in data:
+        raise MalformedRecordError(f"{path} is not SQuAD-format JSON: expected an object with a 'data' list")
+    rows, skipped = [], []
+    for article in data["data"]:
+        _require(article, ("title", "paragraphs"), f"article {article.get('title', '?')!r} in {path}")
+        context, questions = join_article(article)
+        for qa in questions:
+            problems = [_offset_problem(a["paragraph"], a["text"], a["paragraph_start"]) for a in qa["answers"]]
+            problems = [p for p in problems if p]
+            if problems or not qa["answers"]:
+                skipped.append(SkippedRecord(qa["id"], problems[0] if problems else "no answer"))
+                continue
+            rows.append({
+                "id": qa["id"], "title": article["title"], "question": qa["question"], "context": context,
+                "is_html": False,
+                "answers": {"text": [a["text"] for a in qa["answers"]],
+                            "answer_start": [a["answer_start"] for a in qa["answers"]]},
+            })
+    _report(skipped, path)
+    return Dataset.from_list(rows), skipped
+
+
+def split_by_title(dataset: Dataset, dev_fraction: float = 0.2, seed: int = 0) -> DatasetDict:
+    """Train/dev split by article (all questions of one article on one side), reproducible with `seed`."""
+    titles = sorted(set(dataset["title"]))
+    random.Random(seed).shuffle(titles)
+    dev_titles = set(titles[:max(1, round(dev_fraction * len(titles)))])
+    is_dev = [title in dev_titles for title in dataset["title"]]
+    return DatasetDict(
+        train=dataset.select([i for i, dev in enumerate(is_dev) if not dev]),
+        dev=dataset.select([i for i, dev in enumerate(is_dev) if dev]),
+    )
+
+
+def as_squad_json(dataset: Dataset) -> dict:
+    """The official-script input format (one paragraph per distinct context) for a question dataset."""
+    articles: dict[tuple[str, str], list[dict]] = {}
+    for row in dataset:
+        qa = {"id": row["id"], "question": row["question"],
+              "answers": [{"text": t, "answer_start": s}
+                          for t, s in zip(row["answers"]["text"], row["answers"]["answer_start"])]}
+        articles.setdefault((row["title"], row["context"]), []).append(qa)
+    return {"version": "longbird", "data": [
+        {"title": title, "paragraphs": [{"context": context, "qas": qas}]}
+        for (title, context), qas in articles.items()
+    ]}

@@ -1,0 +1,190 @@
+"""Task heads on LongBirdModel: masked LM, sequence classification, and extractive QA with a
+start-then-conditional-end head (LittleBird A.2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers.activations import ACT2FN
+from transformers.modeling_outputs import MaskedLMOutput, QuestionAnsweringModelOutput, SequenceClassifierOutput
+
+from .config import LongBirdConfig
+from .modeling import LongBirdModel, LongBirdPreTrainedModel
+
+
+class LongBirdLMHead(nn.Module):
+    """dense -> act -> LayerNorm -> decoder: the common shape of BERT's, RoBERTa's and ELECTRA's MLM heads."""
+
+    def __init__(self, config: LongBirdConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.embedding_size)
+        self.act = ACT2FN[config.lm_head_act or config.hidden_act]
+        self.LayerNorm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
+        self.decoder = nn.Linear(config.embedding_size, config.vocab_size, bias=False)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, hidden_states):
+        return self.decoder(self.LayerNorm(self.act(self.dense(hidden_states)))) + self.bias
+
+
+class LongBirdForMaskedLM(LongBirdPreTrainedModel):
+    _tied_weights_keys = {"lm_head.decoder.weight": "longbird.embeddings.word_embeddings.weight"}
+
+    def __init__(self, config: LongBirdConfig):
+        super().__init__(config)
+        self.longbird = LongBirdModel(config)
+        self.lm_head = LongBirdLMHead(config)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head.decoder
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head.decoder = new_embeddings
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, labels=None, output_hidden_states=None, return_dict=None, **kwargs):
+        outputs = self.longbird(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                                output_hidden_states=output_hidden_states)
+        logits = self.lm_head(outputs.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.view(-1))
+        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+
+
+class LongBirdForSequenceClassification(LongBirdPreTrainedModel):
+    """Classifier on the pooled [CLS] state (the source pooler when it has one, else the raw [CLS] state)."""
+
+    def __init__(self, config: LongBirdConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.longbird = LongBirdModel(config)
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, labels=None, output_hidden_states=None, return_dict=None, **kwargs):
+        outputs = self.longbird(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                                output_hidden_states=output_hidden_states)
+        pooled = outputs.pooler_output if outputs.pooler_output is not None else outputs.last_hidden_state[:, 0]
+        logits = self.classifier(self.dropout(pooled))
+        loss = None
+        if labels is not None:
+            if self.num_labels == 1:
+                loss = nn.functional.mse_loss(logits.squeeze(-1).float(), labels.float())
+            elif labels.dtype.is_floating_point:  # multi-label targets
+                loss = nn.functional.binary_cross_entropy_with_logits(logits.float(), labels.float())
+            else:
+                loss = nn.functional.cross_entropy(logits.float(), labels.view(-1))
+        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+
+
+@dataclass
+class LongBirdQuestionAnsweringOutput(QuestionAnsweringModelOutput):
+    """`end_logits` are conditioned on the gold start when `start_positions` is given, else on the best start.
+    For decoding, `start_top_index` (B, k) holds the k best starts and `end_top_logits` (B, k, l) the end
+    logits conditioned on each of them."""
+
+    start_top_index: torch.LongTensor | None = None
+    end_top_logits: torch.FloatTensor | None = None
+
+
+class ConditionalEndHead(nn.Module):
+    """end_logit(j | s) = w . LN(GELU(W [h_s; h_j] + b)) (LittleBird A.2, after XLNet's end head).
+
+    W [h_s; h_j] = W_s h_s + W_j h_j, so W_j H is computed once and each start only adds a vector.
+    """
+
+    def __init__(self, config: LongBirdConfig):
+        super().__init__()
+        self.dense = nn.Linear(2 * config.hidden_size, config.hidden_size)
+        self.activation = ACT2FN["gelu"]
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.out = nn.Linear(config.hidden_size, 1)
+
+    def forward(self, hidden_states: torch.Tensor, start_index: torch.Tensor) -> torch.Tensor:
+        """hidden_states (B, l, h), start_index (B, k) -> end logits (B, k, l)."""
+        size = hidden_states.shape[-1]
+        weight_start, weight_end = self.dense.weight[:, :size], self.dense.weight[:, size:]
+        starts = hidden_states.gather(1, start_index[..., None].expand(-1, -1, size))  # (B, k, h)
+        from_start = starts @ weight_start.T + self.dense.bias  # (B, k, h)
+        from_end = hidden_states @ weight_end.T  # (B, l, h)
+        mixed = self.LayerNorm(self.activation(from_start[:, :, None] + from_end[:, None]))  # (B, k, l, h)
+        return self.out(mixed).squeeze(-1)
+
+
+def _masked(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    return logits.masked_fill(~allowed, torch.finfo(logits.dtype).min)
+
+
+class LongBirdForQuestionAnswering(LongBirdPreTrainedModel):
+    """Extractive QA. `config.qa_head`: "conditional" (start, then end given the start; default) or
+    "linear" (independent start/end, BERT-style). Answers outside the input point at index 0 ([CLS])."""
+
+    def __init__(self, config: LongBirdConfig):
+        super().__init__(config)
+        self.longbird = LongBirdModel(config)
+        if config.qa_head == "linear":
+            self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        else:
+            self.qa_start = nn.Linear(config.hidden_size, 1)
+            self.qa_end = ConditionalEndHead(config)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, start_positions=None, end_positions=None, output_hidden_states=None,
+                return_dict=None, top_k: int | None = None, **kwargs):
+        outputs = self.longbird(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                                output_hidden_states=output_hidden_states)
+        hidden = outputs.last_hidden_state
+        batch, length = hidden.shape[:2]
+        valid = (attention_mask.bool() if attention_mask is not None
+                 else torch.ones(batch, length, dtype=torch.bool, device=hidden.device))
+        top_k = min(top_k or self.config.qa_top_k, length)
+        labelled = start_positions is not None and end_positions is not None
+        if labelled:
+            start_positions = start_positions.clamp(0, length - 1)
+            end_positions = end_positions.clamp(0, length - 1)
+        if self.config.qa_head == "linear":
+            start_logits, end_logits = self.qa_outputs(hidden).unbind(dim=-1)
+            start_logits, end_logits = _masked(start_logits, valid), _masked(end_logits, valid)
+            start_top_index = start_logits.topk(top_k, dim=-1).indices
+            end_top_logits = end_logits[:, None].expand(-1, top_k, -1)
+        else:
+            start_logits = _masked(self.qa_start(hidden).squeeze(-1), valid)
+            start_top_index = start_logits.topk(top_k, dim=-1).indices
+            positions = torch.arange(length, device=hidden.device)
+            end_top_logits = None
+            if not (labelled and self.training):  # decoding needs ends for the k best starts
+                allowed = valid[:, None] & (positions >= start_top_index[..., None])  # an end never precedes its start
+                end_top_logits = _masked(self.qa_end(hidden, start_top_index), allowed)
+            if labelled:  # teacher forcing: the end is predicted from the gold start
+                allowed = valid & (positions >= start_positions[:, None])
+                end_logits = _masked(self.qa_end(hidden, start_positions[:, None])[:, 0], allowed)
+            else:
+                end_logits = end_top_logits[:, 0]
+        loss = None
+        if labelled:
+            loss = (nn.functional.cross_entropy(start_logits.float(), start_positions)
+                    + nn.functional.cross_entropy(end_logits.float(), end_positions)) / 2
+        return LongBirdQuestionAnsweringOutput(
+            loss=loss, start_logits=start_logits, end_logits=end_logits, hidden_states=outputs.hidden_states,
+            start_top_index=start_top_index, end_top_logits=end_top_logits,
+        )
+
+
+def register_auto_classes() -> None:
+    """After `import longbird`, AutoConfig/AutoModel* load saved longbird directories."""
+    from transformers import (AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering,
+                              AutoModelForSequenceClassification)
+
+    AutoConfig.register("longbird", LongBirdConfig, exist_ok=True)
+    for auto, model in ((AutoModel, LongBirdModel), (AutoModelForMaskedLM, LongBirdForMaskedLM),
+                        (AutoModelForQuestionAnswering, LongBirdForQuestionAnswering),
+                        (AutoModelForSequenceClassification, LongBirdForSequenceClassification)):
+        auto.register(LongBirdConfig, model, exist_ok=True)
