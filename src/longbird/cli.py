@@ -179,5 +179,141 @@ def bench(
     console.print("wrote " + ", ".join(str(path) for path in paths))
 
 
+
+def _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insertion, bf16):
+    from .training.finetune import FinetuneSettings
+
+    return FinetuneSettings(learning_rate=learning_rate, epochs=epochs, max_steps=max_steps, batch_size=batch_size,
+                            seed=seed, padding_insertion=padding_insertion, bf16=bf16)
+
+
+def _print_metrics(title: str, metrics: dict) -> None:
+    table = Table(title=title, show_header=False)
+    for key, value in metrics.items():
+        if isinstance(value, (int, float, str)):
+            table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+    console.print(table)
+
+
+MODEL_HELP = "longbird model directory, or a HF encoder directory to convert (default: embedded all-MiniLM-L6-v2)"
+FORMAT_HELP = "korquad2 (HTML pages), korquad1-articles (KorQuAD 1.0 joined per article) or squad"
+
+
+@app.command("finetune-qa")
+def finetune_qa(
+    train: list[Path] = typer.Option(..., "--train", help="Training data: a JSON file or directory (repeatable)"),
+    out: Path = typer.Option(..., help="Output directory for the fine-tuned model and tokenizer"),
+    model: Optional[str] = typer.Option(None, help=MODEL_HELP),
+    data_format: str = typer.Option("korquad2", "--format", help=FORMAT_HELP),
+    preset: str = typer.Option("kobigbird", help="Preset when MODEL is converted"),
+    max_length: int = typer.Option(4096, help="Model length when MODEL is converted"),
+    window_length: Optional[int] = typer.Option(None, help="Feature window in tokens (default: the model length)"),
+    doc_stride: Optional[int] = typer.Option(None, help="Tokens shared by neighbouring windows (default: 128, "
+                                                         "or window/2 for documents over 2 windows)"),
+    max_windows: Optional[int] = typer.Option(None, help="Use only the first N windows (1 = truncation)"),
+    negative_fraction: float = typer.Option(1.0, help="Keep this fraction of windows without the answer"),
+    max_examples: Optional[int] = typer.Option(None, help="Use only the first N questions"),
+    split: Optional[str] = typer.Option(None, help="train or dev: one side of the fixed by-article split"),
+    qa_head: str = typer.Option("conditional", help="conditional (start, then end given start) or linear"),
+    learning_rate: float = typer.Option(5e-5), epochs: float = typer.Option(1.0),
+    max_steps: int = typer.Option(-1, help="Stop after N optimiser steps (overrides --epochs)"),
+    batch_size: int = typer.Option(4), seed: int = typer.Option(0),
+    padding_insertion: bool = typer.Option(False, help="Padding Insertion on training batches (LittleBird 3.4)"),
+    bf16: bool = typer.Option(False, help="bf16 mixed precision"),
+    overwrite: bool = typer.Option(False, help="Replace OUT if it exists"),
+):
+    """Fine-tune extractive QA on long documents (Trainer; `accelerate launch` for several GPUs)."""
+    from .workflows import finetune_qa as run
+
+    metrics = run(model, [str(p) for p in train] if len(train) > 1 else train[0], out, data_format, preset,
+                  max_length, window_length, doc_stride, max_windows, negative_fraction, max_examples,
+                  _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insertion, bf16),
+                  overwrite, qa_head, split)
+    _print_metrics(f"fine-tuned QA model saved to {out}", metrics)
+
+
+@app.command()
+def evaluate(
+    model: Path = typer.Option(..., help="Fine-tuned longbird QA or classification directory"),
+    data: list[Path] = typer.Option(..., "--data", help="Evaluation data (repeatable for korquad2)"),
+    out: Path = typer.Option(..., help="Directory for predictions.json and metrics.json"),
+    task: str = typer.Option("qa", help="qa or classification"),
+    data_format: str = typer.Option("korquad2", "--format", help=FORMAT_HELP + " (qa only)"),
+    window_length: Optional[int] = typer.Option(None, help="Window in tokens (default: the model length)"),
+    doc_stride: Optional[int] = typer.Option(None, help="Tokens shared by neighbouring windows"),
+    max_windows: Optional[int] = typer.Option(None, help="Use only the first N windows (1 = truncation)"),
+    max_examples: Optional[int] = typer.Option(None, help="Use only the first N questions"),
+    split: Optional[str] = typer.Option(None, help="train or dev: one side of the fixed by-article split"),
+    batch_size: int = typer.Option(4),
+):
+    """Predict and score with the official metric; writes predictions.json and metrics.json."""
+    from .workflows import evaluate_cls, evaluate_qa
+
+    if task == "qa":
+        result = evaluate_qa(model, [str(p) for p in data] if len(data) > 1 else data[0], data_format, window_length,
+                             doc_stride, max_windows, batch_size, max_examples, out, progress=True, split=split)
+    elif task == "classification":
+        result = evaluate_cls(model, data[0], window_length, doc_stride or 128, out=out)
+    else:
+        raise typer.BadParameter(f"--task must be qa or classification; got {task!r}")
+    _print_metrics(f"{task} metrics (written to {out})", result["metrics"])
+
+
+@app.command()
+def answer(
+    model: Path = typer.Option(..., help="Fine-tuned longbird QA directory"),
+    document: Path = typer.Option(..., help="Document: .html/.htm (preprocessed) or plain text"),
+    question: str = typer.Option(..., help="The question"),
+    window_length: Optional[int] = typer.Option(None, help="Window in tokens (default: the model length)"),
+    as_json: bool = typer.Option(False, "--json", help="Print the answer as JSON"),
+):
+    """Answer a question about a long document: prints the answer, its character span and score."""
+    from .heads import LongBirdForQuestionAnswering
+    from .qa import answer_question
+    from .workflows import check_tokenizer, load_task_model
+
+    if not document.exists():
+        raise typer.BadParameter(f"document {document} does not exist")
+    text = document.read_text(encoding="utf-8")
+    with console.status("loading the model"):
+        qa_model, tokenizer = load_task_model(model, LongBirdForQuestionAnswering)
+        check_tokenizer(qa_model, tokenizer)
+    with console.status("reading the document"):
+        result = answer_question(qa_model, tokenizer, text, question, document.suffix.lower() in (".html", ".htm"),
+                                 window_length)
+    if result is None:
+        console.print("[yellow]no answer span found[/]")
+        raise typer.Exit(1)
+    if as_json:
+        print(json.dumps({"answer": result.text, "start": result.start, "end": result.end, "score": result.score},
+                         ensure_ascii=False))
+        return
+    console.print(f"[bold]{result.text}[/]")
+    console.print(f"characters {result.start}..{result.end} of {document.name}, score {result.score:.3f}")
+
+
+@app.command("finetune-cls")
+def finetune_cls(
+    train: Path = typer.Option(..., "--train", help="JSONL/CSV with a text and a label per document"),
+    out: Path = typer.Option(..., help="Output directory"),
+    model: Optional[str] = typer.Option(None, help=MODEL_HELP),
+    preset: str = typer.Option("kobigbird", help="Preset when MODEL is converted"),
+    max_length: int = typer.Option(4096, help="Model length when MODEL is converted"),
+    window_length: Optional[int] = typer.Option(None, help="Window in tokens (default: the model length)"),
+    stride: int = typer.Option(128, help="Tokens shared by neighbouring windows"),
+    text_field: str = typer.Option("text"), label_field: str = typer.Option("label"),
+    learning_rate: float = typer.Option(5e-5), epochs: float = typer.Option(1.0),
+    max_steps: int = typer.Option(-1), batch_size: int = typer.Option(4), seed: int = typer.Option(0),
+    padding_insertion: bool = typer.Option(False), bf16: bool = typer.Option(False),
+    overwrite: bool = typer.Option(False, help="Replace OUT if it exists"),
+):
+    """Fine-tune long-document classification (windows of a long document share its label)."""
+    from .workflows import finetune_cls as run
+
+    metrics = run(model, train, out, preset, max_length, window_length, stride, text_field, label_field,
+                  _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insertion, bf16), overwrite)
+    _print_metrics(f"fine-tuned classifier saved to {out}", metrics)
+
+
 if __name__ == "__main__":
     app()

@@ -36,7 +36,7 @@ class PaddingInsertion:
     """Callable on a collated batch dict with `input_ids` (B, l) and optionally `attention_mask`/`position_ids`."""
 
     def __init__(self, sentence_end_ids: Iterable[int], probability: float = 0.2, max_gap: int = 256,
-                 seed: int | None = None):
+                 seed: int | None = None, max_positions: int | None = None):
         if not 0.0 <= probability <= 1.0:
             raise ValueError(f"probability must lie in [0, 1]; got {probability}")
         if max_gap < 0:
@@ -44,6 +44,8 @@ class PaddingInsertion:
         self.sentence_end_ids = torch.tensor(sorted(set(sentence_end_ids)), dtype=torch.long)
         self.probability = probability
         self.max_gap = max_gap
+        # A learned position table has `max_positions` rows: gaps that would run past it are scaled down.
+        self.max_positions = max_positions
         self.generator = torch.Generator().manual_seed(seed) if seed is not None else None
 
     def gaps(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -61,6 +63,11 @@ class PaddingInsertion:
         if positions is None:
             positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         gaps = self.gaps(input_ids, batch.get("attention_mask"))
+        if self.max_positions is not None:
+            room = (self.max_positions - 1 - positions.max(dim=1).values).clamp(min=0)  # (B,)
+            total = gaps.sum(dim=1)
+            scale = torch.where(total > room, room / total.clamp(min=1), torch.ones_like(room, dtype=torch.float))
+            gaps = (gaps * scale[:, None]).floor().long()
         shift = torch.cumsum(gaps, dim=1) - gaps  # a gap applies to the tokens after the sentence end
         return {**batch, "position_ids": positions + shift}
 

@@ -1,0 +1,56 @@
+"""Long-document classification data: JSONL or CSV records with a text and a label.
+
+Documents longer than the window are split into overlapping windows. Training labels every window with its
+document's label; prediction averages the windows' logits (mean pooling), so a document gets one score per
+class whatever its length. With a window as long as the model (4096 tokens for the default conversion)
+most documents are a single window, which is the point of a long model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from datasets import Dataset
+
+from ..data.korquad import MalformedRecordError
+
+
+def read_classification(path: str | Path, text_field: str = "text", label_field: str = "label") -> Dataset:
+    """Read a .jsonl/.json or .csv file with one document per record; every record needs both fields."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"classification data file {path} does not exist")
+    if path.suffix in (".jsonl", ".json"):
+        dataset = Dataset.from_json(str(path))
+    elif path.suffix in (".csv", ".tsv"):
+        dataset = Dataset.from_csv(str(path), sep="\t" if path.suffix == ".tsv" else ",")
+    else:
+        raise ValueError(f"unsupported classification file {path.name}: use .jsonl, .json, .csv or .tsv")
+    for field in (text_field, label_field):
+        if field not in dataset.column_names:
+            raise MalformedRecordError(f"{path.name} has no {field!r} field; its fields are {dataset.column_names}")
+    for index, (text, label) in enumerate(zip(dataset[text_field], dataset[label_field])):
+        if not isinstance(text, str) or not text.strip():
+            raise MalformedRecordError(f"record {index} of {path.name}: {text_field!r} must be non-empty text")
+        if label is None:
+            raise MalformedRecordError(f"record {index} of {path.name}: {label_field!r} is missing")
+    return dataset.rename_columns({k: v for k, v in ((text_field, "text"), (label_field, "label")) if k != v})
+
+
+def label_vocabulary(labels) -> list[str]:
+    return sorted({str(label) for label in labels})
+
+
+def document_windows(tokenizer, text: str, max_length: int, stride: int = 128) -> list[dict]:
+    """Model inputs for the windows of one document (`stride` tokens shared by neighbours)."""
+    room = max_length - tokenizer.num_special_tokens_to_add(pair=False)
+    if not 0 <= stride < room:
+        raise ValueError(f"stride ({stride}) must lie in 0..{room - 1} for windows of {max_length} tokens")
+    encoded = tokenizer(text, truncation=True, max_length=max_length, stride=stride, return_overflowing_tokens=True)
+    windows = []
+    for index in range(len(encoded["input_ids"])):
+        window = {"input_ids": encoded["input_ids"][index], "attention_mask": encoded["attention_mask"][index]}
+        if "token_type_ids" in encoded:
+            window["token_type_ids"] = encoded["token_type_ids"][index]
+        windows.append(window)
+    return windows

@@ -1,0 +1,118 @@
+"""Long-document QA inference: run the windows, decode spans, merge windows, map answers to the source.
+
+A candidate's score is start_logit + end_logit(end | start), over the k best starts of a window and the
+k best ends for each (LittleBird A.2: beam over the top-k starts). Spans lie inside the document part
+of the window, end >= start, and are at most `max_answer_tokens` long. The best candidate over all
+windows of a question wins. Its text is always a substring of the original context: real HTML where the
+span crosses tags, never tag-token markers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+from .data.features import QAFeature, make_features, prepare_document
+from .data.html import ProcessedDocument
+
+DEFAULT_MAX_ANSWER_TOKENS = 64
+
+
+@dataclass
+class Answer:
+    text: str  # substring of the original context
+    start: int  # character offsets in the original context
+    end: int
+    score: float
+    window_index: int = 0
+
+
+def decode_window(feature: QAFeature, start_top_index, end_top_logits, start_logits, top_k: int,
+                  max_answer_tokens: int) -> list[tuple[float, int, int]]:
+    """Candidate (score, start token, end token) spans of one window, best first."""
+    length = len(feature.input_ids)
+    candidates = []
+    for rank, start in enumerate(start_top_index.tolist()):
+        if start >= length or feature.offsets[start] is None:
+            continue
+        ends = end_top_logits[rank, :length]
+        for end in ends.topk(min(top_k, length)).indices.tolist():
+            if end < start or end - start + 1 > max_answer_tokens or feature.offsets[end] is None:
+                continue
+            candidates.append((float(start_logits[start] + ends[end]), start, end))
+    return sorted(candidates, reverse=True)
+
+
+def _collate(features: list[QAFeature], pad_token_id: int) -> dict[str, torch.Tensor]:
+    longest = max(len(f.input_ids) for f in features)
+    batch = {"input_ids": torch.full((len(features), longest), pad_token_id, dtype=torch.long),
+             "attention_mask": torch.zeros(len(features), longest, dtype=torch.long)}
+    if features[0].token_type_ids is not None:
+        batch["token_type_ids"] = torch.zeros(len(features), longest, dtype=torch.long)
+    for row, feature in enumerate(features):
+        size = len(feature.input_ids)
+        batch["input_ids"][row, :size] = torch.tensor(feature.input_ids)
+        batch["attention_mask"][row, :size] = 1
+        if "token_type_ids" in batch:
+            batch["token_type_ids"][row, :size] = torch.tensor(feature.token_type_ids)
+    return batch
+
+
+@torch.no_grad()
+def predict_features(model, features: list[QAFeature], documents: dict[str, ProcessedDocument],
+                     batch_size: int = 4, top_k: int | None = None,
+                     max_answer_tokens: int = DEFAULT_MAX_ANSWER_TOKENS, progress: bool = False) -> dict[str, Answer]:
+    """Best answer per example id over all of its windows. `documents` maps example id -> its document."""
+    model.eval()
+    top_k = top_k or model.config.qa_top_k
+    pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    best: dict[str, Answer] = {}
+    batches = range(0, len(features), batch_size)
+    for begin in tqdm(batches, desc="predicting", unit="batch", disable=not progress):
+        chunk = features[begin:begin + batch_size]
+        out = model(**_collate(chunk, pad), top_k=top_k)
+        for row, feature in enumerate(chunk):
+            candidates = decode_window(feature, out.start_top_index[row], out.end_top_logits[row].float(),
+                                       out.start_logits[row].float(), top_k, max_answer_tokens)
+            if not candidates:
+                continue
+            score, start, end = candidates[0]
+            current = best.get(feature.example_id)
+            if current is not None and current.score >= score:
+                continue
+            document = documents[feature.example_id]
+            span = document.to_source_span(feature.offsets[start][0], feature.offsets[end][1])
+            if span is None:  # the span holds only tag tokens
+                continue
+            best[feature.example_id] = Answer(document.source[span[0]:span[1]], span[0], span[1], score,
+                                              feature.window_index)
+    return best
+
+
+def predict_rows(model, tokenizer, rows: Iterable[dict], max_length: int, doc_stride: int | None = None,
+                 max_windows: int | None = None, batch_size: int = 4,
+                 max_answer_tokens: int = DEFAULT_MAX_ANSWER_TOKENS, progress: bool = False) -> dict[str, Answer]:
+    """Answers for dataset rows (KorQuAD reader schema). Unanswerable windows never win over a real span."""
+    cache: dict[tuple[str, bool], ProcessedDocument] = {}
+    documents, features = {}, []
+    for row in rows:
+        key = (row["context"], row["is_html"])
+        if key not in cache:
+            cache[key] = prepare_document(row["context"], row["is_html"])
+        documents[row["id"]] = cache[key]
+        features.extend(make_features(tokenizer, row["id"], row["question"], cache[key], max_length, doc_stride,
+                                      max_windows=max_windows))
+    return predict_features(model, features, documents, batch_size, max_answer_tokens=max_answer_tokens,
+                            progress=progress)
+
+
+def answer_question(model, tokenizer, document: str, question: str, is_html: bool, max_length: int | None = None,
+                    doc_stride: int | None = None, max_answer_tokens: int = DEFAULT_MAX_ANSWER_TOKENS) -> Answer | None:
+    """The best answer to `question` in `document` (plain text or HTML), or None if no span qualifies."""
+    max_length = max_length or model.config.max_position_embeddings
+    row = {"id": "question", "question": question, "context": document, "is_html": is_html}
+    return predict_rows(model, tokenizer, [row], max_length, doc_stride,
+                        max_answer_tokens=max_answer_tokens).get("question")

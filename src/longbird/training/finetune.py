@@ -1,0 +1,143 @@
+"""Trainer glue for fine-tuning: QA windows and classification documents through `transformers.Trainer`.
+
+Trainer brings the optimiser, schedule, logging and progress bars, and `accelerate launch` / `torchrun`
+turn the same call into multi-GPU training. Padding Insertion is applied to training batches only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import shutil
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import Trainer, TrainingArguments
+
+from ..data.features import QAFeature
+from .padding_insertion import PaddingInsertion, PaddingInsertionCollator, sentence_end_token_ids
+
+
+@dataclass
+class FinetuneSettings:
+    """What a fine-tuning run needs beyond the data; mirrors the CLI options."""
+
+    learning_rate: float = 5e-5
+    epochs: float = 1.0
+    max_steps: int = -1
+    batch_size: int = 4
+    gradient_accumulation_steps: int = 1
+    warmup_ratio: float = 0.1
+    weight_decay: float = 0.01
+    seed: int = 0
+    padding_insertion: bool = False
+    padding_insertion_probability: float = 0.2
+    padding_insertion_max_gap: int = 256
+    bf16: bool = False
+    logging_steps: int = 20
+    progress: bool = True
+
+
+class PaddedBatches:
+    """Pads a list of feature dicts to the longest one; keeps labels as they are."""
+
+    def __init__(self, pad_token_id: int):
+        self.pad_token_id = pad_token_id
+
+    def __call__(self, items: list[dict]) -> dict[str, torch.Tensor]:
+        longest = max(len(item["input_ids"]) for item in items)
+        batch: dict[str, torch.Tensor] = {}
+        for key in items[0]:
+            values = [item[key] for item in items]
+            if isinstance(values[0], (list, tuple)):
+                fill = self.pad_token_id if key == "input_ids" else 0
+                batch[key] = torch.tensor([list(v) + [fill] * (longest - len(v)) for v in values], dtype=torch.long)
+            else:
+                batch[key] = torch.tensor(values)
+        return batch
+
+
+def qa_training_items(features: list[QAFeature], negative_fraction: float = 1.0, seed: int = 0) -> list[dict]:
+    """Model inputs with start/end labels. Windows without the answer (labelled [CLS]) are kept with
+    probability `negative_fraction`, so long documents do not drown the signal in empty windows."""
+    rng = random.Random(seed)
+    items = []
+    for feature in features:
+        if feature.start_position == 0 and rng.random() >= negative_fraction:
+            continue
+        items.append({**feature.model_inputs(), "start_positions": feature.start_position,
+                      "end_positions": feature.end_position})
+    return items
+
+
+class LongBirdTrainer(Trainer):
+    """Trainer that switches a Padding Insertion collator off for evaluation and prediction."""
+
+    @contextmanager
+    def _evaluation_collator(self):
+        collator = self.data_collator
+        was_training = getattr(collator, "training", None)
+        if was_training is not None:
+            collator.eval()
+        try:
+            yield
+        finally:
+            if was_training is not None:
+                collator.train(was_training)
+
+    def evaluate(self, *args, **kwargs):
+        with self._evaluation_collator():
+            return super().evaluate(*args, **kwargs)
+
+    def predict(self, *args, **kwargs):
+        with self._evaluation_collator():
+            return super().predict(*args, **kwargs)
+
+
+def make_collator(model, tokenizer, settings: FinetuneSettings):
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    collator = PaddedBatches(pad)
+    if not settings.padding_insertion:
+        return collator
+    config = model.config
+    max_positions = config.max_position_embeddings if config.position == "absolute" else None
+    insertion = PaddingInsertion(sentence_end_token_ids(tokenizer), settings.padding_insertion_probability,
+                                 settings.padding_insertion_max_gap, seed=settings.seed, max_positions=max_positions)
+    return PaddingInsertionCollator(collator, insertion)
+
+
+def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: FinetuneSettings) -> dict:
+    """Fine-tune `model` on prepared items with Trainer (scratch space: `out_dir`/trainer, removed after). Returns
+    the training metrics. Saving the final model is the caller's job (atomically)."""
+    if not items:
+        raise ValueError("no training items: every window was filtered out or the dataset is empty")
+    arguments = TrainingArguments(
+        output_dir=str(Path(out_dir) / "trainer"),
+        per_device_train_batch_size=settings.batch_size,
+        gradient_accumulation_steps=settings.gradient_accumulation_steps,
+        learning_rate=settings.learning_rate,
+        num_train_epochs=settings.epochs,
+        max_steps=settings.max_steps,
+        warmup_steps=settings.warmup_ratio,
+        weight_decay=settings.weight_decay,
+        seed=settings.seed,
+        bf16=settings.bf16,
+        use_cpu=not torch.cuda.is_available(),
+        logging_steps=settings.logging_steps,
+        save_strategy="no",
+        report_to=[],
+        remove_unused_columns=False,
+        disable_tqdm=not settings.progress,
+        dataloader_num_workers=0,
+    )
+    trainer = LongBirdTrainer(model=model, args=arguments, train_dataset=items,
+                              data_collator=make_collator(model, tokenizer, settings))
+    try:
+        result = trainer.train()
+    finally:
+        shutil.rmtree(arguments.output_dir, ignore_errors=True)  # nothing is saved there (save_strategy="no")
+        with contextlib.suppress(OSError):
+            Path(arguments.output_dir).parent.rmdir()
+    return {**result.metrics, "log_history": trainer.state.log_history}

@@ -1,0 +1,207 @@
+"""End-to-end workflows called by the CLI and by tests: fine-tune and evaluate QA and classification.
+
+A model argument is either a saved longbird directory (a task head is added if it has none) or a plain
+Hugging Face encoder directory, which is converted first with `preset` and `max_length`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from datasets import Dataset
+from transformers import AutoConfig, AutoTokenizer
+
+from .convert import convert, default_source
+import torch
+
+from .data.classification import document_windows, label_vocabulary, read_classification
+from .data.features import features_for_rows
+from .data.html import add_tag_tokens
+from .data.korquad import read_korquad_v1_articles, read_korquad_v2, split_by_title
+from .files import write_directory_atomically, write_file_atomically
+from .heads import LongBirdForQuestionAnswering, LongBirdForSequenceClassification
+from .metrics.classification import accuracy, macro_f1
+from .metrics.korquad import korquad_v1, korquad_v2, squad_v1
+from .qa import predict_rows
+from .training.finetune import FinetuneSettings, PaddedBatches, qa_training_items, train
+
+DATA_FORMATS = ("korquad2", "korquad1-articles", "squad")
+
+
+def load_task_model(model_path: str | Path | None, task_class, preset: str = "kobigbird", max_length: int = 4096,
+                    **overrides: Any):
+    """(model, tokenizer) for a task: a longbird directory is loaded, anything else is converted."""
+    path = Path(model_path) if model_path else default_source()
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if AutoConfig.from_pretrained(path, local_files_only=True).model_type == "longbird":
+        model = task_class.from_pretrained(path, **overrides)
+        return model, _fit_tokenizer(tokenizer, model)
+    base = convert(path, preset=preset, max_length=max_length)
+    config = base.config
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    model = task_class(config)
+    source = base.longbird if hasattr(base, "longbird") else base
+    model.longbird.load_state_dict(source.state_dict())
+    return model, _fit_tokenizer(tokenizer, model)
+
+
+def _fit_tokenizer(tokenizer, model):
+    tokenizer.model_max_length = model.config.max_position_embeddings  # windows are cut by our features
+    return tokenizer
+
+
+def check_tokenizer(model, tokenizer) -> None:
+    """A tokenizer that emits ids the model has no embedding for is the wrong tokenizer."""
+    rows = model.get_input_embeddings().weight.shape[0]
+    if len(tokenizer) > rows:
+        raise ValueError(f"tokenizer/model mismatch: the tokenizer has {len(tokenizer)} tokens but the model's "
+                         f"embedding table has {rows} rows; use the tokenizer saved with the model")
+
+
+def read_qa_data(path, data_format: str, split: str | None = None) -> Dataset:
+    """Questions of a dataset in one of DATA_FORMATS; `split` ("train"/"dev") takes one side of the fixed
+    by-article split (`split_by_title`, seed 0, 20 % dev)."""
+    if data_format == "korquad2":
+        rows = read_korquad_v2(path)[0]
+    elif data_format in ("korquad1-articles", "squad"):
+        if isinstance(path, (list, tuple)):
+            raise ValueError(f"{data_format} data is one JSON file; got {len(path)} paths")
+        rows = read_korquad_v1_articles(path)[0]
+    else:
+        raise ValueError(f"unknown data format {data_format!r}; use one of {DATA_FORMATS}")
+    if split is None:
+        return rows
+    if split not in ("train", "dev"):
+        raise ValueError(f"split must be train or dev; got {split!r}")
+    return split_by_title(rows)[split]
+
+
+def finetune_qa(model_path, train_data, out: str | Path, data_format: str = "korquad2", preset: str = "kobigbird",
+                max_length: int = 4096, window_length: int | None = None, doc_stride: int | None = None,
+                max_windows: int | None = None, negative_fraction: float = 1.0, max_examples: int | None = None,
+                settings: FinetuneSettings | None = None, overwrite: bool = False, qa_head: str = "conditional",
+                split: str | None = None) -> dict:
+    """Fine-tune a QA model and save it (with its tokenizer, which gains the HTML tag tokens) to `out`. `window_length` (default: the model's
+    maximum) is the feature window; `max_windows=1` trains on the first window only (truncation)."""
+    settings = settings or FinetuneSettings()
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"output directory {out} already exists; pass --overwrite to replace it")
+    rows = train_data if isinstance(train_data, Dataset) else read_qa_data(train_data, data_format, split)
+    if max_examples is not None:
+        rows = rows.select(range(min(max_examples, len(rows))))
+    model, tokenizer = load_task_model(model_path, LongBirdForQuestionAnswering, preset, max_length, qa_head=qa_head)
+    add_tag_tokens(tokenizer, model)  # always, so the model can read HTML pages later (`longbird answer`)
+    check_tokenizer(model, tokenizer)
+    window_length = window_length or model.config.max_position_embeddings
+    features = features_for_rows(tokenizer, rows, window_length, doc_stride, max_windows)
+    items = qa_training_items(features, negative_fraction, settings.seed)
+    metrics = train(model, tokenizer, items, out.parent / f".{out.name}.work", settings)
+
+    def write(directory: Path) -> None:
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+        summary = {"train_examples": len(rows), "windows": len(features), "training_windows": len(items),
+                   "window_length": window_length, "doc_stride": doc_stride, "settings": vars(settings),
+                   "metrics": {k: v for k, v in metrics.items() if k != "log_history"}}
+        (directory / "longbird_finetune.json").write_text(json.dumps(summary, indent=2, default=str))
+
+    write_directory_atomically(out, write, overwrite=overwrite)
+    return {**metrics, "windows": len(features), "training_windows": len(items)}
+
+
+def evaluate_qa(model_path, data, data_format: str = "korquad2", window_length: int | None = None,
+                doc_stride: int | None = None, max_windows: int | None = None, batch_size: int = 4,
+                max_examples: int | None = None, out: str | Path | None = None, progress: bool = False,
+                split: str | None = None) -> dict:
+    """Predict every question and score with the official metric of the format. With `out`, writes
+    predictions.json ({id: text}) and metrics.json there (atomically)."""
+    rows = data if isinstance(data, Dataset) else read_qa_data(data, data_format, split)
+    if max_examples is not None:
+        rows = rows.select(range(min(max_examples, len(rows))))
+    model, tokenizer = load_task_model(model_path, LongBirdForQuestionAnswering)
+    check_tokenizer(model, tokenizer)
+    window_length = window_length or model.config.max_position_embeddings
+    answers = predict_rows(model, tokenizer, rows, window_length, doc_stride, max_windows, batch_size,
+                           progress=progress)
+    predictions = {row["id"]: answers[row["id"]].text if row["id"] in answers else "" for row in rows}
+    metrics = score_predictions(predictions, rows, data_format)
+    if out is not None:
+        out = Path(out)
+        write_file_atomically(out / "predictions.json", json.dumps(predictions, ensure_ascii=False, indent=1))
+        write_file_atomically(out / "metrics.json", json.dumps(metrics, indent=2))
+    return {"metrics": metrics, "predictions": predictions, "answers": answers}
+
+
+def score_predictions(predictions: dict[str, str], rows, data_format: str) -> dict[str, float]:
+    """Official metric for the format, computed on the same questions the predictions cover."""
+    if data_format == "korquad2":
+        dataset = [{"qas": [{"id": row["id"], "answer": {"text": row["answers"]["text"][0]}}]} for row in rows]
+        return korquad_v2(predictions, dataset)
+    dataset = [{"paragraphs": [{"qas": [{"id": row["id"], "answers": [{"text": t} for t in row["answers"]["text"]]}]}]}
+               for row in rows]
+    return (squad_v1 if data_format == "squad" else korquad_v1)(predictions, dataset)
+
+
+def _classification_rows(data, text_field: str, label_field: str):
+    return data if isinstance(data, Dataset) else read_classification(data, text_field, label_field)
+
+
+def finetune_cls(model_path, train_data, out: str | Path, preset: str = "kobigbird", max_length: int = 4096,
+                 window_length: int | None = None, stride: int = 128, text_field: str = "text",
+                 label_field: str = "label", settings: FinetuneSettings | None = None, overwrite: bool = False) -> dict:
+    """Fine-tune a document classifier; every window of a document is a training item with its label."""
+    settings = settings or FinetuneSettings()
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"output directory {out} already exists; pass --overwrite to replace it")
+    rows = _classification_rows(train_data, text_field, label_field)
+    labels = label_vocabulary(rows["label"])
+    if len(labels) < 2:
+        raise ValueError(f"classification needs at least two labels; the training data has {labels}")
+    model, tokenizer = load_task_model(model_path, LongBirdForSequenceClassification, preset, max_length,
+                                       num_labels=len(labels), id2label=dict(enumerate(labels)),
+                                       label2id={label: i for i, label in enumerate(labels)})
+    check_tokenizer(model, tokenizer)
+    window_length = window_length or model.config.max_position_embeddings
+    items = [{**window, "labels": labels.index(str(row["label"]))}
+             for row in rows for window in document_windows(tokenizer, row["text"], window_length, stride)]
+    metrics = train(model, tokenizer, items, out.parent / f".{out.name}.work", settings)
+
+    def write(directory: Path) -> None:
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+
+    write_directory_atomically(out, write, overwrite=overwrite)
+    return {**metrics, "documents": len(rows), "windows": len(items)}
+
+
+@torch.no_grad()
+def predict_documents(model, tokenizer, texts, window_length: int | None = None, stride: int = 128) -> list[torch.Tensor]:
+    """Per document, the mean of its windows' logits (num_labels,)."""
+    model.eval()
+    window_length = window_length or model.config.max_position_embeddings
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    collate = PaddedBatches(pad)
+    return [model(**collate(document_windows(tokenizer, text, window_length, stride))).logits.float().mean(dim=0)
+            for text in texts]
+
+
+def evaluate_cls(model_path, data, window_length: int | None = None, stride: int = 128, text_field: str = "text",
+                 label_field: str = "label", out: str | Path | None = None) -> dict:
+    """Accuracy and macro-F1 of a saved classifier; with `out`, writes predictions.json and metrics.json."""
+    rows = _classification_rows(data, text_field, label_field)
+    model, tokenizer = load_task_model(model_path, LongBirdForSequenceClassification)
+    check_tokenizer(model, tokenizer)
+    logits = predict_documents(model, tokenizer, rows["text"], window_length, stride)
+    predictions = [model.config.id2label[int(score.argmax())] for score in logits]
+    golds = [str(label) for label in rows["label"]]
+    metrics = {"accuracy": accuracy(predictions, golds), "macro_f1": macro_f1(predictions, golds)}
+    if out is not None:
+        out = Path(out)
+        write_file_atomically(out / "predictions.json", json.dumps(predictions, ensure_ascii=False, indent=1))
+        write_file_atomically(out / "metrics.json", json.dumps(metrics, indent=2))
+    return {"metrics": metrics, "predictions": predictions}
