@@ -268,9 +268,13 @@ def answer(
     as_json: bool = typer.Option(False, "--json", help="Print the answer as JSON"),
 ):
     """Answer a question about a long document: prints the answer, its character span and score."""
+    from transformers.utils import logging as hf_logging
+
     from .heads import LongBirdForQuestionAnswering
     from .qa import answer_question
     from .workflows import check_tokenizer, load_task_model
+
+    hf_logging.disable_progress_bar()  # the answer is the output
 
     if not document.exists():
         raise typer.BadParameter(f"document {document} does not exist")

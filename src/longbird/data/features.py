@@ -43,7 +43,8 @@ def _question_prefix(tokenizer, question: str, max_question_tokens: int) -> str:
     offsets = encoded["offset_mapping"]
     if len(offsets) <= max_question_tokens:
         return question
-    return question[:offsets[max_question_tokens - 1][1]]
+    # Cut before the first token past the limit; a character split into several pieces goes whole.
+    return question[:offsets[max_question_tokens][0]]
 
 
 def resolve_doc_stride(tokenizer, document_text: str, max_length: int, doc_stride: int | None,
@@ -53,7 +54,7 @@ def resolve_doc_stride(tokenizer, document_text: str, max_length: int, doc_strid
         raise ValueError(f"max_length ({max_length}) leaves no room for the document after a question of "
                          f"{question_tokens} tokens; use a larger max_length")
     if doc_stride is None:
-        document_tokens = len(tokenizer(document_text, add_special_tokens=False)["input_ids"])
+        document_tokens = len(tokenizer(document_text, add_special_tokens=False, verbose=False)["input_ids"])
         doc_stride = max_length // 2 if document_tokens > 2 * max_length else DEFAULT_DOC_STRIDE
         doc_stride = min(doc_stride, room // 2)
     if not 0 <= doc_stride < room:

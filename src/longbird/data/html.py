@@ -36,6 +36,7 @@ _BOILERPLATE_HINT = re.compile(r"(^|[\s_-])(nav|navigation|navbox|footer|toc|sid
 # Elements that separate words visually even without whitespace in the source.
 BLOCK_TAGS = frozenset({"div", "br", "hr", "h3", "h4", "h5", "h6", "dl", "dt", "dd", "caption", "tbody", "thead",
                         "tfoot", "section", "article", "main", "blockquote", "pre", "figure", "figcaption", "img"})
+RAW_TEXT_TAGS = frozenset({"script", "style", "xmp", "plaintext"})
 _ENTITY = re.compile(r"&(#[0-9]+;?|#[xX][0-9a-fA-F]+;?|[A-Za-z][A-Za-z0-9]*;?)")
 _COMMENT_END = "-->"
 
@@ -129,7 +130,9 @@ class _Aligner:
         self.source = source
         self.pos = 0
 
-    def locate(self, text: str) -> list[tuple[int, int]]:
+    def locate(self, text: str, raw_text: bool = False) -> list[tuple[int, int]]:
+        """Source range of each character of `text`. In raw-text elements (script, style) a '<' is text;
+        elsewhere markup is skipped before characters are matched."""
         source, spans, i = self.source, [], 0
         while i < len(text):
             if self.pos >= len(source):
@@ -144,6 +147,11 @@ class _Aligner:
                         i += len(decoded)
                         self.pos = match.end()
                         continue
+            if ch == "<" and not raw_text:
+                after = _skip_markup(source, self.pos)
+                if after > self.pos:
+                    self.pos = after
+                    continue
             if ch == text[i]:
                 spans.append((self.pos, self.pos + 1))
                 i += 1
@@ -182,7 +190,8 @@ def preprocess_html(source: str) -> ProcessedDocument:
             if isinstance(child, (Comment, Doctype, Declaration, ProcessingInstruction)):
                 continue
             if isinstance(child, NavigableString):
-                spans = aligner.locate(str(child))  # dropped text is located too, to move past it
+                # Dropped text is located too, to move past it.
+                spans = aligner.locate(str(child), raw_text=getattr(child.parent, "name", None) in RAW_TEXT_TAGS)
                 if not dropped:
                     units.extend((ch, start, end) for ch, (start, end) in zip(str(child), spans))
                 continue

@@ -1,0 +1,101 @@
+"""QA windows on the real KorQuAD pages: answers labelled at the right tokens, windows covering the document."""
+
+import json
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from longbird.convert import default_source
+from longbird.data.features import DEFAULT_DOC_STRIDE, label_window, make_features, resolve_doc_stride
+from longbird.data.html import add_tag_tokens, plain_document, preprocess_html
+
+KORQUAD = Path(__file__).resolve().parents[2] / "shared" / "data" / "korquad"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    tokenizer = AutoTokenizer.from_pretrained(default_source(), local_files_only=True)
+    tokenizer.model_max_length = 1 << 20
+    add_tag_tokens(tokenizer)
+    return tokenizer
+
+
+def real_questions():
+    for page in ("korquad2.1_dev_00.json", "korquad2.1_train_00.json"):
+        record = json.loads((KORQUAD / page).read_text(encoding="utf-8"))["data"][0]
+        for qa in record["qas"]:
+            start = qa["answer"]["answer_start"]
+            yield record["context"], qa, (start, start + len(qa["answer"]["text"]))
+
+
+@pytest.mark.parametrize("max_length,doc_stride", [(256, 64), (512, 128), (1024, None)])
+def test_every_window_holding_the_answer_labels_it_and_windows_cover_the_document(tokenizer, max_length, doc_stride):
+    for context, qa, answer in real_questions():
+        document = preprocess_html(context)
+        target = document.from_source_span(*answer)
+        features = make_features(tokenizer, qa["id"], qa["question"], document, max_length, doc_stride, answer)
+        assert len(features) > 1 and all(len(f.input_ids) <= max_length for f in features)
+        covered = set()
+        labelled = 0
+        for feature in features:
+            spans = [o for o in feature.offsets if o is not None]
+            covered.update(i for start, end in spans for i in range(start, end))
+            holds_answer = spans[0][0] <= target[0] and target[1] <= spans[-1][1]
+            if not holds_answer:
+                assert (feature.start_position, feature.end_position) == (0, 0)
+                continue
+            labelled += 1
+            s, e = feature.start_position, feature.end_position
+            assert 0 < s <= e
+            # The labelled tokens cover the answer and no token outside them is needed.
+            assert feature.offsets[s][0] <= target[0] < feature.offsets[s][1]
+            assert feature.offsets[e][0] < target[1] <= feature.offsets[e][1]
+            text = document.text[feature.offsets[s][0]:feature.offsets[e][1]]
+            assert document.text[target[0]:target[1]] in text
+        assert labelled >= 1
+        assert {i for i, ch in enumerate(document.text) if not ch.isspace()} <= covered
+        # Neighbouring windows share doc_stride document tokens.
+        stride = doc_stride if doc_stride is not None else resolve_doc_stride(
+            tokenizer, document.text, max_length, None, _question_tokens(tokenizer, qa["question"]))
+        first = [o for o in features[0].offsets if o is not None]
+        second = [o for o in features[1].offsets if o is not None]
+        assert first[-stride:] == second[:stride]
+
+
+def _question_tokens(tokenizer, question):
+    return len(tokenizer(question, add_special_tokens=False)["input_ids"])
+
+
+def test_default_stride_is_128_or_half_a_window_for_long_documents(tokenizer):
+    short = "가" * 100
+    long = "대한민국 헌법 " * 2000
+    assert resolve_doc_stride(tokenizer, short, 512, None, 10) == DEFAULT_DOC_STRIDE
+    # Over 2 windows of tokens: half a window, capped at half the room left after the question.
+    assert resolve_doc_stride(tokenizer, long, 1024, None, 10) == (1024 - 10 - 3) // 2
+    with pytest.raises(ValueError, match=r"doc_stride \(600\) must lie in 0\.\.498"):
+        resolve_doc_stride(tokenizer, short, 512, 600, 10)
+    with pytest.raises(ValueError, match="leaves no room"):
+        resolve_doc_stride(tokenizer, short, 12, None, 10)
+
+
+def test_truncation_keeps_the_first_window_only(tokenizer):
+    context, qa, answer = next(real_questions())
+    document = preprocess_html(context)
+    all_windows = make_features(tokenizer, qa["id"], qa["question"], document, 256, 64, answer)
+    first = make_features(tokenizer, qa["id"], qa["question"], document, 256, 64, answer, max_windows=1)
+    assert len(first) == 1 and first[0].input_ids == all_windows[0].input_ids
+
+
+def test_long_questions_are_cut(tokenizer):
+    document = plain_document("짧은 문서입니다.")
+    features = make_features(tokenizer, "q", "질문 " * 200, document, 128, 0, max_question_tokens=16)
+    question_tokens = features[0].token_type_ids.count(0) - 2  # [CLS] question [SEP]
+    assert 14 <= question_tokens <= 16
+
+
+def test_label_window_by_hand():
+    offsets = [None, None, (0, 2), (2, 4), (5, 8), None]
+    assert label_window(offsets, (2, 6)) == (3, 4)
+    assert label_window(offsets, (6, 9)) == (0, 0)  # runs past the window
+    assert label_window([None, None], (0, 1)) == (0, 0)

@@ -1,0 +1,155 @@
+"""HTML preprocessing: the character map round-trips exactly, on generated HTML and on the real KorQuAD pages."""
+
+import html
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from longbird.data.html import TAG_TOKENS, add_tag_tokens, plain_document, preprocess_html
+from longbird.metrics.korquad import normalize_korquad_v2
+
+KORQUAD = Path(__file__).resolve().parents[2] / "shared" / "data" / "korquad"
+PAGES = ["korquad2.1_dev_00.json", "korquad2.1_train_00.json"]
+
+# (raw source, decoded text) pieces: plain characters and entities.
+CHARACTERS = st.sampled_from(list("가나다라 abcXYZ019.?!,-\n\t") + ["  "])
+ENTITIES = st.sampled_from([("&amp;", "&"), ("&lt;", "<"), ("&gt;", ">"), ("&quot;", '"'), ("&#44;", ","),
+                            ("&#xAC00;", "가"), ("&nbsp;", "\xa0"), ("&copy;", "©")])
+PIECE = st.one_of(CHARACTERS.map(lambda c: (c, c)), ENTITIES)
+TEXT = st.lists(PIECE, min_size=1, max_size=8).map(lambda ps: ("".join(p[0] for p in ps), "".join(p[1] for p in ps)))
+KEPT_TAGS = ["p", "div", "span", "b", "a", "h1", "h2", "ul", "li", "td", "th"]
+DROPPED = ["script", "style", "nav", "footer"]
+
+
+def render(node):
+    """(raw html, visible decoded text) of a generated node."""
+    kind = node[0]
+    if kind == "text":
+        return node[1]
+    if kind == "comment":
+        return f"<!-- {node[1]} -->", ""
+    if kind == "dropped":
+        tag, body = node[1], node[2]
+        return f"<{tag}>var x = 1 < 2 && y;{body}</{tag}>", ""
+    tag, attributes, children = node[1], node[2], node[3]
+    parts = [render(child) for child in children]
+    opening = f'<{tag} title="{attributes}">' if attributes else f"<{tag}>"
+    return opening + "".join(p[0] for p in parts) + f"</{tag}>", "".join(p[1] for p in parts)
+
+
+LEAF = st.one_of(TEXT.map(lambda t: ("text", t)), st.sampled_from(["note", "x > y"]).map(lambda c: ("comment", c)),
+                 st.tuples(st.just("dropped"), st.sampled_from(DROPPED), st.sampled_from(["", "z"])))
+TREE = st.recursive(LEAF, lambda children: st.tuples(st.just("tag"), st.sampled_from(KEPT_TAGS),
+                                                     st.sampled_from(["", "a>b", "k"]), st.lists(children, max_size=4)),
+                    max_leaves=12)
+DOCUMENT = st.lists(TREE, min_size=1, max_size=4).map(
+    lambda nodes: ("<html><body>" + "".join(render(n)[0] for n in nodes) + "</body></html>",
+                   "".join(render(n)[1] for n in nodes)))
+
+
+def real_characters(document):
+    return [i for i in range(len(document.text)) if document.ends[i] > document.starts[i]]
+
+
+def assert_character_map_is_exact(document):
+    previous_end = 0
+    for i in real_characters(document):
+        start, end = document.starts[i], document.ends[i]
+        assert start >= previous_end, "source ranges must be increasing and disjoint"
+        previous_end = end
+        original = html.unescape(document.source[start:end])
+        if document.text[i] == " ":
+            assert original.isspace() or original == "\xa0"
+        else:
+            assert original == document.text[i], (i, document.source[start:end], document.text[i])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(DOCUMENT, st.data())
+def test_generated_html_round_trips(generated, data):
+    source, visible = generated
+    document = preprocess_html(source)
+    assert_character_map_is_exact(document)
+    # The visible text (scripts, styles, comments, nav/footer dropped) survives in order, tag tokens aside.
+    kept = "".join(document.text[i] for i in real_characters(document))
+    assert "".join(kept.split()) == "".join(visible.split())
+    # Any processed span maps to a source span that maps back to the same real characters.
+    if document.text:
+        a = data.draw(st.integers(0, len(document.text) - 1))
+        b = data.draw(st.integers(a + 1, len(document.text)))
+        span = document.to_source_span(a, b)
+        inside = [i for i in real_characters(document) if a <= i < b]
+        if span is None:
+            assert not inside
+        else:
+            assert document.from_source_span(*span) == (inside[0], inside[-1] + 1)
+
+
+@pytest.mark.parametrize("page", PAGES)
+@pytest.mark.parametrize("field", ["context", "raw_html"])
+def test_real_pages_map_exactly(page, field):
+    record = json.loads((KORQUAD / page).read_text(encoding="utf-8"))["data"][0]
+    document = preprocess_html(record[field])
+    assert_character_map_is_exact(document)
+    assert document.text.startswith("[h1] ")
+    assert "function(" not in document.text and "<" not in document.text.replace("< ", "")
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_real_answers_map_to_processed_text_and_back(page):
+    record = json.loads((KORQUAD / page).read_text(encoding="utf-8"))["data"][0]
+    document = preprocess_html(record["context"])
+    for qa in record["qas"]:
+        answer = qa["answer"]
+        start, end = answer["answer_start"], answer["answer_start"] + len(answer["text"])
+        processed = document.from_source_span(start, end)
+        assert processed is not None, qa["id"]
+        back = document.source_text(*processed)
+        # The mapped-back text is a substring of the gold span and scores as the same answer.
+        assert back in answer["text"] and normalize_korquad_v2(back) == normalize_korquad_v2(answer["text"])
+        assert normalize_korquad_v2(document.text[processed[0]:processed[1]]) == normalize_korquad_v2(answer["text"])
+
+
+def test_tags_become_tokens_and_boilerplate_goes():
+    source = ("<html><head><title>T</title><style>p{}</style></head><body><nav>menu</nav><h2>제목</h2>"
+              "<p>첫 &amp; 둘</p><table><tr><th>키</th><td>값</td></tr></table><ul><li>하나</li></ul>"
+              "<div class='navbox'>links</div><footer>foot</footer><script>x<y</script></body></html>")
+    document = preprocess_html(source)
+    assert document.text == "[h2] 제목 [p] 첫 & 둘 [table] [tr] [th] 키 [td] 값 [ul] [li] 하나"
+    amp = document.text.index("&")
+    assert document.source_text(amp, amp + 1) == "&amp;"
+    whole = document.text.index("첫"), document.text.index("둘") + 1
+    assert document.source_text(*whole) == "첫 &amp; 둘"
+    assert document.to_source_span(0, 4) is None  # "[h2]" is not in the source
+
+
+def test_plain_documents_map_to_themselves():
+    document = plain_document("대한민국 헌법")
+    assert document.text == "대한민국 헌법" and document.source_text(5, 7) == "헌법"
+    assert document.from_source_span(5, 7) == (5, 7)
+
+
+def test_tag_tokens_are_added_once_and_initialised_from_their_meaning():
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "paragraph", "list", "item", "table"]
+    path = Path(__file__).parent / "_vocab_for_tags.txt"
+    tokenizer = None
+    try:
+        path.write_text("\n".join(vocab))
+        tokenizer = BertTokenizerFast(vocab=str(path))
+    finally:
+        path.unlink()
+    model = BertModel(BertConfig(vocab_size=len(vocab), hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=16))
+    added = add_tag_tokens(tokenizer, model)
+    assert added == list(TAG_TOKENS.values()) and add_tag_tokens(tokenizer, model) == []
+    table = model.get_input_embeddings().weight
+    assert table.shape[0] == len(tokenizer) == len(vocab) + len(TAG_TOKENS)
+    p, li = tokenizer.convert_tokens_to_ids("[p]"), tokenizer.convert_tokens_to_ids("[li]")
+    assert tokenizer.tokenize("[p] paragraph") == ["[p]", "paragraph"]
+    assert table[p].tolist() == pytest.approx(table[vocab.index("paragraph")].tolist())
+    assert table[li].tolist() == pytest.approx(((table[6] + table[7]) / 2).tolist())

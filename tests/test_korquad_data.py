@@ -1,0 +1,77 @@
+"""KorQuAD readers on the real files; malformed and mismatching records; the whole-article set and its split."""
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from longbird.data.korquad import (MalformedRecordError, as_squad_json, read_korquad_v1_articles, read_korquad_v2,
+                                   split_by_title)
+from longbird.metrics.korquad import korquad_v1
+
+KORQUAD = Path(__file__).resolve().parents[2] / "shared" / "data" / "korquad"
+PAGES = [KORQUAD / "korquad2.1_dev_00.json", KORQUAD / "korquad2.1_train_00.json"]
+
+
+def test_reads_both_real_pages_with_exact_offsets():
+    rows, skipped = read_korquad_v2(PAGES)
+    assert skipped == [] and len(rows) == 3
+    assert set(rows["title"]) == {"신대철", "T-X_프로그램"}
+    for row in rows:
+        text, start = row["answers"]["text"][0], row["answers"]["answer_start"][0]
+        assert row["is_html"] and row["context"][start:start + len(text)] == text
+    assert rows[1]["answers"]["text"] == ["<a>신중현</a>"]  # HTML answers are kept as in the file
+
+
+def _page_copy(tmp_path, edit):
+    record = json.loads(PAGES[0].read_text(encoding="utf-8"))
+    edit(record["data"][0])
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(record, ensure_ascii=False), encoding="utf-8")
+    return path
+
+
+def test_offset_mismatch_is_reported_with_its_id_and_skipped(tmp_path, caplog):
+    def shift(document):
+        document["qas"][0]["answer"]["answer_start"] += 3
+
+    with caplog.at_level(logging.WARNING):
+        rows, skipped = read_korquad_v2(_page_copy(tmp_path, shift))
+    assert [s.id for s in skipped] == ["66678"] and "not the answer '시나위'" in skipped[0].reason
+    assert "66678" in caplog.text
+    assert rows["id"] == ["57677"]
+
+
+def test_missing_fields_name_the_record(tmp_path):
+    def drop_answer(document):
+        del document["qas"][1]["answer"]
+
+    with pytest.raises(MalformedRecordError, match=r"57677.*missing field\(s\) \['answer'\]"):
+        read_korquad_v2(_page_copy(tmp_path, drop_answer))
+    with pytest.raises(MalformedRecordError, match="missing field"):
+        read_korquad_v2(KORQUAD)  # the directory also holds the KorQuAD 1.0 file, which is not 2.x
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        read_korquad_v2(tmp_path / "absent.json")
+
+
+def test_korquad1_whole_articles_keep_every_answer_at_its_shifted_offset():
+    rows, skipped = read_korquad_v1_articles(KORQUAD / "KorQuAD_v1.0_dev.json")
+    assert skipped == [] and len(rows) == 5774 and len(set(rows["title"])) == 140
+    for row in rows:
+        for text, start in zip(row["answers"]["text"], row["answers"]["answer_start"]):
+            assert row["context"][start:start + len(text)] == text
+    lengths = sorted(len(c) for c in set(rows["context"]))
+    assert lengths[-1] > 40_000  # real long documents
+    # Round trip through the official format: gold answers score 100.
+    assert korquad_v1({r["id"]: r["answers"]["text"][0] for r in rows}, as_squad_json(rows))["exact_match"] == 100.0
+
+
+def test_split_is_by_article_and_reproducible():
+    rows, _ = read_korquad_v1_articles(KORQUAD / "KorQuAD_v1.0_dev.json")
+    split = split_by_title(rows, dev_fraction=0.2, seed=0)
+    train_titles, dev_titles = set(split["train"]["title"]), set(split["dev"]["title"])
+    assert not train_titles & dev_titles and len(dev_titles) == 28
+    assert len(split["train"]) + len(split["dev"]) == len(rows)
+    assert split_by_title(rows, 0.2, seed=0)["dev"]["id"] == split["dev"]["id"]
+    assert split_by_title(rows, 0.2, seed=1)["dev"]["id"] != split["dev"]["id"]

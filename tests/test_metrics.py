@@ -1,0 +1,82 @@
+"""Official QA metrics against hand-computed cases, and classification scores."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from longbird.metrics.classification import accuracy, macro_f1
+from longbird.metrics.korquad import (f1_korquad_v1, f1_korquad_v2, f1_squad, korquad_v1, korquad_v2,
+                                      normalize_korquad_v1, normalize_korquad_v2, normalize_squad, squad_v1)
+
+KORQUAD = Path(__file__).resolve().parents[2] / "shared" / "data" / "korquad"
+
+
+def v2_dataset(*golds):
+    return {"data": [{"title": "t", "qas": [{"id": str(i), "answer": {"text": g}} for i, g in enumerate(golds)]}]}
+
+
+def v1_dataset(*golds_per_question):
+    qas = [{"id": str(i), "answers": [{"text": g} for g in golds]} for i, golds in enumerate(golds_per_question)]
+    return {"data": [{"title": "t", "paragraphs": [{"context": "", "qas": qas}]}]}
+
+
+def test_korquad_v2_normalisation_strips_html_symbols_punctuation_and_all_whitespace():
+    assert normalize_korquad_v2('<a href="/wiki/x">신중현</a>') == "신중현"
+    assert normalize_korquad_v2("《시나위》 (밴드)") == "시나위밴드"
+    assert normalize_korquad_v2("T-X  Program!") == "txprogram"
+    assert normalize_korquad_v2("<td>1,000 대</td>") == "1000대"
+
+
+def test_korquad_v2_scores_html_answers_and_whitespace_differences():
+    # The gold is HTML; a plain-text prediction of the same words is an exact match.
+    dataset = v2_dataset("<a>신중현</a>", "360대", "1967년 2월 16일")
+    predictions = {"0": "신중현", "1": "360 대", "2": "1967년"}
+    scores = korquad_v2(predictions, dataset)
+    # Q2: prediction chars {1,9,6,7,년} = 5, gold "1967년2월16일" = 10 chars, 5 shared -> P=1, R=.5, F1=2/3.
+    assert scores["exact_match"] == pytest.approx(100 * 2 / 3)
+    assert scores["f1"] == pytest.approx(100 * (1 + 1 + 2 / 3) / 3)
+
+
+def test_korquad_v2_empty_strings_and_unanswered_questions():
+    assert f1_korquad_v2("", "") == 0.0  # the official script's quirk: no shared characters -> F1 0
+    scores = korquad_v2({"0": "", "1": "abc"}, v2_dataset("", "abc", "unanswered"))
+    assert scores["exact_match"] == pytest.approx(100 * 2 / 3)  # "" == "" is an exact match
+    assert scores["f1"] == pytest.approx(100 / 3)
+
+
+def test_korquad_v1_keeps_spaces_between_tokens_and_takes_the_best_gold():
+    assert normalize_korquad_v1("  대한민국   헌법 ") == "대한민국 헌법"
+    assert normalize_korquad_v1("<b>x</b>") == "b x b"  # no HTML stripping in 1.0, only '<' '>' removed
+    assert f1_korquad_v1("대한 민국", "대한민국") == 1.0  # characters of the tokens, spaces never count
+    scores = korquad_v1({"0": "헌법", "1": "서울"}, v1_dataset(["대한민국 헌법", "헌법"], ["부산"]))
+    assert scores == {"exact_match": 50.0, "f1": 50.0}
+
+
+def test_squad_v1_uses_tokens_and_drops_articles():
+    assert normalize_squad("The Cat, a dog!") == "cat dog"
+    assert f1_squad("the cat sat", "cat sat down") == pytest.approx(0.8)
+    assert squad_v1({"0": "an apple"}, v1_dataset(["Apple"]))["exact_match"] == 100.0
+
+
+def test_gold_answers_of_the_real_files_score_100():
+    v2 = json.loads((KORQUAD / "korquad2.1_dev_00.json").read_text(encoding="utf-8"))
+    predictions = {qa["id"]: qa["answer"]["text"] for doc in v2["data"] for qa in doc["qas"]}
+    assert korquad_v2(predictions, v2) == {"exact_match": 100.0, "f1": 100.0}
+    v1 = json.loads((KORQUAD / "KorQuAD_v1.0_dev.json").read_text(encoding="utf-8"))
+    predictions = {qa["id"]: qa["answers"][0]["text"] for a in v1["data"] for p in a["paragraphs"] for qa in p["qas"]}
+    assert korquad_v1(predictions, v1) == {"exact_match": 100.0, "f1": 100.0}
+
+
+def test_empty_dataset_is_an_error():
+    with pytest.raises(ValueError, match="no questions"):
+        korquad_v2({}, {"data": []})
+
+
+def test_accuracy_and_macro_f1_by_hand():
+    predictions, golds = ["a", "a", "b", "c"], ["a", "b", "b", "b"]
+    assert accuracy(predictions, golds) == 0.5
+    # F1: a = 2*1/(2+1) = 2/3, b = 2*1/(1+3) = 1/2, c = 0 -> mean 7/18.
+    assert macro_f1(predictions, golds) == pytest.approx(7 / 18)
+    with pytest.raises(ValueError, match="equally many"):
+        accuracy(["a"], ["a", "b"])

@@ -1,0 +1,144 @@
+"""The start-then-conditional-end QA head, decoding over windows, and answers mapped back to the source."""
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+import longbird
+from longbird.convert import default_source
+from longbird.data.features import make_features
+from longbird.data.html import add_tag_tokens, preprocess_html
+from longbird.heads import LongBirdQuestionAnsweringOutput
+from longbird.qa import decode_window, predict_features
+from conftest import BLOCK, make_batch, make_source
+
+KORQUAD = Path(__file__).resolve().parents[2] / "shared" / "data" / "korquad"
+
+
+def qa_model(qa_head="conditional"):
+    base = longbird.convert(make_source("bert"), max_length=128, block_size=BLOCK)
+    model = longbird.LongBirdForQuestionAnswering(base.config.__class__(**{**base.config.to_dict(), "qa_head": qa_head}))
+    model.longbird.load_state_dict(base.state_dict())
+    return model
+
+
+def test_conditional_end_equals_the_mlp_on_the_concatenated_states():
+    torch.manual_seed(0)
+    model = qa_model()
+    head = model.qa_end
+    hidden = torch.randn(2, 10, 32)
+    starts = torch.tensor([[1, 4], [0, 9]])
+    fast = head(hidden, starts)  # (2, 2, 10)
+    for b in range(2):
+        for k in range(2):
+            pairs = torch.cat([hidden[b, starts[b, k]].expand(10, -1), hidden[b]], dim=-1)  # [h_s; h_j]
+            explicit = head.out(head.LayerNorm(torch.nn.functional.gelu(head.dense(pairs)))).squeeze(-1)
+            torch.testing.assert_close(fast[b, k], explicit, atol=1e-5, rtol=1e-5)
+
+
+def test_teacher_forcing_conditions_the_end_on_the_gold_start_and_gradients_flow():
+    model = qa_model().train()
+    input_ids, attention_mask = make_batch(100)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, start_positions=torch.tensor([3, 10]),
+                end_positions=torch.tensor([7, 12]))
+    # Ends before the gold start and padding are impossible.
+    lowest = torch.finfo(out.end_logits.dtype).min
+    assert (out.end_logits[0, :3] == lowest).all() and (out.end_logits[0, 3:] > lowest).all()
+    assert (out.end_logits[1][~attention_mask[1].bool()] == lowest).all()
+    other = model(input_ids=input_ids, attention_mask=attention_mask, start_positions=torch.tensor([5, 10]),
+                  end_positions=torch.tensor([7, 12]))
+    assert not torch.allclose(out.end_logits[0, 5:], other.end_logits[0, 5:])  # the end depends on the start
+    torch.testing.assert_close(out.end_logits[1], other.end_logits[1])
+    out.loss.backward()
+    for name in ("qa_start.weight", "qa_end.dense.weight", "qa_end.out.weight",
+                 "longbird.encoder.layer.0.attention.self.query.weight"):
+        assert model.get_parameter(name).grad.abs().sum() > 0, name
+
+
+def test_decoding_outputs_end_logits_for_each_top_start():
+    model = qa_model().eval()
+    input_ids, attention_mask = make_batch(100)
+    with torch.no_grad():
+        out = model(input_ids=input_ids, attention_mask=attention_mask, top_k=3)
+    assert out.start_top_index.shape == (2, 3) and out.end_top_logits.shape == (2, 3, 100)
+    torch.testing.assert_close(out.start_top_index[:, 0], out.start_logits.argmax(dim=-1))
+    hidden = model.longbird(input_ids, attention_mask).last_hidden_state
+    expected = model.qa_end(hidden, out.start_top_index)
+    allowed = out.end_top_logits > torch.finfo(out.end_top_logits.dtype).min
+    torch.testing.assert_close(out.end_top_logits[allowed], expected[allowed])
+
+
+@pytest.mark.parametrize("qa_head", ["conditional", "linear"])
+def test_both_heads_save_and_load(tmp_path, qa_head):
+    model = qa_model(qa_head).eval()
+    model.save_pretrained(tmp_path)
+    loaded = longbird.LongBirdForQuestionAnswering.from_pretrained(tmp_path).eval()
+    input_ids, attention_mask = make_batch(70)
+    with torch.no_grad():
+        a, b = model(input_ids=input_ids, attention_mask=attention_mask), loaded(input_ids=input_ids,
+                                                                                   attention_mask=attention_mask)
+    torch.testing.assert_close(a.start_logits, b.start_logits)
+    torch.testing.assert_close(a.end_top_logits, b.end_top_logits)
+
+
+class GoldLogits:
+    """A stand-in model whose logits point at a chosen (window, start, end): decoding must recover that span."""
+
+    def __init__(self, gold: dict[int, tuple[int, int]], top_k=3):
+        self.gold = gold
+        self.config = SimpleNamespace(qa_top_k=top_k, pad_token_id=0)
+        self.calls = 0
+
+    def eval(self):
+        return self
+
+    def __call__(self, input_ids, attention_mask, top_k, token_type_ids=None):
+        batch, length = input_ids.shape
+        start = torch.zeros(batch, length)
+        end = torch.zeros(batch, top_k, length)
+        top = torch.arange(top_k).repeat(batch, 1) + 1
+        for row in range(batch):
+            window = self.calls + row
+            if window in self.gold:
+                s, e = self.gold[window]
+                start[row, s] = 10.0
+                top[row, 0] = s
+                end[row, 0, e] = 10.0
+        self.calls += batch
+        return LongBirdQuestionAnsweringOutput(start_logits=start, end_logits=end[:, 0], start_top_index=top,
+                                               end_top_logits=end)
+
+
+def test_gold_logits_decode_to_the_gold_answer_text_of_a_real_page():
+    tokenizer = AutoTokenizer.from_pretrained(default_source(), local_files_only=True)
+    tokenizer.model_max_length = 1 << 20
+    add_tag_tokens(tokenizer)
+    record = json.loads((KORQUAD / "korquad2.1_train_00.json").read_text(encoding="utf-8"))["data"][0]
+    qa = record["qas"][0]
+    document = preprocess_html(record["context"])
+    span = (qa["answer"]["answer_start"], qa["answer"]["answer_start"] + len(qa["answer"]["text"]))
+    features = make_features(tokenizer, qa["id"], qa["question"], document, 256, 64, span)
+    gold = {i: (f.start_position, f.end_position) for i, f in enumerate(features) if f.start_position > 0}
+    assert gold
+    answers = predict_features(GoldLogits(gold), features, {qa["id"]: document}, batch_size=3)
+    answer = answers[qa["id"]]
+    assert answer.text == qa["answer"]["text"] == record["context"][answer.start:answer.end]
+    assert answer.window_index in gold
+
+
+def test_decode_window_respects_order_length_and_context():
+    feature = SimpleNamespace(input_ids=[0] * 6, offsets=[None, (0, 1), (1, 2), (2, 3), (3, 4), None])
+    start_logits = torch.tensor([9.0, 1.0, 2.0, 0.0, 0.0, 9.0])
+    # Row k holds the end logits given the k-th best start (here starts 2, then 1).
+    end_top = torch.tensor([[0.0, 5.0, 0.0, 1.0, 3.0, 9.0], [0.0, 0.0, 0.0, 3.5, 7.0, 0.0]])
+    candidates = decode_window(feature, torch.tensor([2, 1]), end_top, start_logits, top_k=6, max_answer_tokens=3)
+    spans = [(s, e) for _, s, e in candidates]
+    assert spans[0] == (2, 4) and candidates[0][0] == 2.0 + 3.0
+    assert spans[1] == (1, 3)  # 1 + 3.5
+    assert (2, 1) not in spans  # the end precedes the start (its logit 5 is ignored)
+    assert (2, 5) not in spans  # [SEP] is outside the document
+    assert (1, 4) not in spans  # four tokens > max_answer_tokens, despite the best end logit

@@ -1,0 +1,150 @@
+"""finetune-qa -> evaluate -> answer, and finetune-cls -> evaluate, end to end on a tiny model with real text."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer, BertConfig, BertModel
+from typer.testing import CliRunner
+
+from longbird.cli import app
+from longbird.convert import default_source
+from longbird.heads import LongBirdForQuestionAnswering
+from longbird.workflows import check_tokenizer
+
+runner = CliRunner()
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+PAGES = [SHARED / "korquad" / "korquad2.1_dev_00.json", SHARED / "korquad" / "korquad2.1_train_00.json"]
+
+
+@pytest.fixture(scope="module")
+def tiny_source(tmp_path_factory):
+    """A tiny random BERT (hidden 32, L = 64) with the real all-MiniLM-L6-v2 WordPiece tokenizer."""
+    path = tmp_path_factory.mktemp("tiny-source")
+    tokenizer = AutoTokenizer.from_pretrained(default_source(), local_files_only=True)
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         intermediate_size=64, max_position_embeddings=64)).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_qa(tiny_source, tmp_path_factory):
+    out = tmp_path_factory.mktemp("qa") / "model"
+    result = runner.invoke(app, ["finetune-qa", "--model", str(tiny_source), "--preset", "kobigbird",
+                                 "--max-length", "256", "--train", str(PAGES[0]), "--train", str(PAGES[1]),
+                                 "--out", str(out), "--max-steps", "3", "--batch-size", "2",
+                                 "--negative-fraction", "0.5", "--padding-insertion"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_finetune_qa_saves_model_tokenizer_and_summary(tiny_qa):
+    config = json.loads((tiny_qa / "config.json").read_text())
+    assert config["model_type"] == "longbird" and config["qa_head"] == "conditional"
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qa)
+    assert tokenizer.convert_tokens_to_ids("[table]") != tokenizer.unk_token_id  # HTML tag tokens were added
+    model = LongBirdForQuestionAnswering.from_pretrained(tiny_qa)
+    check_tokenizer(model, tokenizer)
+    summary = json.loads((tiny_qa / "longbird_finetune.json").read_text())
+    assert summary["train_examples"] == 3 and 0 < summary["training_windows"] < summary["windows"]
+    assert not any(p.name.startswith(".") for p in tiny_qa.parent.iterdir())  # no work or partial dirs left
+
+
+def test_finetune_qa_refuses_to_overwrite(tiny_qa, tiny_source):
+    result = runner.invoke(app, ["finetune-qa", "--model", str(tiny_source), "--train", str(PAGES[0]),
+                                 "--out", str(tiny_qa), "--max-steps", "1"])
+    assert result.exit_code != 0 and "already exists" in str(result.exception)
+
+
+def test_evaluate_writes_predictions_and_official_metrics(tiny_qa, tmp_path):
+    result = runner.invoke(app, ["evaluate", "--model", str(tiny_qa), "--data", str(PAGES[0]),
+                                 "--out", str(tmp_path / "eval")])
+    assert result.exit_code == 0, result.output
+    predictions = json.loads((tmp_path / "eval" / "predictions.json").read_text())
+    metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    context = json.loads(PAGES[0].read_text(encoding="utf-8"))["data"][0]["context"]
+    assert set(predictions) == {"66678", "57677"} and set(metrics) == {"exact_match", "f1"}
+    for text in predictions.values():
+        assert text and text in context and "[p]" not in text
+
+
+def test_answer_reads_an_html_page_and_reports_the_span(tiny_qa, tmp_path):
+    context = json.loads(PAGES[1].read_text(encoding="utf-8"))["data"][0]["context"]
+    page = tmp_path / "page.html"
+    page.write_text(context, encoding="utf-8")
+    result = runner.invoke(app, ["answer", "--model", str(tiny_qa), "--document", str(page),
+                                 "--question", "T-X의 초기 물량은 몇 대입니까?", "--json"])
+    assert result.exit_code == 0, result.output
+    answer = json.loads(result.output[result.output.index('{"answer"'):])
+    assert answer["answer"] == context[answer["start"]:answer["end"]] and answer["answer"]
+    plain = tmp_path / "page.txt"
+    plain.write_text("T-X 프로그램은 미국 공군의 고등훈련기 교체 사업이다. 초기 물량은 350대이다.", encoding="utf-8")
+    result = runner.invoke(app, ["answer", "--model", str(tiny_qa), "--document", str(plain), "--question", "몇 대?"])
+    assert result.exit_code == 0 and "characters" in result.output
+
+
+def test_tokenizer_model_mismatch_is_named(tiny_qa):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qa)
+    tokenizer.add_tokens(["[new-token]"])
+    with pytest.raises(ValueError, match="tokenizer/model mismatch"):
+        check_tokenizer(LongBirdForQuestionAnswering.from_pretrained(tiny_qa), tokenizer)
+
+
+def _law_and_bill_documents(path: Path):
+    """Real documents: chunks of the constitution (law) and National Assembly bills (bill)."""
+    law = (SHARED / "konlpy-corpus" / "kolaw" / "constitution.txt").read_text(encoding="utf-8")
+    records = [{"text": law[i:i + 600], "label": "law"} for i in range(0, 3000, 600)]
+    for bill in sorted((SHARED / "konlpy-corpus" / "kobill").glob("*.txt"))[:5]:
+        records.append({"text": bill.read_text(encoding="utf-8")[:900], "label": "bill"})
+    path.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in records), encoding="utf-8")
+    return path
+
+
+def test_classification_finetune_and_evaluate(tiny_source, tmp_path):
+    data = _law_and_bill_documents(tmp_path / "docs.jsonl")
+    result = runner.invoke(app, ["finetune-cls", "--model", str(tiny_source), "--max-length", "256",
+                                 "--train", str(data), "--out", str(tmp_path / "cls"), "--max-steps", "2"])
+    assert result.exit_code == 0, result.output
+    config = json.loads((tmp_path / "cls" / "config.json").read_text())
+    assert config["id2label"] == {"0": "bill", "1": "law"}
+    result = runner.invoke(app, ["evaluate", "--task", "classification", "--model", str(tmp_path / "cls"),
+                                 "--data", str(data), "--out", str(tmp_path / "cls-eval")])
+    assert result.exit_code == 0, result.output
+    metrics = json.loads((tmp_path / "cls-eval" / "metrics.json").read_text())
+    predictions = json.loads((tmp_path / "cls-eval" / "predictions.json").read_text())
+    assert len(predictions) == 10 and set(predictions) <= {"law", "bill"}
+    assert 0.0 <= metrics["macro_f1"] <= 1.0 and metrics["accuracy"] == pytest.approx(
+        sum(p == g for p, g in zip(predictions, ["law"] * 5 + ["bill"] * 5)) / 10)
+
+
+def test_long_documents_are_mean_pooled_over_windows(tiny_source, tmp_path):
+    from longbird.data.classification import document_windows
+    from longbird.heads import LongBirdForSequenceClassification
+    from longbird.training.finetune import PaddedBatches
+    from longbird.workflows import load_task_model, predict_documents
+
+    model, tokenizer = load_task_model(tiny_source, LongBirdForSequenceClassification, "kobigbird", 256,
+                                       num_labels=2)
+    model.eval()
+    text = (SHARED / "konlpy-corpus" / "kolaw" / "constitution.txt").read_text(encoding="utf-8")[:2000]
+    windows = document_windows(tokenizer, text, 256, stride=32)
+    assert len(windows) > 3
+    pooled = predict_documents(model, tokenizer, [text], 256, stride=32)[0]
+    with torch.no_grad():
+        each = model(**PaddedBatches(0)(windows)).logits
+    torch.testing.assert_close(pooled, each.mean(dim=0))
+
+
+def test_malformed_classification_records_are_named(tmp_path):
+    from longbird.data.classification import read_classification
+    from longbird.data.korquad import MalformedRecordError
+
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "좋은 문서", "label": "a"}\n{"text": "", "label": "b"}\n', encoding="utf-8")
+    with pytest.raises(MalformedRecordError, match="record 1 of bad.jsonl"):
+        read_classification(path)
+    with pytest.raises(MalformedRecordError, match="no 'category' field"):
+        read_classification(path, label_field="category")
