@@ -48,3 +48,15 @@ def test_probability_zero_and_eval_mode_leave_positions_plain(tokenizer):
 def test_bad_arguments():
     with pytest.raises(ValueError, match=r"probability must lie in \[0, 1\]; got 1.5"):
         PaddingInsertion([1], probability=1.5)
+
+
+def test_gaps_shrink_to_fit_a_learned_position_table():
+    """Absolute positions have max_positions rows: gaps are scaled so no id runs past the table."""
+    input_ids = torch.full((3, 40), 7)
+    input_ids[:, ::4] = 1  # a sentence end every 4 tokens
+    free = PaddingInsertion([1], probability=1.0, max_gap=256, seed=0)(dict(input_ids=input_ids))["position_ids"]
+    fitted = PaddingInsertion([1], probability=1.0, max_gap=256, seed=0, max_positions=128)(
+        dict(input_ids=input_ids))["position_ids"]
+    assert free.max() > 127 and fitted.max() <= 127
+    assert (fitted.diff(dim=1) >= 1).all()  # still strictly increasing: gaps shrink, tokens never collide
+    assert (fitted[:, -1] > 39).all()  # and some gap survives

@@ -1,0 +1,175 @@
+"""E4 whole-article KorQuAD 1.0: truncation at 512 vs sliding windows at 512 vs long models at 4096.
+
+The 140 KorQuAD 1.0 dev articles are joined into whole-article contexts and split by article (seed 0,
+20 % dev). Every method starts from the embedded all-MiniLM-L6-v2 and fine-tunes on the same training
+questions for the same number of epochs; only how a document is cut into windows and the model differ:
+- truncate-512: the source length (full attention), first window only; an answer past it labels [CLS].
+- sliding-512: windows of 512 with doc_stride 128 (shared tokens), predictions merged over windows.
+- kobigbird-4096 / littlebird-4096: windows of 4096 (converted models; no distillation or continued
+  pretraining, which later issues add).
+Windows without the answer are kept with probability `--negative-fraction` in training (all are used at
+evaluation). Scores are the official KorQuAD 1.0 EM/F1, overall and by where the answer starts: inside
+the first 512 tokens of [CLS] question [SEP] document, or beyond.
+
+Usage: python experiments/e4_korquad_articles.py [--train-questions 400] [--dev-questions 250] [--epochs 1]
+Writes experiments/results/e4_korquad_articles.{json,md,png}; models go to experiments/runs/e4/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "data"
+sys.path.insert(0, str(ROOT / "src"))
+
+from longbird.convert import convert, default_source  # noqa: E402
+from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # noqa: E402
+from longbird.files import write_file_atomically  # noqa: E402
+from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
+from longbird.qa import predict_rows  # noqa: E402
+from longbird.training.finetune import FinetuneSettings  # noqa: E402
+from longbird.workflows import finetune_qa, load_task_model, score_predictions  # noqa: E402
+
+# name: (preset, model length, window, doc_stride, max_windows)
+METHODS = {
+    "truncate-512": ("full", 512, 512, 128, 1),
+    "sliding-512": ("full", 512, 512, 128, None),
+    "kobigbird-4096": ("kobigbird", 4096, 4096, None, None),
+    "littlebird-4096": ("littlebird", 4096, 4096, None, None),
+}
+SOURCE_WINDOW = 512
+
+
+def answer_buckets(rows, tokenizer) -> dict[str, str]:
+    """'first 512' if the answer starts inside the first 512 tokens of [CLS] question [SEP] document."""
+    buckets = {}
+    for row in rows:
+        before = row["context"][:row["answers"]["answer_start"][0]]
+        position = (len(tokenizer(row["question"], add_special_tokens=False, verbose=False)["input_ids"]) + 2
+                    + len(tokenizer(before, add_special_tokens=False, verbose=False)["input_ids"]))
+        buckets[row["id"]] = "first 512" if position < SOURCE_WINDOW - 1 else "beyond 512"
+    return buckets
+
+
+def converted(preset: str, max_length: int, work: Path) -> Path:
+    path = work / "converted" / f"{preset}-{max_length}"
+    if not path.exists():
+        from transformers import AutoTokenizer
+
+        convert(default_source(), preset=preset, max_length=max_length).save_pretrained(path)
+        AutoTokenizer.from_pretrained(default_source()).save_pretrained(path)
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--train-questions", type=int, default=400)
+    parser.add_argument("--dev-questions", type=int, default=250)
+    parser.add_argument("--epochs", type=float, default=1.0)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--learning-rate", type=float, default=1e-4)
+    parser.add_argument("--negative-fraction", type=float, default=0.1)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS))
+    parser.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
+    parser.add_argument("--work", type=Path, default=ROOT / "experiments" / "runs" / "e4")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    started = time.time()
+    rows, _ = read_korquad_v1_articles(SHARED / "korquad" / "KorQuAD_v1.0_dev.json")
+    split = split_by_title(rows, dev_fraction=0.2, seed=0)
+    train = split["train"].shuffle(seed=0).select(range(min(args.train_questions, len(split["train"]))))
+    dev = split["dev"].shuffle(seed=0).select(range(min(args.dev_questions, len(split["dev"]))))
+    _, tokenizer = load_task_model(default_source(), LongBirdForQuestionAnswering, "full", 512)
+    buckets = answer_buckets(dev, tokenizer)
+    results_path = args.out / "e4_korquad_articles.json"
+    results = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
+               "settings": vars(args) | {"out": str(args.out), "work": str(args.work)},
+               "train_questions": len(train), "train_articles": len(set(train["title"])),
+               "dev_questions": len(dev), "dev_articles": len(set(dev["title"])),
+               "dev_bucket_sizes": {b: list(buckets.values()).count(b) for b in ("first 512", "beyond 512")},
+               "methods": {}}
+    for name in args.methods:
+        preset, max_length, window, stride, max_windows = METHODS[name]
+        run_dir = args.work / name
+        train_started = time.time()
+        settings = FinetuneSettings(learning_rate=args.learning_rate, epochs=args.epochs, batch_size=args.batch_size,
+                                    progress=False, logging_steps=50)
+        metrics = finetune_qa(converted(preset, max_length, args.work), train, run_dir, data_format="korquad1-articles",
+                              window_length=window, doc_stride=stride, max_windows=max_windows,
+                              negative_fraction=args.negative_fraction, settings=settings, overwrite=True)
+        train_seconds = time.time() - train_started
+        model, tokenizer = load_task_model(run_dir, LongBirdForQuestionAnswering)
+        eval_started = time.time()
+        answers = predict_rows(model, tokenizer, dev, window, stride, max_windows, batch_size=2)
+        predictions = {row["id"]: answers[row["id"]].text if row["id"] in answers else "" for row in dev}
+        scores = {"all": score_predictions(predictions, dev, "korquad1-articles")}
+        for bucket in ("first 512", "beyond 512"):
+            subset = dev.filter(lambda row: buckets[row["id"]] == bucket)
+            if len(subset):
+                scores[bucket] = score_predictions(predictions, subset, "korquad1-articles")
+        results["methods"][name] = {
+            "scores": scores, "train_seconds": train_seconds, "eval_seconds": time.time() - eval_started,
+            "training_windows": metrics["training_windows"], "train_loss": metrics["train_loss"],
+            "window": window, "doc_stride": stride, "max_windows": max_windows,
+        }
+        print(name, json.dumps(results["methods"][name]["scores"]), flush=True)
+        write_file_atomically(args.out / "e4_predictions" / f"{name}.json",
+                              json.dumps(predictions, ensure_ascii=False, indent=1) + "\n")
+        _write(results, args.out, started)
+
+
+def _write(results: dict, out: Path, started: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results["wall_seconds"] = time.time() - started
+    results["torch_threads"] = torch.get_num_threads()
+    s = results["settings"]
+    sizes = results["dev_bucket_sizes"]
+    lines = [f"Command: `{results['command']}`  ",
+             f"Source all-MiniLM-L6-v2; {results['train_questions']} training questions "
+             f"({results['train_articles']} articles), {s['epochs']:g} epoch(s), batch {s['batch_size']}, lr "
+             f"{s['learning_rate']:g}, negative windows kept with p = {s['negative_fraction']:g}; "
+             f"{results['dev_questions']} dev questions ({results['dev_articles']} unseen articles: "
+             f"{sizes['first 512']} answers in the first 512 tokens, {sizes['beyond 512']} beyond); "
+             f"{results['torch_threads']} CPU threads, {results['wall_seconds'] / 60:.0f} min wall.", "",
+             "| method | EM | F1 | EM first 512 | F1 first 512 | EM beyond 512 | F1 beyond 512 | training windows "
+             "| train min | eval min |", "|---|" + "---:|" * 9]
+    for name, method in results["methods"].items():
+        cells = []
+        for bucket in ("all", "first 512", "beyond 512"):
+            score = method["scores"].get(bucket)
+            cells += [f"{score['exact_match']:.1f}", f"{score['f1']:.1f}"] if score else ["", ""]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {method['training_windows']} | "
+                     f"{method['train_seconds'] / 60:.1f} | {method['eval_seconds'] / 60:.1f} |")
+    write_file_atomically(out / "e4_korquad_articles.md", "\n".join(lines) + "\n")
+    write_file_atomically(out / "e4_korquad_articles.json", json.dumps(results, indent=2) + "\n")
+    names = list(results["methods"])
+    figure, axis = plt.subplots(figsize=(8, 4.5))
+    width = 0.27
+    for offset, bucket in enumerate(("all", "first 512", "beyond 512")):
+        values = [results["methods"][n]["scores"].get(bucket, {}).get("f1", 0.0) for n in names]
+        axis.bar([i + (offset - 1) * width for i in range(len(names))], values, width, label=f"F1 {bucket}")
+    axis.set_xticks(range(len(names)), names)
+    axis.set_ylabel("KorQuAD 1.0 F1 (%)")
+    axis.set_title("E4: whole-article KorQuAD 1.0 (all-MiniLM-L6-v2 source)")
+    axis.legend()
+    axis.grid(axis="y", alpha=0.3)
+    figure.tight_layout()
+    staging = out / ".e4_korquad_articles.partial.png"
+    figure.savefig(staging, dpi=110)
+    staging.replace(out / "e4_korquad_articles.png")
+    plt.close(figure)
+
+
+if __name__ == "__main__":
+    main()
