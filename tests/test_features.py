@@ -99,3 +99,15 @@ def test_label_window_by_hand():
     assert label_window(offsets, (2, 6)) == (3, 4)
     assert label_window(offsets, (6, 9)) == (0, 0)  # runs past the window
     assert label_window([None, None], (0, 1)) == (0, 0)
+
+
+def test_unreachable_answers_are_reported(tokenizer, caplog):
+    document = preprocess_html("<div class='toc'>Seoul</div><p>capital Seoul</p>")
+    with caplog.at_level("WARNING"):
+        features = make_features(tokenizer, "toc-answer", "capital?", document, 64, 8, (17, 22))
+    assert all(f.start_position == 0 for f in features) and "toc-answer" in caplog.text
+    long_text = plain_document(" ".join(f"w{i}" for i in range(300)))
+    start = long_text.text.index("w40 ")
+    with caplog.at_level("WARNING"):
+        make_features(tokenizer, "long-answer", "q", long_text, 64, 8, (start, start + 200))
+    assert "long-answer" in caplog.text and "fits in no window" in caplog.text

@@ -96,7 +96,7 @@ class GoldLogits:
     def eval(self):
         return self
 
-    def __call__(self, input_ids, attention_mask, top_k, token_type_ids=None):
+    def __call__(self, input_ids, attention_mask, top_k, token_type_ids=None, start_candidates=None):
         batch, length = input_ids.shape
         start = torch.zeros(batch, length)
         end = torch.zeros(batch, top_k, length)
@@ -142,3 +142,48 @@ def test_decode_window_respects_order_length_and_context():
     assert (2, 1) not in spans  # the end precedes the start (its logit 5 is ignored)
     assert (2, 5) not in spans  # [SEP] is outside the document
     assert (1, 4) not in spans  # four tokens > max_answer_tokens, despite the best end logit
+
+
+def test_a_tag_only_best_span_gives_way_to_the_next_candidate():
+    """If the best span holds only tag tokens ("[td]"), the next candidate of the window is taken."""
+    document = preprocess_html("<table><tr><td>Seoul</td></tr></table>")
+    assert document.text == "[table] [tr] [td] Seoul"
+    td = document.text.index("[td]")
+    seoul = document.text.index("Seoul")
+    feature = SimpleNamespace(example_id="q", input_ids=[0] * 4, window_index=0, token_type_ids=None,
+                              offsets=[None, (td, td + 4), (seoul, seoul + 5), None])
+    gold = {0: (1, 1)}
+    model = GoldLogits(gold, top_k=2)
+    original = model.__call__
+
+    def with_runner_up(**batch):
+        out = original(**batch)
+        out.start_top_index[0, 1] = 1
+        out.end_top_logits[0, 1, 2] = 5.0  # [td] Seoul, second best
+        return out
+
+    answers = predict_features(_Callable(with_runner_up, model.config), [feature], {"q": document}, batch_size=1)
+    assert answers["q"].text == "Seoul"
+
+
+class _Callable:
+    def __init__(self, function, config):
+        self.function, self.config = function, config
+
+    def eval(self):
+        return self
+
+    def __call__(self, **batch):
+        return self.function(**batch)
+
+
+def test_start_candidates_restrict_the_top_starts_only():
+    model = qa_model().eval()
+    input_ids, attention_mask = make_batch(60)
+    allowed = torch.zeros(2, 60, dtype=torch.bool)
+    allowed[:, 20:30] = True
+    with torch.no_grad():
+        free = model(input_ids=input_ids, attention_mask=attention_mask, top_k=4)
+        limited = model(input_ids=input_ids, attention_mask=attention_mask, top_k=4, start_candidates=allowed)
+    assert ((limited.start_top_index >= 20) & (limited.start_top_index < 30)).all()
+    torch.testing.assert_close(free.start_logits, limited.start_logits)

@@ -214,7 +214,8 @@ def finetune_qa(
     negative_fraction: float = typer.Option(1.0, help="Keep this fraction of windows without the answer"),
     max_examples: Optional[int] = typer.Option(None, help="Use only the first N questions"),
     split: Optional[str] = typer.Option(None, help="train or dev: one side of the fixed by-article split"),
-    qa_head: str = typer.Option("conditional", help="conditional (start, then end given start) or linear"),
+    qa_head: Optional[str] = typer.Option(None, help="conditional (start, then end given start; the default for "
+                                                      "new heads) or linear; a saved head is kept unless given"),
     learning_rate: float = typer.Option(5e-5), epochs: float = typer.Option(1.0),
     max_steps: int = typer.Option(-1, help="Stop after N optimiser steps (overrides --epochs)"),
     batch_size: int = typer.Option(4), seed: int = typer.Option(0),

@@ -138,7 +138,9 @@ class LongBirdForQuestionAnswering(LongBirdPreTrainedModel):
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, start_positions=None, end_positions=None, output_hidden_states=None,
-                return_dict=None, top_k: int | None = None, **kwargs):
+                return_dict=None, top_k: int | None = None, start_candidates=None, **kwargs):
+        """`start_candidates` (B, l) bool, optional: where the k best starts may be picked (e.g. the document
+        tokens when decoding); the returned `start_logits` are not restricted by it."""
         outputs = self.longbird(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                                 output_hidden_states=output_hidden_states)
         hidden = outputs.last_hidden_state
@@ -146,6 +148,7 @@ class LongBirdForQuestionAnswering(LongBirdPreTrainedModel):
         valid = (attention_mask.bool() if attention_mask is not None
                  else torch.ones(batch, length, dtype=torch.bool, device=hidden.device))
         top_k = min(top_k or self.config.qa_top_k, length)
+        candidates = valid if start_candidates is None else valid & start_candidates.bool()
         labelled = start_positions is not None and end_positions is not None
         if labelled:
             start_positions = start_positions.clamp(0, length - 1)
@@ -153,11 +156,11 @@ class LongBirdForQuestionAnswering(LongBirdPreTrainedModel):
         if self.config.qa_head == "linear":
             start_logits, end_logits = self.qa_outputs(hidden).unbind(dim=-1)
             start_logits, end_logits = _masked(start_logits, valid), _masked(end_logits, valid)
-            start_top_index = start_logits.topk(top_k, dim=-1).indices
+            start_top_index = _masked(start_logits, candidates).topk(top_k, dim=-1).indices
             end_top_logits = end_logits[:, None].expand(-1, top_k, -1)
         else:
             start_logits = _masked(self.qa_start(hidden).squeeze(-1), valid)
-            start_top_index = start_logits.topk(top_k, dim=-1).indices
+            start_top_index = _masked(start_logits, candidates).topk(top_k, dim=-1).indices
             positions = torch.arange(length, device=hidden.device)
             end_top_logits = None
             if not (labelled and self.training):  # decoding needs ends for the k best starts

@@ -243,6 +243,8 @@ class LongBirdPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = False
     _supports_sdpa = True
     _supports_attention_backend = True
+    # Heads return a mean loss; Trainer must still divide it for gradient accumulation.
+    accepts_loss_kwargs = False
 
     @torch.no_grad()
     def _init_weights(self, module):

@@ -61,6 +61,14 @@ def _collate(features: list[QAFeature], pad_token_id: int) -> dict[str, torch.Te
     return batch
 
 
+def _document_tokens(features: list[QAFeature], length: int) -> torch.Tensor:
+    """(B, l) bool: tokens of the document part, the only places an answer may start."""
+    mask = torch.zeros(len(features), length, dtype=torch.bool)
+    for row, feature in enumerate(features):
+        mask[row, :len(feature.offsets)] = torch.tensor([offset is not None for offset in feature.offsets])
+    return mask
+
+
 @torch.no_grad()
 def predict_features(model, features: list[QAFeature], documents: dict[str, ProcessedDocument],
                      batch_size: int = 4, top_k: int | None = None,
@@ -73,22 +81,22 @@ def predict_features(model, features: list[QAFeature], documents: dict[str, Proc
     batches = range(0, len(features), batch_size)
     for begin in tqdm(batches, desc="predicting", unit="batch", disable=not progress):
         chunk = features[begin:begin + batch_size]
-        out = model(**_collate(chunk, pad), top_k=top_k)
+        batch = _collate(chunk, pad)
+        out = model(**batch, top_k=top_k, start_candidates=_document_tokens(chunk, batch["input_ids"].shape[1]))
         for row, feature in enumerate(chunk):
             candidates = decode_window(feature, out.start_top_index[row], out.end_top_logits[row].float(),
                                        out.start_logits[row].float(), top_k, max_answer_tokens)
-            if not candidates:
-                continue
-            score, start, end = candidates[0]
-            current = best.get(feature.example_id)
-            if current is not None and current.score >= score:
-                continue
             document = documents[feature.example_id]
-            span = document.to_source_span(feature.offsets[start][0], feature.offsets[end][1])
-            if span is None:  # the span holds only tag tokens
-                continue
-            best[feature.example_id] = Answer(document.source[span[0]:span[1]], span[0], span[1], score,
-                                              feature.window_index)
+            for score, start, end in candidates:
+                current = best.get(feature.example_id)
+                if current is not None and current.score >= score:
+                    break
+                span = document.to_source_span(feature.offsets[start][0], feature.offsets[end][1])
+                if span is None:  # only tag tokens: try the next candidate
+                    continue
+                best[feature.example_id] = Answer(document.source[span[0]:span[1]], span[0], span[1], score,
+                                                  feature.window_index)
+                break
     return best
 
 

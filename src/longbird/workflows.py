@@ -61,28 +61,28 @@ def check_tokenizer(model, tokenizer) -> None:
                          f"embedding table has {rows} rows; use the tokenizer saved with the model")
 
 
-def read_qa_data(path, data_format: str, split: str | None = None) -> Dataset:
-    """Questions of a dataset in one of DATA_FORMATS; `split` ("train"/"dev") takes one side of the fixed
-    by-article split (`split_by_title`, seed 0, 20 % dev)."""
+def read_qa_data(path, data_format: str, split: str | None = None) -> tuple[Dataset, int]:
+    """(questions, number of skipped records) of a dataset in one of DATA_FORMATS; `split` ("train"/"dev")
+    takes one side of the fixed by-article split (`split_by_title`, seed 0, 20 % dev)."""
     if data_format == "korquad2":
-        rows = read_korquad_v2(path)[0]
+        rows, skipped = read_korquad_v2(path)
     elif data_format in ("korquad1-articles", "squad"):
         if isinstance(path, (list, tuple)):
             raise ValueError(f"{data_format} data is one JSON file; got {len(path)} paths")
-        rows = read_korquad_v1_articles(path)[0]
+        rows, skipped = read_korquad_v1_articles(path)
     else:
         raise ValueError(f"unknown data format {data_format!r}; use one of {DATA_FORMATS}")
     if split is None:
-        return rows
+        return rows, len(skipped)
     if split not in ("train", "dev"):
         raise ValueError(f"split must be train or dev; got {split!r}")
-    return split_by_title(rows)[split]
+    return split_by_title(rows)[split], len(skipped)
 
 
 def finetune_qa(model_path, train_data, out: str | Path, data_format: str = "korquad2", preset: str = "kobigbird",
                 max_length: int = 4096, window_length: int | None = None, doc_stride: int | None = None,
                 max_windows: int | None = None, negative_fraction: float = 1.0, max_examples: int | None = None,
-                settings: FinetuneSettings | None = None, overwrite: bool = False, qa_head: str = "conditional",
+                settings: FinetuneSettings | None = None, overwrite: bool = False, qa_head: str | None = None,
                 split: str | None = None) -> dict:
     """Fine-tune a QA model and save it (with its tokenizer, which gains the HTML tag tokens) to `out`. `window_length` (default: the model's
     maximum) is the feature window; `max_windows=1` trains on the first window only (truncation)."""
@@ -90,10 +90,11 @@ def finetune_qa(model_path, train_data, out: str | Path, data_format: str = "kor
     out = Path(out)
     if out.exists() and not overwrite:
         raise FileExistsError(f"output directory {out} already exists; pass --overwrite to replace it")
-    rows = train_data if isinstance(train_data, Dataset) else read_qa_data(train_data, data_format, split)
+    rows = train_data if isinstance(train_data, Dataset) else read_qa_data(train_data, data_format, split)[0]
     if max_examples is not None:
         rows = rows.select(range(min(max_examples, len(rows))))
-    model, tokenizer = load_task_model(model_path, LongBirdForQuestionAnswering, preset, max_length, qa_head=qa_head)
+    overrides = {"qa_head": qa_head} if qa_head else {}  # a saved head is kept unless another is asked for
+    model, tokenizer = load_task_model(model_path, LongBirdForQuestionAnswering, preset, max_length, **overrides)
     add_tag_tokens(tokenizer, model)  # always, so the model can read HTML pages later (`longbird answer`)
     check_tokenizer(model, tokenizer)
     window_length = window_length or model.config.max_position_embeddings
@@ -119,7 +120,7 @@ def evaluate_qa(model_path, data, data_format: str = "korquad2", window_length: 
                 split: str | None = None) -> dict:
     """Predict every question and score with the official metric of the format. With `out`, writes
     predictions.json ({id: text}) and metrics.json there (atomically)."""
-    rows = data if isinstance(data, Dataset) else read_qa_data(data, data_format, split)
+    rows, skipped = (data, 0) if isinstance(data, Dataset) else read_qa_data(data, data_format, split)
     if max_examples is not None:
         rows = rows.select(range(min(max_examples, len(rows))))
     model, tokenizer = load_task_model(model_path, LongBirdForQuestionAnswering)
@@ -129,6 +130,10 @@ def evaluate_qa(model_path, data, data_format: str = "korquad2", window_length: 
                            progress=progress)
     predictions = {row["id"]: answers[row["id"]].text if row["id"] in answers else "" for row in rows}
     metrics = score_predictions(predictions, rows, data_format)
+    if skipped:  # as the official scripts do, a question we could not read scores 0
+        kept = len(rows) / (len(rows) + skipped)
+        metrics = {"exact_match": metrics["exact_match"] * kept, "f1": metrics["f1"] * kept,
+                   "skipped_questions": skipped}
     if out is not None:
         out = Path(out)
         write_file_atomically(out / "predictions.json", json.dumps(predictions, ensure_ascii=False, indent=1))

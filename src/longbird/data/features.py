@@ -8,10 +8,12 @@ with [CLS] (index 0) as start and end.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from .html import ProcessedDocument, plain_document, preprocess_html
 
+logger = logging.getLogger(__name__)
 DEFAULT_DOC_STRIDE = 128
 MAX_QUESTION_TOKENS = 64
 
@@ -82,6 +84,9 @@ def make_features(
     encoded = tokenizer(question, document.text, truncation="only_second", max_length=max_length, stride=stride,
                         return_overflowing_tokens=True, return_offsets_mapping=True)
     target = document.from_source_span(*answer_span) if answer_span is not None else None
+    if answer_span is not None and target is None:
+        logger.warning("the answer of %s lies in content dropped by preprocessing; its windows are unlabelled",
+                       example_id)
     features = []
     for window in range(len(encoded["input_ids"])):
         if max_windows is not None and window >= max_windows:
@@ -95,6 +100,9 @@ def make_features(
         if target is not None:
             feature.start_position, feature.end_position = label_window(offsets, target)
         features.append(feature)
+    if target is not None and not any(f.start_position for f in features) and max_windows is None:
+        logger.warning("the answer of %s fits in no window (doc_stride %d is shorter than the answer); its windows "
+                       "are unlabelled: use a larger --doc-stride", example_id, stride)
     return features
 
 

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import bisect
 import html as html_lib
+import logging
 import re
 import warnings
 from dataclasses import dataclass, field
 
 from bs4 import BeautifulSoup, Comment, Declaration, Doctype, MarkupResemblesLocatorWarning, NavigableString
 from bs4 import ProcessingInstruction, Tag
+
+logger = logging.getLogger(__name__)
 
 # Structural tags kept as tokens (LittleBird A.2; KorQuAD 2.0 baseline).
 TAG_TOKENS = {name: f"[{name}]" for name in ("h1", "h2", "p", "table", "tr", "td", "th", "ul", "ol", "li")}
@@ -36,7 +39,9 @@ _BOILERPLATE_HINT = re.compile(r"(^|[\s_-])(nav|navigation|navbox|footer|toc|sid
 # Elements that separate words visually even without whitespace in the source.
 BLOCK_TAGS = frozenset({"div", "br", "hr", "h3", "h4", "h5", "h6", "dl", "dt", "dd", "caption", "tbody", "thead",
                         "tfoot", "section", "article", "main", "blockquote", "pre", "figure", "figcaption", "img"})
-RAW_TEXT_TAGS = frozenset({"script", "style", "xmp", "plaintext"})
+# Elements whose content the parser keeps as raw text ('<' inside is text, not a tag).
+RAW_TEXT_TAGS = frozenset({"script", "style", "xmp", "plaintext", "textarea", "title", "iframe", "noembed",
+                           "noframes", "noscript"})
 _ENTITY = re.compile(r"&(#[0-9]+;?|#[xX][0-9a-fA-F]+;?|[A-Za-z][A-Za-z0-9]*;?)")
 _COMMENT_END = "-->"
 
@@ -106,21 +111,46 @@ def _is_boilerplate(tag: Tag) -> bool:
 def _skip_markup(source: str, pos: int) -> int:
     """If `source[pos:]` starts with a tag, comment or declaration, return the index after it; else `pos`."""
     if source.startswith("<!--", pos):
-        end = source.find(_COMMENT_END, pos + 4)
-        return len(source) if end < 0 else end + len(_COMMENT_END)
-    if pos + 1 < len(source) and source[pos] == "<" and (source[pos + 1].isalpha() or source[pos + 1] in "/!?"):
-        quote = None
+        for short in ("<!-->", "<!--->"):  # legal empty comments
+            if source.startswith(short, pos):
+                return pos + len(short)
+        ends = [i for i in (source.find("-->", pos + 4), source.find("--!>", pos + 4)) if i >= 0]
+        if not ends:
+            return len(source)
+        end = min(ends)
+        return end + (3 if source.startswith("-->", end) else 4)
+    if pos + 1 < len(source) and source[pos] == "<" and (_is_ascii_letter(source[pos + 1]) or source[pos + 1] in "/!?"):
+        quote, after_equals = None, False
         for i in range(pos + 1, len(source)):
             ch = source[i]
             if quote:
                 if ch == quote:
                     quote = None
-            elif ch in "\"'" and source[i - 1] == "=":
+            elif ch in "\"'" and after_equals:
                 quote = ch
             elif ch == ">":
                 return i + 1
+            if not quote:
+                after_equals = ch == "=" or (after_equals and ch.isspace())
         return len(source)
     return pos
+
+
+def _is_ascii_letter(ch: str) -> bool:
+    return "a" <= ch.lower() <= "z"
+
+
+def _decode_entity(entity: str) -> list[str]:
+    """What a parser may have made of an entity: html.unescape's reading, and for numeric references the raw
+    code point (lxml keeps control characters that Python's unescape drops)."""
+    readings = [html_lib.unescape(entity)]
+    numeric = re.fullmatch(r"&#([xX][0-9a-fA-F]+|[0-9]+);?", entity)
+    if numeric:
+        value = numeric.group(1)
+        code = int(value[1:], 16) if value[0] in "xX" else int(value)
+        if 0 < code <= 0x10FFFF:
+            readings.append(chr(code))
+    return [r for r in readings if r and r != entity]
 
 
 class _Aligner:
@@ -130,29 +160,44 @@ class _Aligner:
         self.source = source
         self.pos = 0
 
+    def _entity_at(self, text: str, i: int) -> tuple[int, str] | None:
+        """(end, decoded) of the character reference at the cursor that yields text[i:...], if any. Without a
+        ';', the shortest reading wins ("&ampy" is "&" then "y"), as browsers read legacy entities."""
+        match = _ENTITY.match(self.source, self.pos)
+        if not match:
+            return None
+        ends = [match.end()] if match.group(0).endswith(";") else range(self.pos + 2, match.end() + 1)
+        for end in ends:
+            decoded = next((d for d in _decode_entity(self.source[self.pos:end]) if text.startswith(d, i)), None)
+            if decoded:
+                return end, decoded
+        return None
+
     def locate(self, text: str, raw_text: bool = False) -> list[tuple[int, int]]:
-        """Source range of each character of `text`. In raw-text elements (script, style) a '<' is text;
-        elsewhere markup is skipped before characters are matched."""
+        """Source range of each character of `text`. Markup is skipped before characters are matched,
+        except inside raw-text elements (script, style, ...) once their first character has matched."""
         source, spans, i = self.source, [], 0
         while i < len(text):
             if self.pos >= len(source):
                 raise HtmlAlignmentError(f"parsed text {text[i:i + 30]!r} not found in the source after offset {self.pos}")
             ch = source[self.pos]
             if ch == "&":
-                match = _ENTITY.match(source, self.pos)
-                if match:
-                    decoded = html_lib.unescape(match.group(0))
-                    if decoded != match.group(0) and text.startswith(decoded, i):
-                        spans.extend([(match.start(), match.end())] * len(decoded))
-                        i += len(decoded)
-                        self.pos = match.end()
-                        continue
-            if ch == "<" and not raw_text:
+                entity = self._entity_at(text, i)
+                if entity:
+                    end, decoded = entity
+                    spans.extend([(self.pos, end)] * len(decoded))
+                    i += len(decoded)
+                    self.pos = end
+                    continue
+            # In raw text, '<' is text once the content has started (or starts right here).
+            raw_here = raw_text and (i > 0 or source.startswith(text[:16], self.pos))
+            if ch == "<" and not raw_here:
                 after = _skip_markup(source, self.pos)
                 if after > self.pos:
                     self.pos = after
                     continue
-            if ch == text[i]:
+            # The parser replaces NUL and may rewrite whitespace in whitespace-only nodes (tab -> space).
+            if ch == text[i] or (ch == "\x00" and text[i] == "\ufffd") or (ch.isspace() and text[i].isspace()):
                 spans.append((self.pos, self.pos + 1))
                 i += 1
                 self.pos += 1
@@ -163,9 +208,8 @@ class _Aligner:
                 i += 1
                 self.pos = end
                 continue
-            after = _skip_markup(source, self.pos)
-            if after > self.pos or ch.isspace() or ch in "\r\x00":
-                self.pos = max(after, self.pos + 1)  # markup, or whitespace the parser dropped
+            if ch.isspace() or ch in "\r\x00\ufeff":
+                self.pos += 1  # whitespace, a NUL or a byte-order mark the parser dropped
                 continue
             raise HtmlAlignmentError(
                 f"cannot align parsed text {text[i:i + 30]!r} with the source at offset {self.pos} "
@@ -175,7 +219,19 @@ class _Aligner:
 
 
 def preprocess_html(source: str) -> ProcessedDocument:
-    """Visible text of `source` with tag tokens, whitespace collapsed, and the character map."""
+    """Visible text of `source` with tag tokens, whitespace collapsed, and the character map.
+
+    If the parsed text cannot be located in the source (markup the aligner does not model), the page is
+    logged and read as plain text: spans still map exactly, only the markup stays visible.
+    """
+    try:
+        return _preprocess_html(source)
+    except HtmlAlignmentError as error:
+        logger.warning("HTML preprocessing fell back to plain text: %s", error)
+        return plain_document(source)
+
+
+def _preprocess_html(source: str) -> ProcessedDocument:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", MarkupResemblesLocatorWarning)
         soup = BeautifulSoup(source, "lxml")
