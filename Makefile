@@ -23,12 +23,12 @@ demo: install
 test: install
 	$(PY) -m pytest -q
 
-# A small Korean QA model for `longbird answer`: kobigbird-4096 from the embedded MiniLM, fine-tuned on 300
+# A small Korean QA model for `longbird answer`: kobigbird-4096 from the embedded MiniLM, fine-tuned on 200
 # questions of the whole-article KorQuAD 1.0 training split (the E4 kobigbird recipe).
 QA_MODEL ?= qa-model/kobigbird-minilm-korquad
 qa-model: install
 	$(VENV)/bin/longbird finetune-qa --format korquad1-articles --train ../shared/data/korquad/KorQuAD_v1.0_dev.json \
-		--split train --max-examples 300 --preset kobigbird --max-length 4096 --negative-fraction 0.1 \
+		--split train --max-examples 200 --preset kobigbird --max-length 4096 --negative-fraction 0.1 \
 		--learning-rate 1e-4 --batch-size 4 --out $(QA_MODEL) --overwrite
 
 bench: install

@@ -113,6 +113,7 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
     parser.add_argument("--runs", nargs="+", default=["kobigbird", "kobigbird+pi", "kobigbird-copy+pi",
                                                       "littlebird", "littlebird+pi"])
+    parser.add_argument("--resume", action="store_true", help="Merge with the rows of earlier runs in --out")
     parser.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
     parser.add_argument("--work", type=Path, default=ROOT / "experiments" / "runs" / "e3")
     args = parser.parse_args()
@@ -127,6 +128,13 @@ def main() -> None:
                  for length in args.lengths}
     results = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
                "settings": vars(args) | {"out": str(args.out), "work": str(args.work)}, "runs": {}, "rows": []}
+    previous = args.out / "e3_extrapolation.json"
+    if args.resume and previous.exists():  # keep the rows of runs this invocation does not redo
+        old = json.loads(previous.read_text())
+        results["runs"] = {k: v for k, v in old["runs"].items() if k not in args.runs}
+        results["rows"] = [row for row in old["rows"] if row["run"] not in args.runs]
+        results["command"] = old["command"] + " && " + results["command"]
+        started -= old.get("wall_seconds", 0.0)
     for run in args.runs:
         preset = run.split("+")[0].split("-")[0]
         overrides = {"taper_schedule": "copy"} if "-copy" in run else {}

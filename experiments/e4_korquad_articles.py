@@ -11,7 +11,7 @@ Windows without the answer are kept with probability `--negative-fraction` in tr
 evaluation). Scores are the official KorQuAD 1.0 EM/F1, overall and by where the answer starts: inside
 the first 512 tokens of [CLS] question [SEP] document, or beyond.
 
-Usage: python experiments/e4_korquad_articles.py [--train-questions 400] [--dev-questions 250] [--epochs 1]
+Usage: python experiments/e4_korquad_articles.py [--train-questions 200] [--dev-questions 150] [--epochs 1]
 Writes experiments/results/e4_korquad_articles.{json,md,png}; models go to experiments/runs/e4/.
 """
 
@@ -70,8 +70,8 @@ def converted(preset: str, max_length: int, work: Path) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--train-questions", type=int, default=400)
-    parser.add_argument("--dev-questions", type=int, default=250)
+    parser.add_argument("--train-questions", type=int, default=200)
+    parser.add_argument("--dev-questions", type=int, default=150)
     parser.add_argument("--epochs", type=float, default=1.0)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--learning-rate", type=float, default=1e-4)
