@@ -58,7 +58,9 @@ class LongBirdConfig(PreTrainedConfig):
     attention: str = "bigbird"
     position: str = "absolute"
     position_extension: str = "taper"
-    taper_schedule: str = "exp"
+    # Chosen by experiment E3 (experiments/results/e3_extrapolation.md): unattenuated repetition ("copy")
+    # extrapolated best from 512-token fine-tuning; "exp"/"power" attenuate as KoBigBird-large's TAPER.
+    taper_schedule: str = "copy"
     taper_mode: str = "scale"
     taper_tau: float | int = 2.0
     block_size: int = 64
