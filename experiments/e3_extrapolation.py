@@ -34,12 +34,12 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from longbird.convert import default_source  # noqa: E402
 from longbird.data.korquad import read_korquad_v1_articles  # noqa: E402
-from longbird.files import write_file_atomically  # noqa: E402
+from longbird.files import save_figure_atomically, write_file_atomically  # noqa: E402
 from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
 from longbird.positions.taper import extend_position_table  # noqa: E402
 from longbird.qa import predict_rows  # noqa: E402
 from longbird.training.finetune import FinetuneSettings  # noqa: E402
-from longbird.workflows import finetune_qa, load_task_model  # noqa: E402
+from longbird.workflows import convert_to_directory, finetune_qa, load_task_model  # noqa: E402
 
 NAMES = ["민준", "서연", "도윤", "하은", "시우", "지유", "주원", "서윤", "예준", "지아", "하준", "수아", "지호", "채원",
          "준서", "다은", "건우", "예린", "현우", "소율", "우진", "윤서", "선우", "민서"]
@@ -166,16 +166,9 @@ def main() -> None:
 
 def _converted(preset: str, overrides: dict, work: Path) -> Path:
     """Convert the embedded MiniLM once per preset/override set (saved so runs can reuse it)."""
-    from longbird.convert import convert
-
-    name = preset + "".join(f"-{k}={v}" for k, v in sorted(overrides.items()))
-    path = work / "converted" / name
+    path = work / "converted" / (preset + "".join(f"-{k}={v}" for k, v in sorted(overrides.items())))
     if not path.exists():
-        from transformers import AutoTokenizer
-
-        model = convert(default_source(), preset=preset, max_length=MAX_LENGTH, **overrides)
-        model.save_pretrained(path)
-        AutoTokenizer.from_pretrained(default_source()).save_pretrained(path)
+        convert_to_directory(None, path, preset, MAX_LENGTH, **overrides)
     return path
 
 
@@ -212,9 +205,7 @@ def _write(results: dict, out: Path, started: float) -> None:
     axis.legend(fontsize=7)
     axis.grid(alpha=0.3)
     figure.tight_layout()
-    staging = out / ".e3_extrapolation.png.partial.png"
-    figure.savefig(staging, dpi=110)
-    staging.replace(out / "e3_extrapolation.png")
+    save_figure_atomically(figure, out / "e3_extrapolation.png")
     plt.close(figure)
 
 

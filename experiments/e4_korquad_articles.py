@@ -29,13 +29,13 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
 sys.path.insert(0, str(ROOT / "src"))
 
-from longbird.convert import convert, default_source  # noqa: E402
+from longbird.convert import default_source  # noqa: E402
 from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # noqa: E402
-from longbird.files import write_file_atomically  # noqa: E402
+from longbird.files import save_figure_atomically, write_file_atomically  # noqa: E402
 from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
 from longbird.qa import predict_rows  # noqa: E402
 from longbird.training.finetune import FinetuneSettings  # noqa: E402
-from longbird.workflows import finetune_qa, load_task_model, score_predictions  # noqa: E402
+from longbird.workflows import convert_to_directory, finetune_qa, load_task_model, score_predictions  # noqa: E402
 
 # name: (preset, model length, window, doc_stride, max_windows)
 METHODS = {
@@ -61,10 +61,7 @@ def answer_buckets(rows, tokenizer) -> dict[str, str]:
 def converted(preset: str, max_length: int, work: Path) -> Path:
     path = work / "converted" / f"{preset}-{max_length}"
     if not path.exists():
-        from transformers import AutoTokenizer
-
-        convert(default_source(), preset=preset, max_length=max_length).save_pretrained(path)
-        AutoTokenizer.from_pretrained(default_source()).save_pretrained(path)
+        convert_to_directory(None, path, preset, max_length)
     return path
 
 
@@ -165,9 +162,7 @@ def _write(results: dict, out: Path, started: float) -> None:
     axis.legend()
     axis.grid(axis="y", alpha=0.3)
     figure.tight_layout()
-    staging = out / ".e4_korquad_articles.partial.png"
-    figure.savefig(staging, dpi=110)
-    staging.replace(out / "e4_korquad_articles.png")
+    save_figure_atomically(figure, out / "e4_korquad_articles.png")
     plt.close(figure)
 
 

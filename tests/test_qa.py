@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 
 import longbird
 from longbird.convert import default_source
-from longbird.data.features import make_features
+from longbird.data.features import QAFeature, make_features
 from longbird.data.html import add_tag_tokens, preprocess_html
 from longbird.heads import LongBirdQuestionAnsweringOutput
 from longbird.qa import decode_window, predict_features
@@ -150,8 +150,7 @@ def test_a_tag_only_best_span_gives_way_to_the_next_candidate():
     assert document.text == "[table] [tr] [td] Seoul"
     td = document.text.index("[td]")
     seoul = document.text.index("Seoul")
-    feature = SimpleNamespace(example_id="q", input_ids=[0] * 4, window_index=0, token_type_ids=None,
-                              offsets=[None, (td, td + 4), (seoul, seoul + 5), None])
+    feature = QAFeature("q", [0] * 4, None, [None, (td, td + 4), (seoul, seoul + 5), None])
     gold = {0: (1, 1)}
     model = GoldLogits(gold, top_k=2)
     original = model.__call__

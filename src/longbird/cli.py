@@ -38,25 +38,15 @@ def convert(
     overwrite: bool = typer.Option(False, help="Replace OUT if it exists"),
 ):
     """Convert a BERT/RoBERTa/XLM-R/CamemBERT/ELECTRA encoder into a longbird model."""
-    from transformers import AutoTokenizer
-
-    from . import convert as convert_model
     from .convert import default_source
-    from .files import write_directory_atomically
+    from .workflows import convert_to_directory
 
     source_path = source or str(default_source())
-    with console.status(f"converting {source_path} ({preset}, {max_length} tokens)"):
-        model = convert_model(source_path, preset=preset, max_length=max_length, **_parse_options(set_))
-
-    def write(directory: Path) -> None:
-        model.save_pretrained(directory)
-        try:
-            AutoTokenizer.from_pretrained(source_path, local_files_only=True).save_pretrained(directory)
-        except (OSError, ValueError):
-            console.print("[yellow]no tokenizer found beside the source; saved the model only[/]")
-
-    with console.status(f"saving to {out}"):
-        write_directory_atomically(out, write, overwrite=overwrite)
+    with console.status(f"converting {source_path} ({preset}, {max_length} tokens) and saving to {out}"):
+        model, has_tokenizer = convert_to_directory(source_path, out, preset, max_length, overwrite,
+                                                    **_parse_options(set_))
+    if not has_tokenizer:
+        console.print("[yellow]no tokenizer found beside the source; saved the model only[/]")
     config = model.config
     console.print(f"[green]saved[/] {type(model).__name__} to {out}: attention={config.attention}, "
                   f"position={config.position}/{config.position_extension}, max_length={config.max_position_embeddings}, "

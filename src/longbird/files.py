@@ -43,6 +43,16 @@ def write_file_atomically(path: str | os.PathLike, text: str) -> Path:
     return path
 
 
+def save_figure_atomically(figure, path: str | os.PathLike, dpi: int = 110) -> Path:
+    """Save a matplotlib figure through a temporary sibling, so a crash never leaves a half-written PNG."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.stem}.partial{path.suffix}")
+    figure.savefig(staging, dpi=dpi)
+    os.replace(staging, path)
+    return path
+
+
 def _default_mode(full: int) -> int:
     umask = os.umask(0)
     os.umask(umask)

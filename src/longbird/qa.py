@@ -9,13 +9,14 @@ span crosses tags, never tag-token markers.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from tqdm.auto import tqdm
 
-from .data.features import QAFeature, make_features, prepare_document
+from .data.features import QAFeature, features_for_rows
+from .data.batching import PaddedBatches
 from .data.html import ProcessedDocument
 
 DEFAULT_MAX_ANSWER_TOKENS = 64
@@ -46,21 +47,6 @@ def decode_window(feature: QAFeature, start_top_index, end_top_logits, start_log
     return sorted(candidates, reverse=True)
 
 
-def _collate(features: list[QAFeature], pad_token_id: int) -> dict[str, torch.Tensor]:
-    longest = max(len(f.input_ids) for f in features)
-    batch = {"input_ids": torch.full((len(features), longest), pad_token_id, dtype=torch.long),
-             "attention_mask": torch.zeros(len(features), longest, dtype=torch.long)}
-    if features[0].token_type_ids is not None:
-        batch["token_type_ids"] = torch.zeros(len(features), longest, dtype=torch.long)
-    for row, feature in enumerate(features):
-        size = len(feature.input_ids)
-        batch["input_ids"][row, :size] = torch.tensor(feature.input_ids)
-        batch["attention_mask"][row, :size] = 1
-        if "token_type_ids" in batch:
-            batch["token_type_ids"][row, :size] = torch.tensor(feature.token_type_ids)
-    return batch
-
-
 def _document_tokens(features: list[QAFeature], length: int) -> torch.Tensor:
     """(B, l) bool: tokens of the document part, the only places an answer may start."""
     mask = torch.zeros(len(features), length, dtype=torch.bool)
@@ -76,12 +62,12 @@ def predict_features(model, features: list[QAFeature], documents: dict[str, Proc
     """Best answer per example id over all of its windows. `documents` maps example id -> its document."""
     model.eval()
     top_k = top_k or model.config.qa_top_k
-    pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    collate = PaddedBatches(model.config.pad_token_id if model.config.pad_token_id is not None else 0)
     best: dict[str, Answer] = {}
     batches = range(0, len(features), batch_size)
     for begin in tqdm(batches, desc="predicting", unit="batch", disable=not progress):
         chunk = features[begin:begin + batch_size]
-        batch = _collate(chunk, pad)
+        batch = collate([feature.model_inputs() for feature in chunk])
         out = model(**batch, top_k=top_k, start_candidates=_document_tokens(chunk, batch["input_ids"].shape[1]))
         for row, feature in enumerate(chunk):
             candidates = decode_window(feature, out.start_top_index[row], out.end_top_logits[row].float(),
@@ -100,19 +86,14 @@ def predict_features(model, features: list[QAFeature], documents: dict[str, Proc
     return best
 
 
-def predict_rows(model, tokenizer, rows: Iterable[dict], max_length: int, doc_stride: int | None = None,
+def predict_rows(model, tokenizer, rows: Sequence[dict], max_length: int, doc_stride: int | None = None,
                  max_windows: int | None = None, batch_size: int = 4,
                  max_answer_tokens: int = DEFAULT_MAX_ANSWER_TOKENS, progress: bool = False) -> dict[str, Answer]:
     """Answers for dataset rows (KorQuAD reader schema). Unanswerable windows never win over a real span."""
     cache: dict[tuple[str, bool], ProcessedDocument] = {}
-    documents, features = {}, []
-    for row in rows:
-        key = (row["context"], row["is_html"])
-        if key not in cache:
-            cache[key] = prepare_document(row["context"], row["is_html"])
-        documents[row["id"]] = cache[key]
-        features.extend(make_features(tokenizer, row["id"], row["question"], cache[key], max_length, doc_stride,
-                                      max_windows=max_windows))
+    features = features_for_rows(tokenizer, rows, max_length, doc_stride, max_windows, with_labels=False,
+                                 documents=cache)
+    documents = {row["id"]: cache[(row["context"], row["is_html"])] for row in rows}
     return predict_features(model, features, documents, batch_size, max_answer_tokens=max_answer_tokens,
                             progress=progress)
 

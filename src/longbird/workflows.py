@@ -25,9 +25,30 @@ from .heads import LongBirdForQuestionAnswering, LongBirdForSequenceClassificati
 from .metrics.classification import accuracy, macro_f1
 from .metrics.korquad import korquad_v1, korquad_v2, squad_v1
 from .qa import predict_rows
-from .training.finetune import FinetuneSettings, PaddedBatches, qa_training_items, train
+from .data.batching import PaddedBatches
+from .training.finetune import FinetuneSettings, qa_training_items, train
 
 DATA_FORMATS = ("korquad2", "korquad1-articles", "squad")
+
+
+def convert_to_directory(source, out: str | Path, preset: str = "kobigbird", max_length: int = 4096,
+                         overwrite: bool = False, **overrides: Any) -> tuple[Any, bool]:
+    """Convert `source` (default: the embedded MiniLM) and save model + source tokenizer to `out` atomically.
+    Returns (model, whether a tokenizer was found beside the source)."""
+    source = Path(source) if source else default_source()
+    model = convert(source, preset=preset, max_length=max_length, **overrides)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+    except (OSError, ValueError):
+        tokenizer = None
+
+    def write(directory: Path) -> None:
+        model.save_pretrained(directory)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(directory)
+
+    write_directory_atomically(out, write, overwrite=overwrite)
+    return model, tokenizer is not None
 
 
 def load_task_model(model_path: str | Path | None, task_class, preset: str = "kobigbird", max_length: int = 4096,

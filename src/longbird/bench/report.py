@@ -7,7 +7,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from ..files import write_file_atomically
+from ..files import save_figure_atomically, write_file_atomically
 
 
 def fitted_exponent(points: list[tuple[int, float]], from_length: int = 4096) -> float | None:
@@ -94,10 +94,8 @@ def plot(report: dict, out_dir: Path, stem: str = "bench") -> list[Path]:
         figure.suptitle(f"{mode}, {dtype}, batch 1, base size ({report['threads']} CPU threads)")
         figure.tight_layout()
         path = out_dir / f"{stem}_{dtype}_{mode.replace('+', '_')}.png"
-        tmp = path.with_suffix(".tmp.png")
-        figure.savefig(tmp, dpi=110)
+        save_figure_atomically(figure, path)
         plt.close(figure)
-        tmp.replace(path)
         written.append(path)
     return written
 

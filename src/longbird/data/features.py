@@ -40,23 +40,30 @@ def prepare_document(context: str, is_html: bool) -> ProcessedDocument:
     return preprocess_html(context) if is_html else plain_document(context)
 
 
-def _question_prefix(tokenizer, question: str, max_question_tokens: int) -> str:
-    encoded = tokenizer(question, add_special_tokens=False, return_offsets_mapping=True)
-    offsets = encoded["offset_mapping"]
+def _question_prefix(tokenizer, question: str, max_question_tokens: int) -> tuple[str, int]:
+    """(question cut to at most `max_question_tokens` tokens, its token count)."""
+    offsets = tokenizer(question, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
     if len(offsets) <= max_question_tokens:
-        return question
+        return question, len(offsets)
     # Cut before the first token past the limit; a character split into several pieces goes whole.
-    return question[:offsets[max_question_tokens][0]]
+    question = question[:offsets[max_question_tokens][0]]
+    return question, len(tokenizer(question, add_special_tokens=False)["input_ids"])
+
+
+def count_tokens(tokenizer, text: str) -> int:
+    return len(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
 
 
 def resolve_doc_stride(tokenizer, document_text: str, max_length: int, doc_stride: int | None,
-                       question_tokens: int) -> int:
+                       question_tokens: int, document_tokens: int | None = None) -> int:
+    """`document_tokens` (the token count of `document_text`) is counted here when not given."""
     room = max_length - question_tokens - tokenizer.num_special_tokens_to_add(pair=True)
     if room < 2:
         raise ValueError(f"max_length ({max_length}) leaves no room for the document after a question of "
                          f"{question_tokens} tokens; use a larger max_length")
     if doc_stride is None:
-        document_tokens = len(tokenizer(document_text, add_special_tokens=False, verbose=False)["input_ids"])
+        if document_tokens is None:
+            document_tokens = count_tokens(tokenizer, document_text)
         doc_stride = max_length // 2 if document_tokens > 2 * max_length else DEFAULT_DOC_STRIDE
         doc_stride = min(doc_stride, room // 2)
     if not 0 <= doc_stride < room:
@@ -75,12 +82,12 @@ def make_features(
     answer_span: tuple[int, int] | None = None,
     max_windows: int | None = None,
     max_question_tokens: int = MAX_QUESTION_TOKENS,
+    document_tokens: int | None = None,
 ) -> list[QAFeature]:
     """Windows over `document` for one question. `answer_span` is a (start, end) range of the *source*
     text (e.g. a KorQuAD answer); it labels the windows that contain it. `max_windows=1` is truncation."""
-    question = _question_prefix(tokenizer, question, max_question_tokens)
-    question_tokens = len(tokenizer(question, add_special_tokens=False)["input_ids"])
-    stride = resolve_doc_stride(tokenizer, document.text, max_length, doc_stride, question_tokens)
+    question, question_tokens = _question_prefix(tokenizer, question, max_question_tokens)
+    stride = resolve_doc_stride(tokenizer, document.text, max_length, doc_stride, question_tokens, document_tokens)
     encoded = tokenizer(question, document.text, truncation="only_second", max_length=max_length, stride=stride,
                         return_overflowing_tokens=True, return_offsets_mapping=True)
     target = document.from_source_span(*answer_span) if answer_span is not None else None
@@ -122,18 +129,22 @@ def label_window(offsets: list[tuple[int, int] | None], target: tuple[int, int])
 def features_for_rows(tokenizer, rows, max_length: int, doc_stride: int | None = None,
                       max_windows: int | None = None, with_labels: bool = True,
                       documents: dict | None = None) -> list[QAFeature]:
-    """Features for dataset rows (`read_korquad_v2` / `read_korquad_v1_articles` schema); every gold answer
-    (the first one for training) labels the windows that hold it. `documents` caches processed contexts."""
+    """Features for dataset rows (`read_korquad_v2` / `read_korquad_v1_articles` schema); the first gold answer
+    labels the windows that hold it. `documents` caches processed contexts by (context, is_html); each
+    document is processed (and, for the default stride, counted) once however many questions it has."""
     documents = {} if documents is None else documents
+    token_counts: dict[tuple[str, bool], int] = {}
     features = []
     for row in rows:
         key = (row["context"], row["is_html"])
         if key not in documents:
             documents[key] = prepare_document(row["context"], row["is_html"])
+        if doc_stride is None and key not in token_counts:
+            token_counts[key] = count_tokens(tokenizer, documents[key].text)
         span = None
         if with_labels and row["answers"]["text"]:
             start = row["answers"]["answer_start"][0]
             span = (start, start + len(row["answers"]["text"][0]))
         features.extend(make_features(tokenizer, row["id"], row["question"], documents[key], max_length,
-                                      doc_stride, span, max_windows))
+                                      doc_stride, span, max_windows, document_tokens=token_counts.get(key)))
     return features

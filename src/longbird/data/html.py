@@ -58,12 +58,14 @@ class ProcessedDocument:
     text: str
     starts: list[int]
     ends: list[int]
-    _real: list[int] = field(init=False, repr=False)
+    _real: list[int] = field(init=False, repr=False)  # indices of characters that come from the source
+    _real_ends: list[int] = field(init=False, repr=False)
 
     def __post_init__(self):
         if not len(self.text) == len(self.starts) == len(self.ends):
             raise ValueError("text, starts and ends must have the same length")
         self._real = [i for i in range(len(self.text)) if self.ends[i] > self.starts[i]]
+        self._real_ends = [self.ends[i] for i in self._real]
 
     def to_source_span(self, start: int, end: int) -> tuple[int, int] | None:
         """Source range covering processed characters [start, end), or None if none comes from the source."""
@@ -80,8 +82,7 @@ class ProcessedDocument:
 
     def from_source_span(self, start: int, end: int) -> tuple[int, int] | None:
         """Processed range [a, b) of the characters whose source range overlaps [start, end), or None."""
-        real_ends = [self.ends[i] for i in self._real]
-        lo = bisect.bisect_right(real_ends, start)  # first real char ending after `start`
+        lo = bisect.bisect_right(self._real_ends, start)  # first real char ending after `start`
         hi = lo
         while hi < len(self._real) and self.starts[self._real[hi]] < end:
             hi += 1
