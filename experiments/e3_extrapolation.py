@@ -97,6 +97,10 @@ def retaper(model, schedule: str, mode: str) -> None:
                                           model.config.taper_tau).to(table.dtype))
 
 
+RUN_LABELS = {"kobigbird+pi": "kobigbird exp/scale+pi", "kobigbird-copy+pi": "kobigbird copy/scale+pi",
+              "littlebird+pi": "littlebird+pi"}
+
+
 def exact_match(model, tokenizer, rows, length: int) -> dict:
     answers = predict_rows(model, tokenizer, rows, max_length=length, max_windows=1, batch_size=1)
     hits = [answers.get(row["id"]) is not None and answers[row["id"]].text.strip() == row["answers"]["text"][0]
@@ -137,7 +141,8 @@ def main() -> None:
         started -= old.get("wall_seconds", 0.0)
     for run in args.runs:
         preset = run.split("+")[0].split("-")[0]
-        overrides = {"taper_schedule": "copy"} if "-copy" in run else {}
+        # kobigbird runs pin their schedule: the library default changed to copy because of this experiment
+        overrides = {"taper_schedule": "copy" if "-copy" in run else "exp"} if preset == "kobigbird" else {}
         run_dir = args.work / run
         run_started = time.time()
         if not run_dir.exists():
@@ -148,7 +153,7 @@ def main() -> None:
                                   window_length=TRAIN_LENGTH, max_windows=1, settings=settings)
             results["runs"][run] = {"train_seconds": time.time() - run_started, "train_loss": metrics["train_loss"]}
         model, tokenizer = load_task_model(run_dir, LongBirdForQuestionAnswering)
-        variants = [(run, None)]
+        variants = [(RUN_LABELS.get(run, run), None)]
         if run == "kobigbird":
             variants = [(f"kobigbird {s}/{m}", (s, m)) for s in ("exp", "power", "copy") for m in ("scale", "centered")]
             variants.append(("full exp/scale", ("exp", "scale")))

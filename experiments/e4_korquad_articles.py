@@ -12,6 +12,7 @@ evaluation). Scores are the official KorQuAD 1.0 EM/F1, overall and by where the
 the first 512 tokens of [CLS] question [SEP] document, or beyond.
 
 Usage: python experiments/e4_korquad_articles.py [--train-questions 200] [--dev-questions 150] [--epochs 1]
+       [--methods ...] [--resume]
 Writes experiments/results/e4_korquad_articles.{json,md,png}; models go to experiments/runs/e4/.
 """
 
@@ -74,6 +75,7 @@ def main() -> None:
     parser.add_argument("--learning-rate", type=float, default=1e-4)
     parser.add_argument("--negative-fraction", type=float, default=0.1)
     parser.add_argument("--methods", nargs="+", default=list(METHODS))
+    parser.add_argument("--resume", action="store_true", help="Keep the results of methods this run does not redo")
     parser.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
     parser.add_argument("--work", type=Path, default=ROOT / "experiments" / "runs" / "e4")
     args = parser.parse_args()
@@ -92,6 +94,13 @@ def main() -> None:
                "dev_questions": len(dev), "dev_articles": len(set(dev["title"])),
                "dev_bucket_sizes": {b: list(buckets.values()).count(b) for b in ("first 512", "beyond 512")},
                "methods": {}}
+    if args.resume and results_path.exists():
+        old = json.loads(results_path.read_text())
+        if old["settings"] | {"methods": None, "resume": None} != results["settings"] | {"methods": None, "resume": None}:
+            raise SystemExit(f"--resume needs the settings of {results_path}: {old['settings']}")
+        results["methods"] = {k: v for k, v in old["methods"].items() if k not in args.methods}
+        results["command"] = old["command"] + " && " + results["command"]
+        started -= old.get("wall_seconds", 0.0)
     for name in args.methods:
         preset, max_length, window, stride, max_windows = METHODS[name]
         run_dir = args.work / name

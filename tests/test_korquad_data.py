@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from longbird.data.korquad import (MalformedRecordError, as_squad_json, read_korquad_v1_articles, read_korquad_v2,
-                                   split_by_title)
+                                   read_squad_paragraphs, split_by_title)
 from longbird.metrics.korquad import korquad_v1
 
 KORQUAD = Path(__file__).resolve().parents[2] / "shared" / "data" / "korquad"
@@ -67,6 +67,19 @@ def test_korquad1_whole_articles_keep_every_answer_at_its_shifted_offset():
     assert korquad_v1({r["id"]: r["answers"]["text"][0] for r in rows}, as_squad_json(rows))["exact_match"] == 100.0
 
 
+def test_korquad1_paragraphs_are_the_published_contexts_and_split_like_the_articles():
+    rows, skipped = read_squad_paragraphs(KORQUAD / "KorQuAD_v1.0_dev.json")
+    raw = json.loads((KORQUAD / "KorQuAD_v1.0_dev.json").read_text(encoding="utf-8"))
+    paragraphs = {p["context"] for a in raw["data"] for p in a["paragraphs"] if p["qas"]}  # one has none
+    assert skipped == [] and len(rows) == 5774 and set(rows["context"]) == paragraphs
+    first = raw["data"][0]["paragraphs"][0]["qas"][0]
+    row = rows[0]
+    assert row["id"] == first["id"] and row["answers"]["answer_start"] == [a["answer_start"] for a in first["answers"]]
+    articles, _ = read_korquad_v1_articles(KORQUAD / "KorQuAD_v1.0_dev.json")
+    # The paragraph set splits into the same articles, so a model trained on train paragraphs never saw dev ones.
+    assert split_by_title(rows)["dev"]["id"] == split_by_title(articles)["dev"]["id"]
+
+
 def test_split_is_by_article_and_reproducible():
     rows, _ = read_korquad_v1_articles(KORQUAD / "KorQuAD_v1.0_dev.json")
     split = split_by_title(rows, dev_fraction=0.2, seed=0)
@@ -75,3 +88,16 @@ def test_split_is_by_article_and_reproducible():
     assert len(split["train"]) + len(split["dev"]) == len(rows)
     assert split_by_title(rows, 0.2, seed=0)["dev"]["id"] == split["dev"]["id"]
     assert split_by_title(rows, 0.2, seed=1)["dev"]["id"] != split["dev"]["id"]
+
+
+def test_max_examples_draws_a_seeded_sample_across_articles():
+    from longbird.workflows import sample_questions
+
+    rows, _ = read_squad_paragraphs(KORQUAD / "KorQuAD_v1.0_dev.json")
+    train = split_by_title(rows)["train"]
+    sample = sample_questions(train, 200, seed=0)
+    assert len(sample) == 200 and sample["id"] == sample_questions(train, 200, seed=0)["id"]
+    assert sample["id"] != sample_questions(train, 200, seed=1)["id"]
+    # The first 200 questions come from a handful of articles; a drawn sample covers most of them.
+    assert len(set(sample["title"])) > 3 * len(set(train.select(range(200))["title"]))
+    assert sample_questions(train, None) is train and len(sample_questions(train, 10**6)) == len(train)

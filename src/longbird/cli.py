@@ -186,7 +186,8 @@ def _print_metrics(title: str, metrics: dict) -> None:
 
 
 MODEL_HELP = "longbird model directory, or a HF encoder directory to convert (default: embedded all-MiniLM-L6-v2)"
-FORMAT_HELP = "korquad2 (HTML pages), korquad1-articles (KorQuAD 1.0 joined per article) or squad"
+FORMAT_HELP = ("korquad2 (HTML pages), korquad1-articles (KorQuAD 1.0 joined per article), korquad1 (its paragraphs) "
+               "or squad (SQuAD 1.1 paragraphs)")
 
 
 @app.command("finetune-qa")
@@ -202,7 +203,7 @@ def finetune_qa(
                                                          "or window/2 for documents over 2 windows)"),
     max_windows: Optional[int] = typer.Option(None, help="Use only the first N windows (1 = truncation)"),
     negative_fraction: float = typer.Option(1.0, help="Keep this fraction of windows without the answer"),
-    max_examples: Optional[int] = typer.Option(None, help="Use only the first N questions"),
+    max_examples: Optional[int] = typer.Option(None, help="Use N questions drawn with --seed"),
     split: Optional[str] = typer.Option(None, help="train or dev: one side of the fixed by-article split"),
     qa_head: Optional[str] = typer.Option(None, help="conditional (start, then end given start; the default for "
                                                       "new heads) or linear; a saved head is kept unless given"),
@@ -233,7 +234,7 @@ def evaluate(
     window_length: Optional[int] = typer.Option(None, help="Window in tokens (default: the model length)"),
     doc_stride: Optional[int] = typer.Option(None, help="Tokens shared by neighbouring windows"),
     max_windows: Optional[int] = typer.Option(None, help="Use only the first N windows (1 = truncation)"),
-    max_examples: Optional[int] = typer.Option(None, help="Use only the first N questions"),
+    max_examples: Optional[int] = typer.Option(None, help="Use N questions drawn with seed 0"),
     split: Optional[str] = typer.Option(None, help="train or dev: one side of the fixed by-article split"),
     batch_size: int = typer.Option(4),
 ):

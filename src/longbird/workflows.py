@@ -10,25 +10,25 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
 from datasets import Dataset
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer, set_seed
 
 from .convert import convert, default_source
-import torch
-
+from .data.batching import PaddedBatches
 from .data.classification import document_windows, label_vocabulary, read_classification
 from .data.features import features_for_rows
 from .data.html import add_tag_tokens
-from .data.korquad import read_korquad_v1_articles, read_korquad_v2, split_by_title
+from .data.korquad import read_korquad_v1_articles, read_korquad_v2, read_squad_paragraphs, split_by_title
 from .files import write_directory_atomically, write_file_atomically
 from .heads import LongBirdForQuestionAnswering, LongBirdForSequenceClassification
 from .metrics.classification import accuracy, macro_f1
 from .metrics.korquad import korquad_v1, korquad_v2, squad_v1
 from .qa import predict_rows
-from .data.batching import PaddedBatches
 from .training.finetune import FinetuneSettings, qa_training_items, train
 
-DATA_FORMATS = ("korquad2", "korquad1-articles", "squad")
+# korquad1 and squad are the published paragraphs; korquad1-articles joins each article into one context
+DATA_FORMATS = ("korquad2", "korquad1-articles", "korquad1", "squad")
 
 
 def convert_to_directory(source, out: str | Path, preset: str = "kobigbird", max_length: int = 4096,
@@ -87,10 +87,11 @@ def read_qa_data(path, data_format: str, split: str | None = None) -> tuple[Data
     takes one side of the fixed by-article split (`split_by_title`, seed 0, 20 % dev)."""
     if data_format == "korquad2":
         rows, skipped = read_korquad_v2(path)
-    elif data_format in ("korquad1-articles", "squad"):
+    elif data_format in ("korquad1-articles", "korquad1", "squad"):
         if isinstance(path, (list, tuple)):
             raise ValueError(f"{data_format} data is one JSON file; got {len(path)} paths")
-        rows, skipped = read_korquad_v1_articles(path)
+        reader = read_korquad_v1_articles if data_format.endswith("-articles") else read_squad_paragraphs
+        rows, skipped = reader(path)
     else:
         raise ValueError(f"unknown data format {data_format!r}; use one of {DATA_FORMATS}")
     if split is None:
@@ -98,6 +99,13 @@ def read_qa_data(path, data_format: str, split: str | None = None) -> tuple[Data
     if split not in ("train", "dev"):
         raise ValueError(f"split must be train or dev; got {split!r}")
     return split_by_title(rows)[split], len(skipped)
+
+
+def sample_questions(rows: Dataset, n: int | None, seed: int = 0) -> Dataset:
+    """`n` questions drawn with `seed` (all when n is None): a first-N cut would take a few articles only."""
+    if n is None or n >= len(rows):
+        return rows
+    return rows.shuffle(seed=seed).select(range(n))
 
 
 def finetune_qa(model_path, train_data, out: str | Path, data_format: str = "korquad2", preset: str = "kobigbird",
@@ -112,9 +120,9 @@ def finetune_qa(model_path, train_data, out: str | Path, data_format: str = "kor
     if out.exists() and not overwrite:
         raise FileExistsError(f"output directory {out} already exists; pass --overwrite to replace it")
     rows = train_data if isinstance(train_data, Dataset) else read_qa_data(train_data, data_format, split)[0]
-    if max_examples is not None:
-        rows = rows.select(range(min(max_examples, len(rows))))
+    rows = sample_questions(rows, max_examples, settings.seed)
     overrides = {"qa_head": qa_head} if qa_head else {}  # a saved head is kept unless another is asked for
+    set_seed(settings.seed)  # a new head's initialisation is part of the run
     model, tokenizer = load_task_model(model_path, LongBirdForQuestionAnswering, preset, max_length, **overrides)
     add_tag_tokens(tokenizer, model)  # always, so the model can read HTML pages later (`longbird answer`)
     check_tokenizer(model, tokenizer)
@@ -142,8 +150,7 @@ def evaluate_qa(model_path, data, data_format: str = "korquad2", window_length: 
     """Predict every question and score with the official metric of the format. With `out`, writes
     predictions.json ({id: text}) and metrics.json there (atomically)."""
     rows, skipped = (data, 0) if isinstance(data, Dataset) else read_qa_data(data, data_format, split)
-    if max_examples is not None:
-        rows = rows.select(range(min(max_examples, len(rows))))
+    rows = sample_questions(rows, max_examples)
     model, tokenizer = load_task_model(model_path, LongBirdForQuestionAnswering)
     check_tokenizer(model, tokenizer)
     window_length = window_length or model.config.max_position_embeddings
@@ -188,6 +195,7 @@ def finetune_cls(model_path, train_data, out: str | Path, preset: str = "kobigbi
     labels = label_vocabulary(rows["label"])
     if len(labels) < 2:
         raise ValueError(f"classification needs at least two labels; the training data has {labels}")
+    set_seed(settings.seed)
     model, tokenizer = load_task_model(model_path, LongBirdForSequenceClassification, preset, max_length,
                                        num_labels=len(labels), id2label=dict(enumerate(labels)),
                                        label2id={label: i for i, label in enumerate(labels)})

@@ -1,4 +1,4 @@
-"""KorQuAD readers: 2.x pages (HTML contexts) and 1.0 articles joined into whole-article contexts.
+"""KorQuAD readers: 2.x pages (HTML contexts); 1.0 / SQuAD 1.1 as paragraphs or as whole-article contexts.
 
 Both give a `datasets.Dataset` with one row per question, SQuAD-style:
 ``{id, title, question, context, is_html, answers: {text: [...], answer_start: [...]}}``.
@@ -113,27 +113,43 @@ def join_article(article: dict, separator: str = WHOLE_ARTICLE_SEPARATOR) -> tup
 
 def read_korquad_v1_articles(path: str | Path) -> tuple[Dataset, list[SkippedRecord]]:
     """KorQuAD 1.0 (SQuAD 1.1 format) with each article's paragraphs joined into one context."""
+    return _read_squad_format(path, whole_articles=True)
+
+
+def read_squad_paragraphs(path: str | Path) -> tuple[Dataset, list[SkippedRecord]]:
+    """KorQuAD 1.0 / SQuAD 1.1 as published: one context per paragraph."""
+    return _read_squad_format(path, whole_articles=False)
+
+
+def _read_squad_format(path: str | Path, whole_articles: bool) -> tuple[Dataset, list[SkippedRecord]]:
     data = json.loads(Path(path).read_text(encoding="utf-8"))
     if not isinstance(data, dict) or "data" not in data:
         raise MalformedRecordError(f"{path} is not SQuAD-format JSON: expected an object with a 'data' list")
     rows, skipped = [], []
     for article in data["data"]:
         _require(article, ("title", "paragraphs"), f"article {article.get('title', '?')!r} in {path}")
-        context, questions = join_article(article)
-        for qa in questions:
-            problems = [_offset_problem(a["paragraph"], a["text"], a["paragraph_start"]) for a in qa["answers"]]
-            problems = [p for p in problems if p]
-            if problems or not qa["answers"]:
-                skipped.append(SkippedRecord(qa["id"], problems[0] if problems else "no answer"))
-                continue
-            rows.append({
-                "id": qa["id"], "title": article["title"], "question": qa["question"], "context": context,
-                "is_html": False,
-                "answers": {"text": [a["text"] for a in qa["answers"]],
-                            "answer_start": [a["answer_start"] for a in qa["answers"]]},
-            })
+        if whole_articles:
+            contexts = [join_article(article)]
+        else:  # join_article on a one-paragraph article validates fields and keeps offsets unchanged
+            contexts = [join_article({**article, "paragraphs": [paragraph]}) for paragraph in article["paragraphs"]]
+        for context, questions in contexts:
+            _collect_questions(article["title"], context, questions, rows, skipped)
     _report(skipped, path)
     return Dataset.from_list(rows), skipped
+
+
+def _collect_questions(title: str, context: str, questions: list[dict], rows: list, skipped: list) -> None:
+    for qa in questions:
+        problems = [_offset_problem(a["paragraph"], a["text"], a["paragraph_start"]) for a in qa["answers"]]
+        problems = [p for p in problems if p]
+        if problems or not qa["answers"]:
+            skipped.append(SkippedRecord(qa["id"], problems[0] if problems else "no answer"))
+            continue
+        rows.append({
+            "id": qa["id"], "title": title, "question": qa["question"], "context": context, "is_html": False,
+            "answers": {"text": [a["text"] for a in qa["answers"]],
+                        "answer_start": [a["answer_start"] for a in qa["answers"]]},
+        })
 
 
 def split_by_title(dataset: Dataset, dev_fraction: float = 0.2, seed: int = 0) -> DatasetDict:
