@@ -151,7 +151,8 @@ def main() -> None:
                                         progress=False, logging_steps=50)
             metrics = finetune_qa(_converted(preset, overrides, args.work), train_rows, run_dir,
                                   window_length=TRAIN_LENGTH, max_windows=1, settings=settings)
-            results["runs"][run] = {"train_seconds": time.time() - run_started, "train_loss": metrics["train_loss"]}
+            results["runs"][run] = {"train_seconds": time.time() - run_started, "train_loss": metrics["train_loss"],
+                                    "torch_threads": torch.get_num_threads()}
         model, tokenizer = load_task_model(run_dir, LongBirdForQuestionAnswering)
         variants = [(RUN_LABELS.get(run, run), None)]
         if run == "kobigbird":
@@ -191,7 +192,9 @@ def _write(results: dict, out: Path, started: float) -> None:
     lines = [f"Command: `{results['command']}`  ",
              f"Budget: {results['settings']['steps']} steps x batch {results['settings']['batch_size']} at "
              f"{TRAIN_LENGTH} tokens per run, {results['settings']['eval_samples']} evaluation samples per length, "
-             f"{results['torch_threads']} CPU threads, {results['wall_seconds'] / 60:.0f} min wall in total.", "",
+             f"{results['wall_seconds'] / 60:.0f} min wall in total. Training minutes (torch threads, shared with "
+             "other jobs): " + ", ".join(f"{run} {r['train_seconds'] / 60:.0f} ({r.get('torch_threads', '?')})"
+                                         for run, r in results["runs"].items()) + ".", "",
              "| variant | " + " | ".join(str(n) for n in lengths) + " |", "|---|" + "---:|" * len(lengths)]
     for variant in variants:
         lines.append(f"| {variant} | " + " | ".join(f"{score[(variant, n)]:.1f}" if (variant, n) in score else ""
