@@ -36,7 +36,8 @@ from longbird.files import save_figure_atomically, write_file_atomically  # noqa
 from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
 from longbird.qa import predict_rows  # noqa: E402
 from longbird.training.finetune import FinetuneSettings  # noqa: E402
-from longbird.workflows import convert_to_directory, finetune_qa, load_task_model, score_predictions  # noqa: E402
+from longbird.workflows import (convert_to_directory, finetune_qa, load_task_model, sample_questions,  # noqa: E402
+                                score_predictions)
 
 # name: (preset, model length, window, doc_stride, max_windows)
 METHODS = {
@@ -46,6 +47,7 @@ METHODS = {
     "littlebird-4096": ("littlebird", 4096, 4096, None, None),
 }
 SOURCE_WINDOW = 512
+BUCKETS = ("first 512", "beyond 512")
 
 
 def answer_buckets(rows, tokenizer) -> dict[str, str]:
@@ -57,6 +59,55 @@ def answer_buckets(rows, tokenizer) -> dict[str, str]:
                     + len(tokenizer(before, add_special_tokens=False, verbose=False)["input_ids"]))
         buckets[row["id"]] = "first 512" if position < SOURCE_WINDOW - 1 else "beyond 512"
     return buckets
+
+
+def dev_articles(n: int):
+    """`n` questions of the by-article dev split, whole-article contexts (shared by E4 and E4b)."""
+    rows, _ = read_korquad_v1_articles(SHARED / "korquad" / "KorQuAD_v1.0_dev.json")
+    return sample_questions(split_by_title(rows)["dev"], n)
+
+
+def read_and_score(model, tokenizer, dev, buckets: dict[str, str], window: int, stride, max_windows):
+    """(predictions {id: text}, official KorQuAD 1.0 scores overall and per answer-position bucket)."""
+    answers = predict_rows(model, tokenizer, dev, window, stride, max_windows, batch_size=2)
+    predictions = {row["id"]: answers[row["id"]].text if row["id"] in answers else "" for row in dev}
+    scores = {"all": score_predictions(predictions, dev, "korquad1-articles")}
+    for bucket in BUCKETS:
+        subset = dev.filter(lambda row: buckets[row["id"]] == bucket)
+        if len(subset):
+            scores[bucket] = score_predictions(predictions, subset, "korquad1-articles")
+    return predictions, scores
+
+
+def score_cells(scores: dict) -> list[str]:
+    """EM and F1 table cells for all, first 512 and beyond 512 (empty where a bucket has no question)."""
+    cells = []
+    for bucket in ("all",) + BUCKETS:
+        score = scores.get(bucket)
+        cells += [f"{score['exact_match']:.1f}", f"{score['f1']:.1f}"] if score else ["", ""]
+    return cells
+
+
+def plot_bucket_f1(scores_by_name: dict[str, dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(scores_by_name)
+    figure, axis = plt.subplots(figsize=(8, 4.5))
+    width = 0.27
+    for offset, bucket in enumerate(("all",) + BUCKETS):
+        values = [scores_by_name[n].get(bucket, {}).get("f1", 0.0) for n in names]
+        axis.bar([i + (offset - 1) * width for i in range(len(names))], values, width, label=f"F1 {bucket}")
+    axis.set_xticks(range(len(names)), names)
+    axis.set_ylabel("KorQuAD 1.0 F1 (%)")
+    axis.set_title(title)
+    axis.legend()
+    axis.grid(axis="y", alpha=0.3)
+    figure.tight_layout()
+    save_figure_atomically(figure, path)
+    plt.close(figure)
 
 
 def converted(preset: str, max_length: int, work: Path) -> Path:
@@ -82,9 +133,8 @@ def main() -> None:
     torch.manual_seed(0)
     started = time.time()
     rows, _ = read_korquad_v1_articles(SHARED / "korquad" / "KorQuAD_v1.0_dev.json")
-    split = split_by_title(rows, dev_fraction=0.2, seed=0)
-    train = split["train"].shuffle(seed=0).select(range(min(args.train_questions, len(split["train"]))))
-    dev = split["dev"].shuffle(seed=0).select(range(min(args.dev_questions, len(split["dev"]))))
+    train = sample_questions(split_by_title(rows)["train"], args.train_questions)
+    dev = dev_articles(args.dev_questions)
     _, tokenizer = load_task_model(default_source(), LongBirdForQuestionAnswering, "full", 512)
     buckets = answer_buckets(dev, tokenizer)
     results_path = args.out / "e4_korquad_articles.json"
@@ -92,11 +142,12 @@ def main() -> None:
                "settings": vars(args) | {"out": str(args.out), "work": str(args.work)},
                "train_questions": len(train), "train_articles": len(set(train["title"])),
                "dev_questions": len(dev), "dev_articles": len(set(dev["title"])),
-               "dev_bucket_sizes": {b: list(buckets.values()).count(b) for b in ("first 512", "beyond 512")},
+               "dev_bucket_sizes": {b: list(buckets.values()).count(b) for b in BUCKETS},
                "methods": {}}
     if args.resume and results_path.exists():
         old = json.loads(results_path.read_text())
-        if old["settings"] | {"methods": None, "resume": None} != results["settings"] | {"methods": None, "resume": None}:
+        ignored = {"methods": None, "resume": None}  # the only settings a resumed run may change
+        if old["settings"] | ignored != results["settings"] | ignored:
             raise SystemExit(f"--resume needs the settings of {results_path}: {old['settings']}")
         results["methods"] = {k: v for k, v in old["methods"].items() if k not in args.methods}
         results["command"] = old["command"] + " && " + results["command"]
@@ -113,13 +164,7 @@ def main() -> None:
         train_seconds = time.time() - train_started
         model, tokenizer = load_task_model(run_dir, LongBirdForQuestionAnswering)
         eval_started = time.time()
-        answers = predict_rows(model, tokenizer, dev, window, stride, max_windows, batch_size=2)
-        predictions = {row["id"]: answers[row["id"]].text if row["id"] in answers else "" for row in dev}
-        scores = {"all": score_predictions(predictions, dev, "korquad1-articles")}
-        for bucket in ("first 512", "beyond 512"):
-            subset = dev.filter(lambda row: buckets[row["id"]] == bucket)
-            if len(subset):
-                scores[bucket] = score_predictions(predictions, subset, "korquad1-articles")
+        predictions, scores = read_and_score(model, tokenizer, dev, buckets, window, stride, max_windows)
         results["methods"][name] = {
             "scores": scores, "train_seconds": train_seconds, "eval_seconds": time.time() - eval_started,
             "training_windows": metrics["training_windows"], "train_loss": metrics["train_loss"],
@@ -132,11 +177,6 @@ def main() -> None:
 
 
 def _write(results: dict, out: Path, started: float) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     results["wall_seconds"] = time.time() - started
     results["torch_threads"] = torch.get_num_threads()
     s = results["settings"]
@@ -151,29 +191,12 @@ def _write(results: dict, out: Path, started: float) -> None:
              "| method | EM | F1 | EM first 512 | F1 first 512 | EM beyond 512 | F1 beyond 512 | training windows "
              "| train min | eval min |", "|---|" + "---:|" * 9]
     for name, method in results["methods"].items():
-        cells = []
-        for bucket in ("all", "first 512", "beyond 512"):
-            score = method["scores"].get(bucket)
-            cells += [f"{score['exact_match']:.1f}", f"{score['f1']:.1f}"] if score else ["", ""]
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {method['training_windows']} | "
+        lines.append(f"| {name} | " + " | ".join(score_cells(method["scores"])) + f" | {method['training_windows']} | "
                      f"{method['train_seconds'] / 60:.1f} | {method['eval_seconds'] / 60:.1f} |")
     write_file_atomically(out / "e4_korquad_articles.md", "\n".join(lines) + "\n")
     write_file_atomically(out / "e4_korquad_articles.json", json.dumps(results, indent=2) + "\n")
-    names = list(results["methods"])
-    figure, axis = plt.subplots(figsize=(8, 4.5))
-    width = 0.27
-    for offset, bucket in enumerate(("all", "first 512", "beyond 512")):
-        values = [results["methods"][n]["scores"].get(bucket, {}).get("f1", 0.0) for n in names]
-        axis.bar([i + (offset - 1) * width for i in range(len(names))], values, width, label=f"F1 {bucket}")
-    axis.set_xticks(range(len(names)), names)
-    axis.set_ylabel("KorQuAD 1.0 F1 (%)")
-    axis.set_title("E4: whole-article KorQuAD 1.0 (all-MiniLM-L6-v2 source)")
-    axis.legend()
-    axis.grid(axis="y", alpha=0.3)
-    figure.tight_layout()
-    save_figure_atomically(figure, out / "e4_korquad_articles.png")
-    plt.close(figure)
-
+    plot_bucket_f1({name: method["scores"] for name, method in results["methods"].items()},
+                   out / "e4_korquad_articles.png", "E4: whole-article KorQuAD 1.0 (all-MiniLM-L6-v2 source)")
 
 if __name__ == "__main__":
     main()

@@ -30,15 +30,14 @@ SHARED = ROOT.parent / "shared" / "data"
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "experiments"))
 
-from e4_korquad_articles import answer_buckets  # noqa: E402
+from e4_korquad_articles import (BUCKETS, answer_buckets, converted, dev_articles, plot_bucket_f1,  # noqa: E402
+                                 read_and_score, score_cells)
 
-from longbird.convert import default_source  # noqa: E402
-from longbird.data.korquad import read_korquad_v1_articles, read_squad_paragraphs, split_by_title  # noqa: E402
-from longbird.files import save_figure_atomically, write_file_atomically  # noqa: E402
+from longbird.data.korquad import read_squad_paragraphs, split_by_title  # noqa: E402
+from longbird.files import write_file_atomically  # noqa: E402
 from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
-from longbird.qa import predict_rows  # noqa: E402
 from longbird.training.finetune import FinetuneSettings  # noqa: E402
-from longbird.workflows import convert_to_directory, finetune_qa, load_task_model, score_predictions  # noqa: E402
+from longbird.workflows import finetune_qa, load_task_model, sample_questions  # noqa: E402
 
 # name: (window, doc_stride, max_windows) used to read the dev articles
 READERS = {
@@ -64,11 +63,8 @@ def main() -> None:
     torch.manual_seed(0)
     started = time.time()
     paragraphs, _ = read_squad_paragraphs(SHARED / "korquad" / "KorQuAD_v1.0_dev.json")
-    train = split_by_title(paragraphs)["train"].shuffle(seed=0)
-    train = train.select(range(min(args.train_questions, len(train))))
-    articles, _ = read_korquad_v1_articles(SHARED / "korquad" / "KorQuAD_v1.0_dev.json")
-    dev = split_by_title(articles)["dev"].shuffle(seed=0)  # the same dev questions as E4
-    dev = dev.select(range(min(args.dev_questions, len(dev))))
+    train = sample_questions(split_by_title(paragraphs)["train"], args.train_questions)
+    dev = dev_articles(args.dev_questions)  # the same dev questions as E4
     if set(train["title"]) & set(dev["title"]):
         raise SystemExit("train and dev share an article")
 
@@ -78,15 +74,12 @@ def main() -> None:
                "train_questions": len(train), "train_articles": len(set(train["title"])),
                "dev_questions": len(dev), "dev_articles": len(set(dev["title"])), "readers": {}}
     if not (model_dir / "config.json").exists():
-        converted = args.work / "converted" / "kobigbird-4096"
-        if not converted.exists():
-            convert_to_directory(None, converted, "kobigbird", 4096)
         settings = FinetuneSettings(learning_rate=args.learning_rate, epochs=args.epochs, batch_size=args.batch_size,
                                     progress=False, logging_steps=50)
         train_started = time.time()
-        metrics = finetune_qa(converted, train, model_dir, data_format="korquad1", window_length=TRAIN_WINDOW,
-                              doc_stride=128, negative_fraction=args.negative_fraction, settings=settings,
-                              overwrite=True)
+        metrics = finetune_qa(converted("kobigbird", 4096, args.work), train, model_dir, data_format="korquad1",
+                              window_length=TRAIN_WINDOW, doc_stride=128, negative_fraction=args.negative_fraction,
+                              settings=settings, overwrite=True)
         results["training"] = {"seconds": time.time() - train_started, "windows": metrics["training_windows"],
                                "loss": metrics["train_loss"]}
         write_file_atomically(args.work / "training.json", json.dumps(results["training"], indent=2))
@@ -94,17 +87,11 @@ def main() -> None:
         results["training"] = json.loads((args.work / "training.json").read_text())
     model, tokenizer = load_task_model(model_dir, LongBirdForQuestionAnswering)
     buckets = answer_buckets(dev, tokenizer)
-    results["dev_bucket_sizes"] = {b: list(buckets.values()).count(b) for b in ("first 512", "beyond 512")}
+    results["dev_bucket_sizes"] = {b: list(buckets.values()).count(b) for b in BUCKETS}
     for name in args.readers:
         window, stride, max_windows = READERS[name]
         eval_started = time.time()
-        answers = predict_rows(model, tokenizer, dev, window, stride, max_windows, batch_size=2)
-        predictions = {row["id"]: answers[row["id"]].text if row["id"] in answers else "" for row in dev}
-        scores = {"all": score_predictions(predictions, dev, "korquad1-articles")}
-        for bucket in ("first 512", "beyond 512"):
-            subset = dev.filter(lambda row: buckets[row["id"]] == bucket)
-            if len(subset):
-                scores[bucket] = score_predictions(predictions, subset, "korquad1-articles")
+        predictions, scores = read_and_score(model, tokenizer, dev, buckets, window, stride, max_windows)
         results["readers"][name] = {"scores": scores, "eval_seconds": time.time() - eval_started,
                                     "window": window, "doc_stride": stride, "max_windows": max_windows}
         print(name, json.dumps(scores), flush=True)
@@ -114,11 +101,6 @@ def main() -> None:
 
 
 def _write(results: dict, out: Path, started: float) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     results["wall_seconds"] = time.time() - started
     results["torch_threads"] = torch.get_num_threads()
     s, training, sizes = results["settings"], results["training"], results["dev_bucket_sizes"]
@@ -133,28 +115,12 @@ def _write(results: dict, out: Path, started: float) -> None:
              "| reader | EM | F1 | EM first 512 | F1 first 512 | EM beyond 512 | F1 beyond 512 | eval min |",
              "|---|" + "---:|" * 7]
     for name, reader in results["readers"].items():
-        cells = []
-        for bucket in ("all", "first 512", "beyond 512"):
-            score = reader["scores"].get(bucket)
-            cells += [f"{score['exact_match']:.1f}", f"{score['f1']:.1f}"] if score else ["", ""]
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {reader['eval_seconds'] / 60:.1f} |")
+        lines.append(f"| {name} | " + " | ".join(score_cells(reader["scores"]))
+                     + f" | {reader['eval_seconds'] / 60:.1f} |")
     write_file_atomically(out / "e4b_shared_weights.md", "\n".join(lines) + "\n")
     write_file_atomically(out / "e4b_shared_weights.json", json.dumps(results, indent=2) + "\n")
-    names = list(results["readers"])
-    figure, axis = plt.subplots(figsize=(8, 4.5))
-    width = 0.27
-    for offset, bucket in enumerate(("all", "first 512", "beyond 512")):
-        values = [results["readers"][n]["scores"].get(bucket, {}).get("f1", 0.0) for n in names]
-        axis.bar([i + (offset - 1) * width for i in range(len(names))], values, width, label=f"F1 {bucket}")
-    axis.set_xticks(range(len(names)), names)
-    axis.set_ylabel("KorQuAD 1.0 F1 (%)")
-    axis.set_title("E4b: one paragraph-trained model reading whole articles three ways")
-    axis.legend()
-    axis.grid(axis="y", alpha=0.3)
-    figure.tight_layout()
-    save_figure_atomically(figure, out / "e4b_shared_weights.png")
-    plt.close(figure)
-
+    plot_bucket_f1({name: reader["scores"] for name, reader in results["readers"].items()},
+                   out / "e4b_shared_weights.png", "E4b: one paragraph-trained model reading whole articles three ways")
 
 if __name__ == "__main__":
     main()
