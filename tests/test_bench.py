@@ -28,7 +28,32 @@ def test_bench_smoke_writes_json_markdown_and_plots(tmp_path):
         for mode in ("forward", "forward+backward") for length in (128, 256)}
     assert all(row["median_seconds"] > 0 and row["peak_mib"] > 0 for row in measured)
     assert report["matmul_tflops"]["fp32"] > 0 and report["cpu"] and report["threads"] >= 1
+    assert report["device"] == "cpu" and all(row["batch"] == 1 and row["size"] == "smoke" for row in measured)
+    # Tokens/s and the linear layers' FLOP rate follow from the median time (one sequence per call).
+    for row in measured:
+        assert math.isclose(row["tokens_per_second"], row["length"] / row["median_seconds"])
     markdown = (tmp_path / "bench_smoke.md").read_text()
     assert "| littlebird |" in markdown and "Command: `longbird bench" in markdown
     for mode in ("forward", "forward_backward"):
-        assert (tmp_path / f"bench_smoke_fp32_{mode}.png").stat().st_size > 1000
+        assert (tmp_path / f"bench_smoke_smoke_b1_fp32_{mode}.png").stat().st_size > 1000
+
+
+def test_bench_largest_batch_search_and_gradient_checkpointing(tmp_path):
+    result = CliRunner().invoke(app, ["bench", "--smoke", "--length", "128", "--repeats", "1", "--model", "littlebird",
+                                      "--batch", "max", "--max-batch", "4", "--mode", "forward+backward",
+                                      "--gradient-checkpointing", "--out", str(tmp_path), "--name", "b"])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads((tmp_path / "b.json").read_text())["rows"]
+    assert row["batch"] == 4 and row["batch_setting"] == "max"  # nothing runs out of memory on this CPU
+    assert math.isclose(row["tokens_per_second"], 4 * 128 / row["median_seconds"])
+    assert "largest batch that fits" in (tmp_path / "b.md").read_text()
+
+
+def test_bench_refuses_cuda_without_a_gpu_and_bad_settings(tmp_path):
+    import torch
+
+    if not torch.cuda.is_available():
+        result = CliRunner().invoke(app, ["bench", "--smoke", "--device", "cuda", "--out", str(tmp_path)])
+        assert result.exit_code != 0 and "CUDA is not available" in result.output
+    result = CliRunner().invoke(app, ["bench", "--smoke", "--batch", "0", "--out", str(tmp_path)])
+    assert result.exit_code != 0 and "batch must be a positive number or 'max'" in result.output

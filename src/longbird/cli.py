@@ -121,13 +121,37 @@ def demo(
         raise typer.Exit(1)
 
 
+def resolve_device(device: str | None) -> str:
+    """--device: "auto" (default) is CUDA when present, else CPU; anything else must be available here."""
+    import torch
+
+    if device in (None, "", "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        parsed = torch.device(device)
+    except RuntimeError as error:
+        raise typer.BadParameter(f"--device {device!r} is not a device name ({error}); use cpu, cuda or cuda:N")
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise typer.BadParameter(f"--device {device}: CUDA is not available on this machine (torch "
+                                 f"{torch.__version__}); use --device cpu")
+    return str(parsed)
+
+
+DEVICE_HELP = "cpu, cuda or cuda:N (default auto: CUDA when present)"
+
+
 @app.command()
 def bench(
     models: list[str] = typer.Option(["littlebird", "kobigbird", "full", "hf-bigbird", "hf-longformer", "sdpa-roberta"],
                                      "--model", help="Presets and baselines to compare (repeat the option)"),
     lengths: list[int] = typer.Option([1024, 2048, 4096, 8192, 16384], "--length", help="Sequence lengths"),
     modes: list[str] = typer.Option(["forward", "forward+backward"], "--mode", help="forward and/or forward+backward"),
-    dtypes: list[str] = typer.Option(["fp32"], "--dtype", help="fp32 and/or bf16"),
+    dtypes: list[str] = typer.Option(["fp32"], "--dtype", help="fp32, bf16 and/or fp16"),
+    sizes: list[str] = typer.Option(["base"], "--size", help="base (12 x 768) and/or large (24 x 1024)"),
+    batches: list[str] = typer.Option(["1"], "--batch", help="Batch size, or max: the largest power of two that fits"),
+    max_batch: int = typer.Option(64, help="Upper bound of the search for --batch max"),
+    device: str = typer.Option("auto", help=DEVICE_HELP),
+    gradient_checkpointing: bool = typer.Option(False, help="Recompute layers in backward (forward+backward runs)"),
     repeats: int = typer.Option(3, help="Timed calls per point (median), after one warm-up"),
     max_seconds: float = typer.Option(60.0, help="Skip a model at longer lengths once a call takes longer"),
     max_memory_gib: float = typer.Option(16.0, help="Skip a model when its projected peak memory passes this"),
@@ -136,38 +160,35 @@ def bench(
     name: str = typer.Option("", help="File stem of the results (default: bench, or bench_smoke with --smoke)"),
 ):
     """Latency and peak memory vs length for longbird presets and transformers baselines, with plots."""
+    import json
     import sys
 
     from rich.progress import Progress
 
-    from .bench.models import BASE
     from .bench.report import markdown, write_report
     from .bench.sweep import SweepSettings, run_sweep
-
-    for mode in modes:
-        if mode not in ("forward", "forward+backward"):
-            raise typer.BadParameter(f"--mode must be forward or forward+backward; got {mode!r}")
-    settings = SweepSettings(models=list(models), lengths=list(lengths), modes=list(modes), dtypes=list(dtypes),
-                             repeats=repeats, max_seconds=max_seconds, max_memory_gib=max_memory_gib)
-    base = dict(BASE, num_hidden_layers=2, hidden_size=128, num_attention_heads=2, intermediate_size=256) if smoke else None
-    import json
-
     from .files import write_file_atomically
 
+    try:
+        settings = SweepSettings(models=list(models), lengths=list(lengths), modes=list(modes), dtypes=list(dtypes),
+                                 repeats=repeats, max_seconds=max_seconds, max_memory_gib=max_memory_gib,
+                                 device=resolve_device(device), sizes=["smoke"] if smoke else list(sizes),
+                                 batches=list(batches), max_batch=max_batch,
+                                 gradient_checkpointing=gradient_checkpointing)
+    except ValueError as error:
+        raise typer.BadParameter(str(error))
     stem = name or ("bench_smoke" if smoke else "bench")
     partial = out / f"{stem}.partial.json"
-    steps = len(dtypes) * len(modes) * len(lengths)
+    steps = len(settings.sizes) * len(dtypes) * len(modes) * len(batches) * len(lengths)
     with Progress(console=console) as progress:
         task = progress.add_task("bench", total=steps)
-        report = run_sweep(settings, base, progress=lambda message: progress.update(
-            task, advance=1, description=message),
-            checkpoint=lambda report: write_file_atomically(partial, json.dumps(report, indent=2) + "\n"))
+        report = run_sweep(settings, progress=lambda message: progress.update(task, advance=1, description=message),
+                           checkpoint=lambda report: write_file_atomically(partial, json.dumps(report, indent=2) + "\n"))
     partial.unlink(missing_ok=True)
     command = "longbird " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "longbird bench"
     paths = write_report(report, out, command, stem=stem)
     console.print(markdown(report | {"command": command}, command))
     console.print("wrote " + ", ".join(str(path) for path in paths))
-
 
 
 def _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insertion, bf16):

@@ -9,6 +9,7 @@ from transformers import PreTrainedConfig
 
 ATTENTIONS = ("full", "bigbird", "littlebird")
 QA_HEADS = ("conditional", "linear")
+ATTENTION_BACKENDS = ("auto", "blocked", "flex")
 POSITIONS = ("absolute", "bialibi", "tape")
 POSITION_EXTENSIONS = ("taper", "copy")
 # Methods whose kernels land in later issues; the config names them so errors can say so.
@@ -69,6 +70,9 @@ class LongBirdConfig(PreTrainedConfig):
     random_seed: int = 0
     pack_size: int = 64
     bialibi_learnable: bool = True
+    # Sparse kernel: "auto" (compiled flex_attention on CUDA and for long CPU inference, else blocked), "blocked",
+    # "flex"; see attention/backend.py. Computes the same function either way.
+    attention_backend: str = "auto"
     # Task heads.
     qa_head: str = "conditional"
     qa_top_k: int = 5
@@ -122,6 +126,8 @@ class LongBirdConfig(PreTrainedConfig):
                              "use 0 to disable pack attention or the paper's 64")
         if self.attention == "bigbird" and self.num_random_blocks < 0:
             raise ValueError(f"num_random_blocks must be >= 0; got {self.num_random_blocks}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}; got {self.attention_backend!r}")
         if self.qa_head not in QA_HEADS:
             raise ValueError(f"qa_head must be one of {QA_HEADS}; got {self.qa_head!r}")
         if self.qa_top_k < 1:

@@ -8,7 +8,10 @@ every layer through the dense oracle with the same pattern materialised as a mas
 
 from __future__ import annotations
 
+import functools
+
 import torch
+import torch.utils.checkpoint
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
@@ -17,6 +20,8 @@ from transformers.modeling_utils import AttentionInterface
 
 from .attention import (bigbird_attention, bigbird_pattern, full_attention, pack_attention, reference_attention,
                         usw_attention, usw_attention_reference, usw_layout)
+from .attention.backend import SparseBackend, choose_backend
+from .attention.flex import bigbird_flex_attention, usw_flex_attention
 from .config import LongBirdConfig
 from .positions.alibi import BiALiBi, alibi_slopes
 
@@ -71,7 +76,7 @@ class LongBirdSelfAttention(nn.Module):
         batch, _, length, _ = context.shape
         return context.transpose(1, 2).reshape(batch, length, -1)
 
-    def forward(self, hidden_states, key_mask, pattern=None, use_reference=False, workspace=None):
+    def forward(self, hidden_states, key_mask, pattern=None, use_reference=False, workspace=None, backend=None):
         query, key, value = (self._heads(proj(hidden_states)) for proj in (self.query, self.key, self.value))
         if use_reference:
             mask = key_mask[:, None, None, :]
@@ -79,7 +84,9 @@ class LongBirdSelfAttention(nn.Module):
                 mask = mask & pattern.materialize().to(key_mask.device)[None]
             context = reference_attention(query, key, value, mask)
         elif pattern is not None:
-            context = bigbird_attention(query, key, value, key_mask, pattern, workspace)
+            context = (backend or SparseBackend()).run(
+                lambda: bigbird_flex_attention(query, key, value, key_mask, pattern),
+                lambda: bigbird_attention(query, key, value, key_mask, pattern, workspace), query.device)
         else:
             context = full_attention(query, key, value, key_mask)
         return self._merge(context)
@@ -102,8 +109,9 @@ class LongBirdAttention(nn.Module):
         self.self = LongBirdSelfAttention(config)
         self.output = LongBirdSelfOutput(config)
 
-    def forward(self, hidden_states, key_mask, pattern=None, use_reference=False, workspace=None):
-        return self.output(self.self(hidden_states, key_mask, pattern, use_reference, workspace), hidden_states)
+    def forward(self, hidden_states, key_mask, pattern=None, use_reference=False, workspace=None, backend=None):
+        return self.output(self.self(hidden_states, key_mask, pattern, use_reference, workspace, backend),
+                           hidden_states)
 
 
 class LongBirdIntermediate(nn.Module):
@@ -129,8 +137,8 @@ class LongBirdLayer(nn.Module):
         self.intermediate = LongBirdIntermediate(config)
         self.output = LongBirdOutput(config)
 
-    def forward(self, hidden_states, key_mask, pattern=None, use_reference=False, workspace=None):
-        attended = self.attention(hidden_states, key_mask, pattern, use_reference, workspace)
+    def forward(self, hidden_states, key_mask, pattern=None, use_reference=False, workspace=None, backend=None):
+        attended = self.attention(hidden_states, key_mask, pattern, use_reference, workspace, backend)
         return self.output(self.intermediate(attended), attended)
 
 
@@ -147,9 +155,10 @@ class LittleBirdLayer(nn.Module):
         self.intermediate = LongBirdIntermediate(config)
         self.output = LongBirdOutput(config)
 
-    def forward(self, hidden_states, key_mask, positions, pack, layout=None, workspace=None):
-        """`layout` (from usw_layout) selects the blocked kernel; None selects the dense reference."""
-        use_reference = layout is None
+    def forward(self, hidden_states, key_mask, positions, pack, layout=None, workspace=None, backend=None,
+                use_reference=False):
+        """`backend` picks flex or the blocked kernel (which reads `layout`, from usw_layout, built on demand);
+        `use_reference` selects the dense oracle."""
         unpack = self.attention.self
         pack_key = pack_value = None
         if self.pack_attention is not None:
@@ -166,7 +175,11 @@ class LittleBirdLayer(nn.Module):
             context = usw_attention_reference(query, key, value, key_mask, positions, self.bialibi, self.block_size,
                                               pack_key, pack_value)
         else:
-            context = usw_attention(query, key, value, layout, self.bialibi, pack_key, pack_value, workspace)
+            context = (backend or SparseBackend()).run(
+                lambda: usw_flex_attention(query, key, value, key_mask, positions, self.bialibi, self.block_size,
+                                           pack_key, pack_value),
+                lambda: usw_attention(query, key, value, layout or usw_layout(key_mask, positions, self.block_size),
+                                      self.bialibi, pack_key, pack_value, workspace), query.device)
         attended = self.attention.output(unpack._merge(context), hidden_states)  # A = LN(C_x + X)
         return self.output(self.intermediate(attended), attended), pack
 
@@ -181,6 +194,7 @@ class LongBirdEncoder(nn.Module):
         self.config = config
         layer_class = LittleBirdLayer if config.attention == "littlebird" else LongBirdLayer
         self.layer = nn.ModuleList(layer_class(config) for _ in range(config.num_hidden_layers))
+        self.gradient_checkpointing = False  # set by PreTrainedModel.gradient_checkpointing_enable()
         if config.attention == "littlebird" and config.pack_size > 0:
             # P: s learned pack vectors at the input, carried from layer to layer (LittleBird §3.3).
             self.pack_embeddings = nn.Parameter(torch.randn(config.pack_size, config.hidden_size)
@@ -189,6 +203,18 @@ class LongBirdEncoder(nn.Module):
     def uses_sparse_attention(self, length: int) -> bool:
         """Decided per call from the input length; the model is never switched permanently."""
         return self.config.attention == "bigbird" and length > self.config.full_attention_max_length
+
+    def _backend(self, hidden_states) -> SparseBackend:
+        return choose_backend(self.config.attention_backend, hidden_states.device, hidden_states.shape[1],
+                              self.config.block_size)
+
+    def _call_layer(self, layer, *args):
+        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            # Recompute the layer in backward: activation memory of one layer instead of all of them.
+            checkpoint = getattr(self, "_gradient_checkpointing_func", None) or functools.partial(
+                torch.utils.checkpoint.checkpoint, use_reentrant=False)
+            return checkpoint(layer.__call__, *args)
+        return layer(*args)
 
     def forward(self, hidden_states, key_mask, position_ids, use_reference=False, output_hidden_states=False):
         config = self.config
@@ -204,6 +230,7 @@ class LongBirdEncoder(nn.Module):
                 key_mask = nn.functional.pad(key_mask, (0, padded - length), value=False)
         all_hidden = [hidden_states[:, :length]] if output_hidden_states else None
         workspace = {}  # per-call scratch buffers shared by the layers (inference only)
+        backend = self._backend(hidden_states) if sparse and not use_reference else None
         for index, layer in enumerate(self.layer):
             pattern = None
             if sparse:
@@ -211,7 +238,8 @@ class LongBirdEncoder(nn.Module):
                     hidden_states.shape[1] // config.block_size, config.block_size, config.num_attention_heads,
                     config.num_random_blocks, config.random_seed, index,
                 )
-            hidden_states = layer(hidden_states, key_mask, pattern, use_reference, workspace)
+            hidden_states = self._call_layer(layer, hidden_states, key_mask, pattern, use_reference, workspace,
+                                             backend)
             if output_hidden_states:
                 all_hidden.append(hidden_states[:, :length])
         return hidden_states[:, :length], all_hidden
@@ -226,11 +254,14 @@ class LongBirdEncoder(nn.Module):
         pack = getattr(self, "pack_embeddings", None)
         pack = pack.to(hidden_states.dtype)[None].expand(batch, -1, -1) if pack is not None else None
         all_hidden = [hidden_states[:, :length]] if output_hidden_states else None
+        backend = None if use_reference else self._backend(hidden_states)
         # Blocking, padding and BiALiBi distances are the same in every layer: computed once per call.
-        layout = None if use_reference else usw_layout(key_mask, position_ids, self.config.block_size)
+        layout = usw_layout(key_mask, position_ids, self.config.block_size) \
+            if backend is not None and backend.name == "blocked" else None
         workspace = {}  # per-call scratch buffers shared by the layers (inference only)
         for layer in self.layer:
-            hidden_states, pack = layer(hidden_states, key_mask, position_ids, pack, layout, workspace)
+            hidden_states, pack = self._call_layer(layer, hidden_states, key_mask, position_ids, pack, layout,
+                                                   workspace, backend, use_reference)
             if output_hidden_states:
                 all_hidden.append(hidden_states[:, :length])
         return hidden_states[:, :length], all_hidden
@@ -240,7 +271,7 @@ class LongBirdPreTrainedModel(PreTrainedModel):
     config_class = LongBirdConfig
     config: LongBirdConfig
     base_model_prefix = "longbird"
-    supports_gradient_checkpointing = False
+    supports_gradient_checkpointing = True
     _supports_sdpa = True
     _supports_attention_backend = True
     # Heads return a mean loss; Trainer must still divide it for gradient accumulation.

@@ -8,6 +8,8 @@ SDPA's CPU kernels accumulate the softmax in fp32 whatever the input dtype (bf16
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 import torch.nn.functional as F
 
@@ -25,6 +27,12 @@ def _gather_blocks(blocks, index, workspace, name):
     """index_select over (head, block) pairs, into a reused buffer at inference."""
     out = scratch_buffer(workspace, name, (blocks.shape[0], index.numel(), *blocks.shape[2:]), blocks)
     return blocks.index_select(1, index) if out is None else torch.index_select(blocks, 1, index, out=out)
+
+
+@lru_cache(maxsize=512)
+def _middle_key_blocks(pattern: BigBirdPattern, device: torch.device):
+    """The pattern's block indices on the input's device, copied once per (layer plan, device)."""
+    return tuple(tensor.to(device) for tensor in pattern.middle_key_blocks())
 
 
 def bigbird_attention(
@@ -53,8 +61,7 @@ def bigbird_attention(
         return global_out
 
     # Middle query blocks: gather window + global + random key blocks per (head, block).
-    indices, valid = pattern.middle_key_blocks()  # (h, n-2, m)
-    indices, valid = indices.to(query.device), valid.to(query.device)
+    indices, valid = _middle_key_blocks(pattern, query.device)  # (h, n-2, m)
     m = indices.shape[-1]
     # One index_select over (head, block) pairs: much faster than advanced indexing on CPU.
     flat = (torch.arange(heads, device=query.device)[:, None, None] * n + indices).reshape(-1)

@@ -17,7 +17,7 @@ WINDOW_BLOCKS = 3
 GLOBAL_BLOCKS = 2
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # identity hash: plans are cached by object
 class BigBirdPattern:
     """The block pattern for one layer at one length.
 

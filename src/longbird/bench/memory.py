@@ -1,4 +1,4 @@
-"""Peak tensor memory of a call on CPU.
+"""Peak tensor memory of a call, on CPU (profiler events) or CUDA (allocator statistics).
 
 torch has no CPU allocator statistics and RSS deltas hide reuse of freed heap, so we read the
 profiler's memory events: "Total Allocated" after every allocation/free, relative to the start.
@@ -24,3 +24,19 @@ def peak_allocated_bytes(fn: Callable[[], Any]) -> tuple[int, Any]:
         events = json.loads(trace.read_text())["traceEvents"]
     totals = [event["args"]["Total Allocated"] for event in events if event.get("name") == "[memory]"]
     return max([0, *totals]), result
+
+
+def peak_cuda_bytes(fn: Callable[[], Any], device) -> tuple[int, int, Any]:
+    """Run `fn()` once on a CUDA device; return (peak bytes above the starting point, absolute peak bytes, result).
+
+    The absolute peak counts the weights (and their gradients) too: it is what must fit in the GPU.
+    """
+    import torch
+
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    start = torch.cuda.memory_allocated(device)
+    result = fn()
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    return peak - start, peak, result

@@ -1,4 +1,4 @@
-"""The models a benchmark sweep compares: longbird presets and transformers baselines, base size, random init."""
+"""The models a benchmark sweep compares: longbird presets and transformers baselines, random init, by size."""
 
 from __future__ import annotations
 
@@ -8,6 +8,11 @@ import torch
 
 BASE = dict(vocab_size=32000, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, type_vocab_size=2)
+SIZES = {
+    "base": BASE,
+    "large": dict(BASE, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
+    "smoke": dict(BASE, num_hidden_layers=2, hidden_size=128, num_attention_heads=2, intermediate_size=256),
+}
 PRESET_SETTINGS = {
     "kobigbird": dict(attention="bigbird", position="absolute", block_size=64, num_random_blocks=3),
     "littlebird": dict(attention="littlebird", position="bialibi", block_size=64, pack_size=64),
@@ -46,10 +51,13 @@ def build_model(name: str, max_length: int, base: dict | None = None) -> torch.n
     raise ValueError(f"unknown benchmark model {name!r}; choose from {tuple(PRESET_SETTINGS) + BASELINES}")
 
 
-def forward_fn(model: torch.nn.Module, length: int, backward: bool) -> Callable[[], torch.Tensor]:
-    """A closure running one forward (and backward) at `length`, batch 1."""
+def forward_fn(model: torch.nn.Module, length: int, backward: bool, batch: int = 1,
+               base: dict | None = None) -> Callable[[], torch.Tensor]:
+    """A closure running one forward (and backward) at `length` and `batch`, on the model's device."""
+    vocab = (BASE if base is None else base)["vocab_size"]
+    device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(length)
-    input_ids = torch.randint(5, BASE["vocab_size"], (1, length), generator=generator)
+    input_ids = torch.randint(5, vocab, (batch, length), generator=generator).to(device)
     attention_mask = torch.ones_like(input_ids)
 
     def run():
@@ -71,17 +79,29 @@ def linear_flops(length: int, base: dict | None = None) -> float:
     return 2.0 * length * layers * (4 * hidden * hidden + 2 * hidden * inner)
 
 
-def matmul_throughput(dtype: torch.dtype, size=(4096, 768, 3072), repeats: int = 5) -> float:
-    """This machine's dense matmul FLOP/s for `dtype` (a (m,k)x(k,n) product, median of `repeats`)."""
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_throughput(dtype: torch.dtype, device: torch.device | str = "cpu", size=None, repeats: int = 5) -> float:
+    """This device's dense matmul FLOP/s for `dtype`: median of `repeats` (m,k)x(k,n) products on random data.
+
+    CPU: 4096x768 @ 768x3072 (a base FFN matmul at 4K tokens); CUDA: 8192^3, large enough to fill the chip.
+    """
     import statistics
     import time
 
-    m, k, n = size
-    a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
-    a @ b
+    device = torch.device(device)
+    m, k, n = size or ((8192, 8192, 8192) if device.type == "cuda" else (4096, 768, 3072))
+    a, b = torch.randn(m, k, dtype=dtype, device=device), torch.randn(k, n, dtype=dtype, device=device)
+    for _ in range(3 if device.type == "cuda" else 1):
+        a @ b
     times = []
     for _ in range(repeats):
+        synchronize(device)
         start = time.perf_counter()
         a @ b
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return 2.0 * m * k * n / statistics.median(times)

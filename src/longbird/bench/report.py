@@ -21,29 +21,44 @@ def fitted_exponent(points: list[tuple[int, float]], from_length: int = 4096) ->
     return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum((x - mean_x) ** 2 for x in xs)
 
 
+GROUP_KEYS = ("size", "batch_setting", "dtype", "mode")
+LONGBIRD = ("littlebird", "kobigbird", "full")
+
+
+def _group(row) -> tuple:
+    return tuple(str(row.get(key, default)) for key, default in zip(GROUP_KEYS, ("base", "1", "", "")))
+
+
 def _series(report):
     series = defaultdict(list)
     for row in report["rows"]:
         if "skipped" not in row:
-            series[(row["dtype"], row["mode"], row["model"])].append(row)
+            series[(*_group(row), row["model"])].append(row)
     return series
 
 
+def _environment(report: dict) -> list[str]:
+    where = (f"device: {report['device_name']} ({report['device']})" if report.get("device") == "cuda"
+             else f"CPU: {report['cpu']}, {report['threads']} threads")
+    size = "8192^3" if report.get("device") == "cuda" else "4096x768 @ 768x3072"
+    return [f"torch {report['torch']}, transformers {report['transformers']}, {where}  ",
+            f"Dense matmul throughput ({size}): "
+            + ", ".join(f"{k} {v:.2f} TFLOP/s" for k, v in report["matmul_tflops"].items()), ""]
+
+
 def markdown(report: dict, command: str) -> str:
-    lines = [f"Command: `{command}`  ",
-             f"torch {report['torch']}, transformers {report['transformers']}, {report['threads']} threads, "
-             f"CPU: {report['cpu']}  ",
-             "Dense matmul throughput (4096x768 @ 768x3072): "
-             + ", ".join(f"{k} {v:.2f} TFLOP/s" for k, v in report["matmul_tflops"].items()), ""]
+    lines = [f"Command: `{command}`  ", *_environment(report)]
     groups = defaultdict(list)
     for row in report["rows"]:
-        groups[(row["dtype"], row["mode"])].append(row)
+        groups[_group(row)].append(row)
     series = _series(report)
-    for (dtype, mode), rows in groups.items():
+    for group, rows in groups.items():
+        size, batch, dtype, mode = group
         lengths = sorted({row["length"] for row in rows})
         models = list(dict.fromkeys(row["model"] for row in rows))
         index = {(row["model"], row["length"]): row for row in rows}
-        lines += [f"### {mode}, {dtype}: median seconds / peak MiB", "",
+        batch_text = "largest batch that fits (batch in brackets)" if batch == "max" else f"batch {batch}"
+        lines += [f"### {size}, {batch_text}, {mode}, {dtype}: median ms / peak MiB", "",
                   "| model | " + " | ".join(str(length) for length in lengths) + " | exponent 4K+ (time, memory) |",
                   "|---|" + "---:|" * (len(lengths) + 1)]
         for model in models:
@@ -55,19 +70,46 @@ def markdown(report: dict, command: str) -> str:
                 elif "skipped" in row:
                     cells.append("skipped")
                 else:
-                    cells.append(f"{row['median_seconds']:.3f} / {row['peak_mib']:.0f}")
-            points = series.get((dtype, mode, model), [])
-            time_exp = fitted_exponent([(r["length"], r["median_seconds"]) for r in points])
-            memory_exp = fitted_exponent([(r["length"], r["peak_mib"]) for r in points])
+                    cell = f"{1000 * row['median_seconds']:.1f} / {row['peak_mib']:.0f}"
+                    cells.append(cell + (f" [{row['batch']}]" if batch == "max" else ""))
+            points = series.get((*group, model), [])
+            time_exp = fitted_exponent([(r["length"], r["median_seconds"] / r.get("batch", 1)) for r in points])
+            memory_exp = fitted_exponent([(r["length"], r["peak_mib"] / r.get("batch", 1)) for r in points])
             exponent = "" if time_exp is None else f"{time_exp:.2f}, {memory_exp:.2f}"
             lines.append(f"| {model} | " + " | ".join(cells) + f" | {exponent} |")
         skips = {row["model"]: row["skipped"] for row in rows if "skipped" in row}
         lines += [""] + [f"- {model} skipped from some length on: {reason}" for model, reason in skips.items()] + [""]
+        lines += _ratios(rows, lengths) + [""]
     return "\n".join(lines) + "\n"
 
 
+def _ratios(rows, lengths) -> list[str]:
+    """Per longbird model: throughput (tokens/s) ratio over each baseline, and the linear layers' share of matmul."""
+    index = {(row["model"], row["length"]): row for row in rows if "skipped" not in row}
+    ours = [model for model in LONGBIRD if any(model == m for m, _ in index)]
+    others = list(dict.fromkeys(m for m, _ in index if m not in LONGBIRD))
+    if not ours:
+        return []
+    lines = ["Speed-up (tokens/s ratio) and linear-layer FLOP rate as a fraction of the measured matmul rate:", "",
+             "| longbird model | vs | " + " | ".join(str(length) for length in lengths) + " |",
+             "|---|---|" + "---:|" * len(lengths)]
+    for model in ours:
+        for other in others:
+            cells = []
+            for length in lengths:
+                a, b = index.get((model, length)), index.get((other, length))
+                cells.append(f"{a['tokens_per_second'] / b['tokens_per_second']:.2f}x" if a and b and
+                             "tokens_per_second" in a else "")
+            lines.append(f"| {model} | {other} | " + " | ".join(cells) + " |")
+        cells = [f"{100 * index[(model, length)]['linear_fraction_of_matmul']:.0f} %"
+                 if (model, length) in index and "linear_fraction_of_matmul" in index[(model, length)] else ""
+                 for length in lengths]
+        lines.append(f"| {model} | matmul rate | " + " | ".join(cells) + " |")
+    return lines
+
+
 def plot(report: dict, out_dir: Path, stem: str = "bench") -> list[Path]:
-    """latency vs length and peak memory vs length (log-log), one PNG per (dtype, mode)."""
+    """latency vs length and peak memory vs length (log-log), one PNG per (size, batch, dtype, mode)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -75,15 +117,17 @@ def plot(report: dict, out_dir: Path, stem: str = "bench") -> list[Path]:
 
     written = []
     series = _series(report)
-    for dtype, mode in sorted({(d, m) for d, m, _ in series}):
+    where = report.get("device_name", "") if report.get("device") == "cuda" else f"{report['threads']} CPU threads"
+    for group in sorted({key[:4] for key in series}):
+        size, batch, dtype, mode = group
         figure, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-        for (d, m, model), rows in series.items():
-            if (d, m) != (dtype, mode):
+        for key, rows in series.items():
+            if key[:4] != group:
                 continue
             rows = sorted(rows, key=lambda row: row["length"])
             lengths = [row["length"] for row in rows]
-            axes[0].plot(lengths, [row["median_seconds"] for row in rows], marker="o", label=model)
-            axes[1].plot(lengths, [row["peak_mib"] for row in rows], marker="o", label=model)
+            axes[0].plot(lengths, [row["median_seconds"] for row in rows], marker="o", label=key[4])
+            axes[1].plot(lengths, [row["peak_mib"] for row in rows], marker="o", label=key[4])
         for axis, label in zip(axes, ("median latency (s)", "peak tensor memory (MiB)")):
             axis.set_xscale("log", base=2)
             axis.set_yscale("log")
@@ -91,9 +135,10 @@ def plot(report: dict, out_dir: Path, stem: str = "bench") -> list[Path]:
             axis.set_ylabel(label)
             axis.grid(True, which="both", alpha=0.3)
         axes[0].legend(fontsize=8)
-        figure.suptitle(f"{mode}, {dtype}, batch 1, base size ({report['threads']} CPU threads)")
+        batch_text = "largest batch that fits" if batch == "max" else f"batch {batch}"
+        figure.suptitle(f"{mode}, {dtype}, {batch_text}, {size} size ({where})")
         figure.tight_layout()
-        path = out_dir / f"{stem}_{dtype}_{mode.replace('+', '_')}.png"
+        path = out_dir / f"{stem}_{size}_b{batch}_{dtype}_{mode.replace('+', '_')}.png"
         save_figure_atomically(figure, path)
         plt.close(figure)
         written.append(path)

@@ -1,8 +1,10 @@
 """`longbird bench`: latency and peak memory vs length for longbird presets and transformers baselines.
 
-All models run in one process, batch 1, base size, random init. A model is skipped at longer lengths once
-one call took longer than `max_seconds` or its projected memory passes `max_memory_gib` (recorded as a skip
-with the reason). Timed calls of different models alternate, so machine noise hits them alike.
+All models run in one process, random init, on one device (CPU or CUDA), for each size (base, large), batch
+(a number, or "max": the largest power of two up to `max_batch` that fits), dtype and mode. A model is skipped at
+longer lengths once one call took longer than `max_seconds`, its projected memory passes `max_memory_gib`, or it
+ran out of GPU memory (each recorded as a skip with the reason). Timed calls of different models alternate, so
+machine noise hits them alike; on CUDA each call is synchronised before the clock is read.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from typing import Callable
 
 import torch
 
-from .memory import peak_allocated_bytes
-from .models import BASE, build_model, forward_fn, linear_flops, matmul_throughput
+from .memory import peak_allocated_bytes, peak_cuda_bytes
+from .models import SIZES, build_model, forward_fn, linear_flops, matmul_throughput, synchronize
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+MODES = ("forward", "forward+backward")
 
 
 @dataclass
@@ -33,6 +36,25 @@ class SweepSettings:
     repeats: int = 3
     max_seconds: float = 60.0
     max_memory_gib: float = 16.0
+    device: str = "cpu"
+    sizes: list[str] = field(default_factory=lambda: ["base"])
+    batches: list[str] = field(default_factory=lambda: ["1"])
+    max_batch: int = 64
+    gradient_checkpointing: bool = False
+
+    def __post_init__(self):
+        for mode in self.modes:
+            if mode not in MODES:
+                raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
+        for dtype in self.dtypes:
+            if dtype not in DTYPES:
+                raise ValueError(f"dtype must be one of {tuple(DTYPES)}; got {dtype!r}")
+        for size in self.sizes:
+            if size not in SIZES:
+                raise ValueError(f"size must be one of {tuple(SIZES)}; got {size!r}")
+        for batch in self.batches:
+            if batch != "max" and not (str(batch).isdigit() and int(batch) >= 1):
+                raise ValueError(f"batch must be a positive number or 'max'; got {batch!r}")
 
 
 def cpu_model() -> str:
@@ -45,51 +67,130 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
+
+
 def run_sweep(settings: SweepSettings, base: dict | None = None,
               progress: Callable[[str], None] = lambda message: None,
               checkpoint: Callable[[dict], None] = lambda report: None) -> dict:
-    """Returns a JSON-ready report: environment, matmul throughput, one row per (model, dtype, mode, length).
-
-    `checkpoint(report)` is called after every length so a long sweep that is stopped keeps what it measured.
-    """
+    """Returns a JSON-ready report: environment, matmul throughput, one row per (size, batch, model, dtype, mode,
+    length). `base` replaces the sizes by one explicit architecture (tests). `checkpoint(report)` is called after
+    every length so a long sweep that is stopped keeps what it measured."""
     import transformers
 
-    base = dict(BASE if base is None else base)
+    device = torch.device(settings.device)
+    sizes = {"custom": base} if base is not None else {name: SIZES[name] for name in settings.sizes}
     report = {
-        "settings": asdict(settings), "base": base, "torch": torch.__version__,
+        "settings": asdict(settings), "sizes": sizes, "torch": torch.__version__,
         "transformers": transformers.__version__, "threads": torch.get_num_threads(), "cpu": cpu_model(),
-        "matmul_tflops": {name: matmul_throughput(DTYPES[name]) / 1e12 for name in settings.dtypes},
+        "device": device.type, "device_name": device_name(device),
+        "matmul_tflops": {name: matmul_throughput(DTYPES[name], device) / 1e12 for name in settings.dtypes},
         "rows": [],
     }
     max_length = max(settings.lengths)
-    for dtype_name in settings.dtypes:
-        for mode in settings.modes:
-            models = {name: build_model(name, max_length, base).to(DTYPES[dtype_name]) for name in settings.models}
-            skipped: dict[str, str] = {}
-            last_peak: dict[str, tuple[int, float]] = {}
-            for length in sorted(settings.lengths):
-                active = {}
-                for name in models:
-                    reason = skipped.get(name) or _projected_over_memory(last_peak.get(name), length, settings)
-                    if reason:
-                        skipped[name] = reason
-                        report["rows"].append(dict(model=name, dtype=dtype_name, mode=mode, length=length,
-                                                   skipped=reason))
-                        continue
-                    active[name] = forward_fn(models[name], length, backward=mode != "forward")
-                progress(f"{dtype_name} {mode} {length}: {', '.join(active) or 'all skipped'}")
-                for name, row in _measure(active, settings.repeats).items():
-                    row.update(model=name, dtype=dtype_name, mode=mode, length=length)
-                    row["linear_tflops_achieved"] = linear_flops(length, base) * (3 if mode != "forward" else 1) \
-                        / row["median_seconds"] / 1e12
-                    report["rows"].append(row)
-                    last_peak[name] = (length, row["peak_mib"])
-                    if row["median_seconds"] > settings.max_seconds:
-                        skipped[name] = f"one call took {row['median_seconds']:.0f} s > max_seconds {settings.max_seconds:.0f}"
-                checkpoint(report)
-            del models
-            gc.collect()
+    for size, architecture in sizes.items():
+        for dtype_name in settings.dtypes:
+            for mode in settings.modes:
+                models = {name: _prepared(build_model(name, max_length, architecture), device, DTYPES[dtype_name],
+                                          mode, settings) for name in settings.models}
+                for batch in settings.batches:
+                    _sweep_lengths(models, settings, architecture, dict(size=size, dtype=dtype_name, mode=mode,
+                                                                        batch_setting=str(batch)),
+                                   report, progress, checkpoint)
+                del models
+                _release(device)
     return report
+
+
+def _prepared(model, device, dtype, mode, settings):
+    model = model.to(device=device, dtype=dtype)
+    if mode != "forward" and settings.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.train()  # checkpointing is active in training mode only (dropout is 0 in every benchmark size)
+    return model
+
+
+def _sweep_lengths(models, settings, architecture, key, report, progress, checkpoint):
+    device = torch.device(settings.device)
+    skipped: dict[str, str] = {}
+    last_peak: dict[str, tuple[int, float]] = {}
+    backward = key["mode"] != "forward"
+    for length in sorted(settings.lengths):
+        active, batches = {}, {}
+        for name, model in models.items():
+            reason = skipped.get(name) or _projected_over_memory(last_peak.get(name), length, settings)
+            batch = None
+            if not reason:
+                batch, reason = _batch_for(model, length, backward, key["batch_setting"], settings, architecture)
+            if reason:
+                skipped[name] = reason
+                report["rows"].append(dict(key, model=name, length=length, skipped=reason))
+                continue
+            batches[name] = batch
+            active[name] = forward_fn(model, length, backward, batch, architecture)
+        progress(f"{key['size']} batch {key['batch_setting']} {key['dtype']} {key['mode']} {length}: "
+                 f"{', '.join(active) or 'all skipped'}")
+        for name, row in _measure(active, settings.repeats, device).items():
+            if "skipped" in row:
+                skipped[name] = row["skipped"]
+                report["rows"].append(dict(key, model=name, length=length, skipped=row["skipped"]))
+                continue
+            batch = batches[name]
+            factor = 3 if backward else 1  # backward costs two forwards' worth of matmuls
+            achieved = linear_flops(length, architecture) * batch * factor / row["median_seconds"] / 1e12
+            row.update(key, model=name, length=length, batch=batch, tokens_per_second=batch * length
+                       / row["median_seconds"], linear_tflops_achieved=achieved,
+                       linear_fraction_of_matmul=achieved / report["matmul_tflops"][key["dtype"]])
+            backend = _sparse_backend(models[name], length, backward, device)
+            if backend:
+                row["attention_backend"] = backend
+            report["rows"].append(row)
+            last_peak[name] = (length, row["peak_mib"] / batch)
+            if row["median_seconds"] > settings.max_seconds:
+                skipped[name] = f"one call took {row['median_seconds']:.0f} s > max_seconds {settings.max_seconds:.0f}"
+        checkpoint(report)
+
+
+def _batch_for(model, length, backward, batch_setting, settings, architecture) -> tuple[int | None, str | None]:
+    """(batch, None), or (None, reason) when even the smallest batch does not fit."""
+    if batch_setting != "max":
+        return int(batch_setting), None
+    device = torch.device(settings.device)
+    fits = None
+    batch = 1
+    while batch <= settings.max_batch:
+        try:
+            forward_fn(model, length, backward, batch, architecture)()
+            synchronize(device)
+            fits = batch
+        except torch.OutOfMemoryError:
+            break
+        finally:
+            _release(device)
+        batch *= 2
+    if fits is None:
+        return None, f"out of memory at batch 1, {length} tokens"
+    return fits, None
+
+
+def _sparse_backend(model, length, backward, device) -> str | None:
+    """The longbird sparse kernel a call at this length used (flex or blocked), for the report."""
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) != "longbird" or config.attention == "full":
+        return None
+    if config.attention == "bigbird" and length <= config.full_attention_max_length:
+        return "full (SDPA)"
+    from ..attention.backend import choose_backend
+
+    with torch.set_grad_enabled(backward):
+        return choose_backend(config.attention_backend, device, length, config.block_size).name
+
+
+def _release(device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _projected_over_memory(last, length, settings) -> str | None:
@@ -102,19 +203,36 @@ def _projected_over_memory(last, length, settings) -> str | None:
     return None
 
 
-def _measure(runs: dict[str, Callable], repeats: int) -> dict[str, dict]:
-    times = {name: [] for name in runs}
-    for run in runs.values():
-        run()  # warm-up
-    for _ in range(repeats):
-        for name, run in runs.items():
-            gc.collect()
-            start = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - start)
-    rows = {}
+def _timed(run, device) -> float:
+    synchronize(device)
+    start = time.perf_counter()
+    run()
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+def _measure(runs: dict[str, Callable], repeats: int, device: torch.device) -> dict[str, dict]:
+    rows: dict[str, dict] = {}
+    times: dict[str, list[float]] = {}
     for name, run in runs.items():
-        peak, _ = peak_allocated_bytes(run)
-        rows[name] = {"median_seconds": statistics.median(times[name]), "min_seconds": min(times[name]),
+        try:
+            run()  # warm-up (and compilation, where a backend compiles)
+            times[name] = []
+        except torch.OutOfMemoryError:
+            rows[name] = {"skipped": "out of GPU memory"}
+            _release(device)
+    for _ in range(repeats):
+        for name in list(times):
+            if device.type != "cuda":
+                gc.collect()
+            times[name].append(_timed(runs[name], device))
+    for name, samples in times.items():
+        if device.type == "cuda":
+            peak, absolute, _ = peak_cuda_bytes(runs[name], device)
+        else:
+            (peak, _), absolute = peak_allocated_bytes(runs[name]), None
+        rows[name] = {"median_seconds": statistics.median(samples), "min_seconds": min(samples),
                       "peak_mib": peak / 2**20}
+        if absolute is not None:
+            rows[name]["peak_total_mib"] = absolute / 2**20
     return rows

@@ -1,0 +1,101 @@
+"""Which sparse kernel runs a call: the blocked kernels (portable, CPU training) or compiled flex_attention.
+
+Chosen per call from the device, autograd and length, with the reason logged (logger "longbird.attention":
+INFO when the choice changes, DEBUG on every call). Measured reasons behind the rules (README, GPU section):
+- CUDA: compiled flex is the fast path for training and inference; its Triton tiles need b >= 16.
+- CPU: flex has no backward, so training uses the blocked kernels; for inference compiled flex is faster from
+  CPU_FLEX_MIN_LENGTH tokens on, and below that the first call's compile time is never repaid.
+A compile or kernel failure (no C++ compiler, an unsupported GPU) logs a warning and falls back to the blocked
+kernels for that device type for the rest of the process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+BACKENDS = ("auto", "blocked", "flex")
+# From benchmarks/results/flex_cpu.md (`python benchmarks/flex_cpu.py`): compiled flex beats the blocked kernels
+# for CPU inference from 4096 tokens on (model forward, base size).
+CPU_FLEX_MIN_LENGTH = 4096
+FLEX_MIN_BLOCK_SIZE = 16
+
+logger = logging.getLogger("longbird.attention")
+_last_logged: tuple[str, str] | None = None
+_broken: dict[str, str] = {}  # device type -> why flex failed there
+
+
+@dataclass(frozen=True)
+class SparseBackend:
+    """The kernel chosen for one forward call. `strict`: an explicit request for flex, never silently replaced."""
+
+    name: str = "blocked"
+    reason: str = "default"
+    strict: bool = False
+
+    def run(self, flex_call: Callable[[], torch.Tensor], blocked_call: Callable[[], torch.Tensor],
+            device: torch.device) -> torch.Tensor:
+        if self.name == "flex":
+            try:
+                return flex_call()
+            except Exception as error:  # compile/kernel failure: fall back unless flex was asked for
+                if self.strict:
+                    raise
+                mark_broken(device, error)
+        return blocked_call()
+
+
+def choose_backend(requested: str, device: torch.device, length: int, block_size: int) -> SparseBackend:
+    """The backend for one call; `requested` is the config's attention_backend (or LONGBIRD_ATTENTION_BACKEND)."""
+    requested = os.environ.get("LONGBIRD_ATTENTION_BACKEND", requested)
+    if requested not in BACKENDS:
+        raise ValueError(f"attention_backend must be one of {BACKENDS}; got {requested!r}")
+    grad = torch.is_grad_enabled()
+    if requested == "blocked":
+        return _logged("blocked", "attention_backend='blocked'")
+    unusable = _flex_unusable(device, grad, block_size)
+    if requested == "flex":
+        if unusable:
+            raise ValueError(f"attention_backend='flex' cannot run here: {unusable}; use attention_backend='auto' "
+                             "or 'blocked'")
+        return _logged("flex", "attention_backend='flex'", strict=True)
+    if unusable:
+        return _logged("blocked", unusable)
+    if device.type == "cuda":
+        return _logged("flex", "CUDA: compiled flex_attention (fused block-sparse kernel)")
+    if length < CPU_FLEX_MIN_LENGTH:
+        return _logged("blocked", f"CPU inference below {CPU_FLEX_MIN_LENGTH} tokens: the blocked kernel is faster "
+                                  "once compile time is counted")
+    return _logged("flex", f"CPU inference at {length} tokens: compiled flex_attention is faster (measured)")
+
+
+def _flex_unusable(device: torch.device, grad: bool, block_size: int) -> str | None:
+    if device.type in _broken:
+        return f"flex_attention failed earlier on {device.type}: {_broken[device.type]}"
+    if device.type == "cpu" and grad:
+        return "CPU with autograd on: flex_attention has no backward on CPU"
+    if device.type == "cuda" and block_size < FLEX_MIN_BLOCK_SIZE:
+        return f"block_size {block_size} < {FLEX_MIN_BLOCK_SIZE}: too small for flex_attention's GPU tiles"
+    if device.type not in ("cpu", "cuda"):
+        return f"flex_attention is not used on {device.type}"
+    return None
+
+
+def mark_broken(device: torch.device, error: Exception) -> None:
+    """Remember that flex failed on this device type; later calls take the blocked kernels."""
+    _broken[device.type] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    logger.warning("flex_attention failed on %s (%s); using the blocked kernels from now on",
+                   device.type, _broken[device.type])
+
+
+def _logged(backend: str, reason: str, strict: bool = False) -> SparseBackend:
+    global _last_logged
+    if _last_logged != (backend, reason):
+        logger.info("sparse attention backend: %s (%s)", backend, reason)
+        _last_logged = (backend, reason)
+    logger.debug("sparse attention backend: %s (%s)", backend, reason)
+    return SparseBackend(backend, reason, strict)

@@ -1,0 +1,194 @@
+"""Compiled block-sparse backend: BigBird ITC and LittleBird USW on `torch.nn.attention.flex_attention`.
+
+Notation: b = block size, n = query blocks, s = pack size, H = heads, B = batch, T = flex tile.
+The pattern is a block table (which key blocks each query block sees, (n, n_kv) at block level, never l x l),
+handed to flex as a `BlockMask` built from block indices (`BlockMask.from_kv_blocks`). flex's GPU kernels want
+tiles their defaults divide (128), so on CUDA the b-block table is OR-ed into T = 128 tiles and inputs are padded
+to a tile multiple; the mask_mod repeats the exact b-block pattern and the key padding, so the function is the
+same at any tile. Tiles whose keys are all real and all allowed are "full" (no mask_mod evaluated there).
+BiALiBi (LittleBird §3.1) and the packed-context distance (§3.3, D_C) are a `score_mod` on position ids.
+
+Both functions compute exactly what `bigbird_attention` / `usw_attention` compute (tests compare them with the
+dense references); flex's kernel is a fused online-softmax one, so no score tensor is stored.
+Without `torch.compile` flex runs its dense math path: correct (used by CPU tests) but O(l^2).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+from .patterns import BigBirdPattern
+
+GPU_TILE = 128  # flex's default sparse block: every default GPU kernel configuration divides it
+
+
+@functools.cache
+def compiled_flex_attention():
+    """flex_attention through torch.compile, built once per process. The first call compiles; a second shape
+    compiles once more with dynamic shapes (torch.compile's default), so new lengths do not recompile again."""
+    return torch.compile(flex_attention)
+
+
+def flex_tile(device: torch.device, block_size: int) -> int:
+    """The flex tile for this device: b on CPU; on CUDA 128 when b divides it (else b itself)."""
+    if device.type == "cuda" and GPU_TILE % block_size == 0:
+        return GPU_TILE
+    return block_size
+
+
+_FROM_KV_TAKES_LENGTHS = "seq_lengths" in inspect.signature(BlockMask.from_kv_blocks).parameters
+
+
+def _tiles(table: torch.Tensor, group: int, reduce: str) -> torch.Tensor:
+    """(..., n_q, n_kv) block table -> (..., n_q/g, n_kv/g) tile table with any() or all() over each g x g group."""
+    *lead, n_q, n_kv = table.shape
+    grouped = table.reshape(*lead, n_q // group, group, n_kv // group, group)
+    reduced = getattr(grouped, reduce)(dim=-1)
+    return getattr(reduced, reduce)(dim=-2)
+
+
+def block_mask_from_tables(allowed: torch.Tensor, full: torch.Tensor, tile: int, mask_mod,
+                           query_length: int, key_length: int) -> BlockMask:
+    """A BlockMask from tile tables (B, H, n_q, n_kv) bool: `allowed` tiles, of which `full` need no mask_mod."""
+    allowed, full = torch.broadcast_tensors(allowed, full)
+    partial = allowed & ~full
+
+    def indices(table):
+        counts = table.sum(-1, dtype=torch.int32)
+        # Listed tiles first, in increasing order (stable sort on "not listed").
+        order = torch.sort((~table).to(torch.int8), dim=-1, stable=True).indices.to(torch.int32)
+        return counts, order
+
+    kv_num, kv_index = indices(partial)
+    full_num, full_index = indices(full)
+    extra = {"seq_lengths": (query_length, key_length)} if _FROM_KV_TAKES_LENGTHS else {}
+    return BlockMask.from_kv_blocks(kv_num, kv_index, full_num, full_index, BLOCK_SIZE=tile, mask_mod=mask_mod,
+                                    **extra)
+
+
+def _pad_length(x: torch.Tensor, dim: int, length: int, value=0) -> torch.Tensor:
+    extra = length - x.shape[dim]
+    if extra == 0:
+        return x
+    pad = [0, 0] * (x.dim() - dim - 1) + [0, extra]
+    return F.pad(x, pad, value=value)
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _run(query, key, value, score_mod, block_mask, compiled):
+    attend = compiled_flex_attention() if compiled else flex_attention
+    return attend(query, key, value, score_mod=score_mod, block_mask=block_mask)
+
+
+@functools.lru_cache(maxsize=512)
+def bigbird_block_table(pattern: BigBirdPattern, device: torch.device) -> torch.Tensor:
+    """(H, n, n) bool: key blocks each query block attends (global rows see every block)."""
+    n, heads = pattern.num_blocks, pattern.num_heads
+    table = torch.zeros(heads, n, n, dtype=torch.bool)  # block level: (n, n), never (l, l)
+    table[:, 0] = True
+    table[:, n - 1] = True
+    if n > 2:
+        indices, valid = pattern.middle_key_blocks()  # (H, n-2, 5+r)
+        rows = torch.arange(1, n - 1)[None, :, None].expand_as(indices)
+        head_index = torch.arange(heads)[:, None, None].expand_as(indices)
+        table[head_index[valid], rows[valid], indices[valid]] = True
+    return table.to(device)
+
+
+def bigbird_flex_attention(query, key, value, key_mask, pattern: BigBirdPattern, compiled: bool = True,
+                           tile: int | None = None):
+    """Same contract as `bigbird_attention`: (B, H, l, d) with l = n·b, key_mask (B, l) bool.
+    `tile` (a multiple of b) overrides the device's flex tile (tests)."""
+    batch, heads, length, _ = query.shape
+    b, n = pattern.block_size, pattern.num_blocks
+    tile = tile or flex_tile(query.device, b)
+    padded = _round_up(length, tile)
+    n_padded = padded // b
+    query, key, value = (_pad_length(x, 2, padded) for x in (query, key, value))
+    key_mask = _pad_length(key_mask, 1, padded, False)
+
+    table = F.pad(bigbird_block_table(pattern, query.device), (0, n_padded - n, 0, n_padded - n))[None]
+    real = key_mask.view(batch, n_padded, b).all(-1)  # (B, n') key blocks without padding
+    group = tile // b
+    allowed = _tiles(table, group, "any")
+    full = _tiles(table & real[:, None, None, :], group, "all")
+
+    def key_padding(batch_index, head, query_index, key_index):
+        # The exact b-block pattern at token level: tiles may be coarser, and the eager path reads only this.
+        return table[0, head, query_index // b, key_index // b] & key_mask[batch_index, key_index]
+
+    block_mask = block_mask_from_tables(allowed, full, tile, key_padding, padded, padded)
+    return _run(query, key, value, None, block_mask, compiled)[:, :, :length]
+
+
+def usw_block_table(num_blocks: int, pack_blocks: int, device) -> torch.Tensor:
+    """(n, P + n) bool: query block i sees the P pack blocks, token block 0 (global) and blocks i-1, i, i+1."""
+    query_block = torch.arange(num_blocks, device=device)[:, None]
+    token_block = torch.arange(num_blocks, device=device)[None, :]
+    tokens = ((query_block - token_block).abs() <= 1) | (token_block == 0)
+    return torch.cat([tokens.new_ones(num_blocks, pack_blocks), tokens], dim=1)
+
+
+def usw_flex_attention(query, key, value, key_mask, positions, slopes, block_size: int,
+                       pack_key=None, pack_value=None, compiled: bool = True, tile: int | None = None):
+    """Same contract as `usw_attention` (LittleBird §3.3) with key_mask (B, l) and position ids (B, l).
+
+    Pack keys are placed in front of the token keys, padded to a tile multiple (the padding is masked).
+    `tile` (a multiple of b) overrides the device's flex tile (tests).
+    """
+    batch, heads, length, dim = query.shape
+    b = block_size
+    n = length // b
+    tile = tile or flex_tile(query.device, b)
+    padded = _round_up(length, tile)
+    n_padded = padded // b
+    s = 0 if pack_key is None else pack_key.shape[2]
+    front = _round_up(s, tile)  # key index of the first token key
+    pack_blocks = front // b
+    query, key, value = (_pad_length(x, 2, padded) for x in (query, key, value))
+    key_mask = _pad_length(key_mask, 1, padded, False)
+    positions = _pad_length(positions, 1, padded)
+    if s:
+        key = torch.cat([_pad_length(pack_key, 2, front), key], dim=2)
+        value = torch.cat([_pad_length(pack_value, 2, front), value], dim=2)
+
+    table = torch.zeros(n_padded, pack_blocks + n_padded, dtype=torch.bool, device=query.device)
+    window = usw_block_table(n, pack_blocks, query.device)
+    table[:n, :pack_blocks + n] = window
+    table = table[None, None]  # (1, 1, n', P + n')
+    real_pack = torch.arange(pack_blocks, device=query.device) < s // b  # pack blocks without padding
+    real = torch.cat([real_pack[None].expand(batch, -1), key_mask.view(batch, n_padded, b).all(-1)], dim=1)
+    group = tile // b
+    allowed = _tiles(table, group, "any")
+    full = _tiles(table & real[:, None, None, :], group, "all")
+
+    def key_padding(batch_index, head, query_index, key_index):
+        # The exact b-block pattern at token level: tiles may be coarser, and the eager path reads only this.
+        token = (key_index - front).clamp(min=0)
+        allowed = table[0, 0, query_index // b, key_index // b]
+        return allowed & torch.where(key_index < front, key_index < s, key_mask[batch_index, token])
+
+    alpha, beta, gamma = (slope.float() for slope in (slopes.alpha, slopes.beta, slopes.gamma))
+    pack_distance = slopes.pack_distance(b) if s else alpha  # (H,); unused without pack keys
+
+    def bialibi(score, batch_index, head, query_index, key_index):
+        # score − D (LittleBird §3.1 for token keys; §3.3 D_C = (β+γ)/2·b for packed keys).
+        token = (key_index - front).clamp(min=0)
+        p_query, p_key = positions[batch_index, query_index], positions[batch_index, token]
+        delta = (p_query - p_key).float()
+        is_cls = ((p_query == 0) | (p_key == 0)) & (delta != 0)
+        distance = torch.where(delta > 0, beta[head] * delta, -gamma[head] * delta)
+        distance = torch.where(is_cls, alpha[head], distance)
+        distance = torch.where(key_index < front, pack_distance[head], distance)
+        return score - distance
+
+    block_mask = block_mask_from_tables(allowed, full, tile, key_padding, padded, key.shape[2])
+    return _run(query, key, value, bialibi, block_mask, compiled)[:, :, :length]
