@@ -208,9 +208,13 @@ class LongBirdEncoder(nn.Module):
         return choose_backend(self.config.attention_backend, hidden_states.device, hidden_states.shape[1],
                               self.config.block_size)
 
-    def _call_layer(self, layer, *args):
+    def _call_layer(self, layer, *args, backend=None):
         if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
             # Recompute the layer in backward: activation memory of one layer instead of all of them.
+            if backend is not None and backend.name == "flex":
+                # Compiled flex under non-reentrant checkpointing runs inside saved-tensor hooks, which torch.compile
+                # does not trace (measured on CUDA: it fell back to eager flex); the reentrant variant has no hooks.
+                return torch.utils.checkpoint.checkpoint(layer.__call__, *args, use_reentrant=True)
             checkpoint = getattr(self, "_gradient_checkpointing_func", None) or functools.partial(
                 torch.utils.checkpoint.checkpoint, use_reentrant=False)
             return checkpoint(layer.__call__, *args)
@@ -239,7 +243,7 @@ class LongBirdEncoder(nn.Module):
                     config.num_random_blocks, config.random_seed, index,
                 )
             hidden_states = self._call_layer(layer, hidden_states, key_mask, pattern, use_reference, workspace,
-                                             backend)
+                                             backend, backend=backend)
             if output_hidden_states:
                 all_hidden.append(hidden_states[:, :length])
         return hidden_states[:, :length], all_hidden
@@ -261,7 +265,7 @@ class LongBirdEncoder(nn.Module):
         workspace = {}  # per-call scratch buffers shared by the layers (inference only)
         for layer in self.layer:
             hidden_states, pack = self._call_layer(layer, hidden_states, key_mask, position_ids, pack, layout,
-                                                   workspace, backend, use_reference)
+                                                   workspace, backend, use_reference, backend=backend)
             if output_hidden_states:
                 all_hidden.append(hidden_states[:, :length])
         return hidden_states[:, :length], all_hidden

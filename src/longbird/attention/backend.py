@@ -39,7 +39,8 @@ class SparseBackend:
 
     def run(self, flex_call: Callable[[], torch.Tensor], blocked_call: Callable[[], torch.Tensor],
             device: torch.device) -> torch.Tensor:
-        if self.name == "flex":
+        # Once flex failed on this device, every later call (a checkpoint's recomputation too) takes the blocked kernel.
+        if self.name == "flex" and device.type not in _broken:
             try:
                 return flex_call()
             except Exception as error:  # compile/kernel failure: fall back unless flex was asked for

@@ -75,5 +75,5 @@ def bigbird_attention(
         key_blocks.view(batch, rows, m * block, dim),
         value_blocks.view(batch, rows, m * block, dim),
         mask_blocks.reshape(batch, rows, 1, m * block),
-    ).view(batch, heads, (n - 2) * block, dim)
+    ).reshape(batch, heads, (n - 2) * block, dim)  # CUDA SDPA may return a non-contiguous layout
     return torch.cat([global_out[:, :, :block], middle_out, global_out[:, :, block:]], dim=2)

@@ -177,7 +177,8 @@ def usw_flex_attention(query, key, value, key_mask, positions, slopes, block_siz
         return allowed & torch.where(key_index < front, key_index < s, key_mask[batch_index, token])
 
     alpha, beta, gamma = (slope.float() for slope in (slopes.alpha, slopes.beta, slopes.gamma))
-    pack_distance = slopes.pack_distance(b) if s else alpha  # (H,); unused without pack keys
+    # (H,); without pack keys a constant (a score_mod may index a tensor that needs grad only once).
+    pack_distance = slopes.pack_distance(b) if s else torch.zeros_like(alpha)
 
     def bialibi(score, batch_index, head, query_index, key_index):
         # score − D (LittleBird §3.1 for token keys; §3.3 D_C = (β+γ)/2·b for packed keys).
