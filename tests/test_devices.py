@@ -33,9 +33,9 @@ HEADS, HEAD_DIM = 4, 16
 SOURCE_LENGTH = 64
 
 
-def _assert_close(out, ref, rtol, where=None, atol=1e-6, what=""):
+def _assert_close(out, ref, rtol, where=None, atol=1e-5, what=""):
     """||out - ref|| <= rtol ||ref|| + atol. The atol is for gradients that are exactly 0 in exact arithmetic
-    (a key bias under softmax): rounding noise of ~1e-9 per element on both sides."""
+    (a key bias under softmax): rounding noise of ~1e-9 per element on both sides (norms up to ~3e-6 on CUDA)."""
     out, ref = out.float(), ref.float()
     if where is not None:
         out, ref = out[where], ref[where]
@@ -80,21 +80,20 @@ def _upcast(tensors):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
-@pytest.mark.parametrize("backend", ["blocked", "flex", "flex-tiled"])
+@pytest.mark.parametrize("backend", ["blocked", "flex", "flex-other-tiling"])
 @pytest.mark.parametrize("length", [BLOCK, 3 * BLOCK, 10 * BLOCK, 21 * BLOCK])
 def test_bigbird_kernels_equal_dense_reference(device, dtype_name, backend, length):
-    """backend "flex" uses the device's tile (b on CPU, 128 on CUDA); "flex-tiled" forces 128-token tiles of
-    8 blocks, the GPU layout, on every device."""
-    if backend == "flex-tiled" and device == "cuda":
-        pytest.skip("on CUDA 'flex' already runs 128-token tiles")
-    grad = backend == "blocked" or _flex_checks_gradients(device)
+    """backend "flex": on CPU exact b-token tiles (outputs only: no CPU backward), on CUDA with autograd, hence
+    128-token tiles; "flex-other-tiling": on CPU forced 128-token tiles (the CUDA training layout), on CUDA inference
+    (exact b-token tiles)."""
+    grad = backend == "blocked" or (backend == "flex" and _flex_checks_gradients(device))
     (q, k, v, _, _), tensors, key_mask = _inputs(device, DTYPES[dtype_name], length, length, grad)
     pattern = bigbird_pattern(length // BLOCK, BLOCK, HEADS, 3, seed=1, layer=0)
     if backend == "blocked":
         out = bigbird_attention(q, k, v, key_mask, pattern)
     else:
         out = bigbird_flex_attention(q, k, v, key_mask, pattern, compiled=device == "cuda",
-                                     tile=128 if backend == "flex-tiled" else None)
+                                     tile=128 if backend == "flex-other-tiling" and device == "cpu" else None)
     dense = pattern.materialize().to(device)[None] & key_mask[:, None, None, :]
     ref = reference_attention(*_upcast([q, k, v]), dense)
     _compare(out, ref, tensors, key_mask, dtype_name, grad)
@@ -110,12 +109,10 @@ def _bialibi(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
-@pytest.mark.parametrize("backend", ["blocked", "flex", "flex-tiled"])
+@pytest.mark.parametrize("backend", ["blocked", "flex", "flex-other-tiling"])
 @pytest.mark.parametrize("length,pack", [(BLOCK, 0), (3 * BLOCK, 5), (10 * BLOCK, 16), (21 * BLOCK, 40)])
 def test_usw_kernels_equal_dense_reference(device, dtype_name, backend, length, pack):
-    if backend == "flex-tiled" and device == "cuda":
-        pytest.skip("on CUDA 'flex' already runs 128-token tiles")
-    grad = backend == "blocked" or _flex_checks_gradients(device)
+    grad = backend == "blocked" or (backend == "flex" and _flex_checks_gradients(device))
     (q, k, v, pk, pv), tensors, key_mask = _inputs(device, DTYPES[dtype_name], length, length + pack, grad, pack=pack)
     positions = torch.arange(length, device=device).expand(2, -1).clone()
     positions[1, 3:] += 11  # a Padding-Insertion gap
@@ -124,7 +121,7 @@ def test_usw_kernels_equal_dense_reference(device, dtype_name, backend, length, 
         out = usw_attention(q, k, v, usw_layout(key_mask, positions, BLOCK), bias, pk, pv)
     else:
         out = usw_flex_attention(q, k, v, key_mask, positions, bias, BLOCK, pk, pv, compiled=device == "cuda",
-                                 tile=128 if backend == "flex-tiled" else None)
+                                 tile=128 if backend == "flex-other-tiling" and device == "cpu" else None)
     ref = usw_attention_reference(*_upcast([q, k, v]), key_mask, positions, bias, BLOCK, *_upcast([pk, pv]))
     if grad:
         tensors = tensors + [bias.alpha, bias.beta, bias.gamma]

@@ -85,7 +85,7 @@ class LongBirdSelfAttention(nn.Module):
             context = reference_attention(query, key, value, mask)
         elif pattern is not None:
             context = (backend or SparseBackend()).run(
-                lambda: bigbird_flex_attention(query, key, value, key_mask, pattern),
+                lambda: bigbird_flex_attention(query, key, value, key_mask, pattern, workspace=workspace),
                 lambda: bigbird_attention(query, key, value, key_mask, pattern, workspace), query.device)
         else:
             context = full_attention(query, key, value, key_mask)
@@ -177,7 +177,7 @@ class LittleBirdLayer(nn.Module):
         else:
             context = (backend or SparseBackend()).run(
                 lambda: usw_flex_attention(query, key, value, key_mask, positions, self.bialibi, self.block_size,
-                                           pack_key, pack_value),
+                                           pack_key, pack_value, workspace=workspace),
                 lambda: usw_attention(query, key, value, layout or usw_layout(key_mask, positions, self.block_size),
                                       self.bialibi, pack_key, pack_value, workspace), query.device)
         attended = self.attention.output(unpack._merge(context), hidden_states)  # A = LN(C_x + X)

@@ -2,7 +2,10 @@
 
 Chosen per call from the device, autograd and length, with the reason logged (logger "longbird.attention":
 INFO when the choice changes, DEBUG on every call). Measured reasons behind the rules (README, GPU section):
-- CUDA: compiled flex is the fast path for training and inference; its Triton tiles need b >= 16.
+- CUDA inference: compiled flex on exact b-token tiles, the fastest kernel (LittleBird USW at 16K tokens, base
+  heads, H100: 0.14 ms against 3.1 ms blocked; benchmarks/results/flex_variants_h100.md).
+- CUDA training: flex's backward kernels need 128-token tiles, where the b-block pattern must be carved by a
+  per-token mask_mod that costs ~10x in the tiles it runs in; the blocked kernels are faster there, so they train.
 - CPU: flex has no backward, so training uses the blocked kernels; for inference compiled flex is faster from
   CPU_FLEX_MIN_LENGTH tokens on, and below that the first call's compile time is never repaid.
 A compile or kernel failure (no C++ compiler, an unsupported GPU) logs a warning and falls back to the blocked
@@ -67,7 +70,10 @@ def choose_backend(requested: str, device: torch.device, length: int, block_size
     if unusable:
         return _logged("blocked", unusable)
     if device.type == "cuda":
-        return _logged("flex", "CUDA: compiled flex_attention (fused block-sparse kernel)")
+        if grad:
+            return _logged("blocked", "CUDA training: the blocked kernels are faster than flex's 128-token backward "
+                                      "tiles (measured)")
+        return _logged("flex", "CUDA inference: compiled flex_attention on exact block tiles")
     if length < CPU_FLEX_MIN_LENGTH:
         return _logged("blocked", f"CPU inference below {CPU_FLEX_MIN_LENGTH} tokens: the blocked kernel is faster "
                                   "once compile time is counted")

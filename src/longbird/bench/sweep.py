@@ -164,7 +164,9 @@ def _batch_for(model, length, backward, batch_setting, settings, architecture) -
             forward_fn(model, length, backward, batch, architecture)()
             synchronize(device)
             fits = batch
-        except torch.OutOfMemoryError:
+        except (torch.OutOfMemoryError, RuntimeError) as error:
+            if not _out_of_memory(error):
+                raise
             break
         finally:
             _release(device)
@@ -185,6 +187,10 @@ def _sparse_backend(model, length, backward, device) -> str | None:
 
     with torch.set_grad_enabled(backward):
         return choose_backend(config.attention_backend, device, length, config.block_size).name
+
+
+def _out_of_memory(error: Exception) -> bool:
+    return isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
 
 
 def _release(device) -> None:
@@ -218,7 +224,9 @@ def _measure(runs: dict[str, Callable], repeats: int, device: torch.device) -> d
         try:
             run()  # warm-up (and compilation, where a backend compiles)
             times[name] = []
-        except torch.OutOfMemoryError:
+        except (torch.OutOfMemoryError, RuntimeError) as error:
+            if not _out_of_memory(error):
+                raise
             rows[name] = {"skipped": "out of GPU memory"}
             _release(device)
     for _ in range(repeats):
