@@ -69,6 +69,7 @@ def forward_fn(model: torch.nn.Module, length: int, backward: bool, batch: int =
         with torch.inference_mode():
             return model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
+    run.model = model
     return run
 
 

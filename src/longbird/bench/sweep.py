@@ -153,27 +153,36 @@ def _sweep_lengths(models, settings, architecture, key, report, progress, checkp
 
 
 def _batch_for(model, length, backward, batch_setting, settings, architecture) -> tuple[int | None, str | None]:
-    """(batch, None), or (None, reason) when even the smallest batch does not fit."""
+    """(batch, None), or (None, reason) when even the smallest batch does not fit. "max" doubles the batch until a
+    call runs out of memory and keeps the last that ran."""
     if batch_setting != "max":
         return int(batch_setting), None
     device = torch.device(settings.device)
     fits = None
     batch = 1
     while batch <= settings.max_batch:
-        try:
-            forward_fn(model, length, backward, batch, architecture)()
-            synchronize(device)
-            fits = batch
-        except (torch.OutOfMemoryError, RuntimeError) as error:
-            if not _out_of_memory(error):
-                raise
+        if not _fits(model, length, backward, batch, architecture, device):
             break
-        finally:
-            _release(device)
+        fits = batch
         batch *= 2
     if fits is None:
         return None, f"out of memory at batch 1, {length} tokens"
     return fits, None
+
+
+def _fits(model, length, backward, batch, architecture, device) -> bool:
+    try:
+        forward_fn(model, length, backward, batch, architecture)()
+        synchronize(device)
+        return True
+    except (torch.OutOfMemoryError, RuntimeError) as error:
+        if not _out_of_memory(error):
+            raise
+        return False
+    finally:
+        # A backward that ran out of memory leaves partial gradients behind: drop them before the next try.
+        model.zero_grad(set_to_none=True)
+        _release(device)
 
 
 def _sparse_backend(model, length, backward, device) -> str | None:
@@ -228,7 +237,10 @@ def _measure(runs: dict[str, Callable], repeats: int, device: torch.device) -> d
             if not _out_of_memory(error):
                 raise
             rows[name] = {"skipped": "out of GPU memory"}
-            _release(device)
+    if len(rows) and device.type == "cuda":
+        for run in runs.values():  # partial gradients of a failed backward
+            getattr(run, "model", None) and run.model.zero_grad(set_to_none=True)
+        _release(device)
     for _ in range(repeats):
         for name in list(times):
             if device.type != "cuda":
