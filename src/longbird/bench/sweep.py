@@ -131,7 +131,8 @@ def _sweep_lengths(models, settings, architecture, key, report, progress, checkp
             active[name] = forward_fn(model, length, backward, batch, architecture)
         progress(f"{key['size']} batch {key['batch_setting']} {key['dtype']} {key['mode']} {length}: "
                  f"{', '.join(active) or 'all skipped'}")
-        for name, row in _measure(active, settings.repeats, device).items():
+        for name, row in _measure(active, settings.repeats, device,
+                                  interleave=key["batch_setting"] != "max").items():
             if "skipped" in row:
                 skipped[name] = row["skipped"]
                 report["rows"].append(dict(key, model=name, length=length, skipped=row["skipped"]))
@@ -226,7 +227,16 @@ def _timed(run, device) -> float:
     return time.perf_counter() - start
 
 
-def _measure(runs: dict[str, Callable], repeats: int, device: torch.device) -> dict[str, dict]:
+def _measure(runs: dict[str, Callable], repeats: int, device: torch.device, interleave: bool = True) -> dict[str, dict]:
+    """Median time and peak memory per run. Interleaved (A B A B ...) so machine noise hits all alike; with
+    `interleave=False` one model after the other, its cached memory released in between (largest batches: each fills
+    the GPU on its own)."""
+    if not interleave:
+        rows = {}
+        for name, run in runs.items():
+            rows.update(_measure({name: run}, repeats, device))
+            _drop_gradients({name: run}, device)
+        return rows
     rows: dict[str, dict] = {}
     times: dict[str, list[float]] = {}
     for name, run in runs.items():
@@ -237,10 +247,7 @@ def _measure(runs: dict[str, Callable], repeats: int, device: torch.device) -> d
             if not _out_of_memory(error):
                 raise
             rows[name] = {"skipped": "out of GPU memory"}
-    if len(rows) and device.type == "cuda":
-        for run in runs.values():  # partial gradients of a failed backward
-            getattr(run, "model", None) and run.model.zero_grad(set_to_none=True)
-        _release(device)
+            _drop_gradients(runs, device)
     for _ in range(repeats):
         for name in list(times):
             if device.type != "cuda":
@@ -256,3 +263,12 @@ def _measure(runs: dict[str, Callable], repeats: int, device: torch.device) -> d
         if absolute is not None:
             rows[name]["peak_total_mib"] = absolute / 2**20
     return rows
+
+
+def _drop_gradients(runs, device) -> None:
+    """Partial gradients of a failed backward and cached blocks go before the next model runs."""
+    for run in runs.values():
+        model = getattr(run, "model", None)
+        if model is not None:
+            model.zero_grad(set_to_none=True)
+    _release(device)
