@@ -2,8 +2,8 @@
 
 Chosen per call from the device, autograd and length, with the reason logged (logger "longbird.attention":
 INFO when the choice changes, DEBUG on every call). Measured reasons behind the rules (README, GPU section):
-- CUDA inference: compiled flex on exact b-token tiles, the fastest kernel (LittleBird USW at 16K tokens, base
-  heads, H100: 0.14 ms against 3.1 ms blocked; benchmarks/results/flex_variants_h100.md).
+- CUDA inference: compiled flex on exact b-token tiles, the fastest kernel (H100, 16K tokens, base heads: the USW
+  window on 64-token tiles 0.14 ms against the blocked USW kernel's 3.1 ms; benchmarks/results/flex_variants_h100.md).
 - CUDA training: flex's backward kernels need 128-token tiles, where the b-block pattern must be carved by a
   per-token mask_mod that costs ~10x in the tiles it runs in; the blocked kernels are faster there, so they train.
 - CPU: flex has no backward, so training uses the blocked kernels; for inference compiled flex is faster from
