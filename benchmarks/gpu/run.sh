@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On a GPU machine: the CUDA test suite and the GPU benchmarks, from a checkout (no install needed beyond torch,
-# transformers >= 5.20, typer, rich, matplotlib). Usage: benchmarks/gpu/run.sh STEP [OUT]
+# transformers >= 5.20, typer, rich, matplotlib). Usage: benchmarks/gpu/run.sh STEP [OUT] (tests: [PYTEST ARGS])
 #   tests   pytest -m cuda (every kernel on CUDA in fp32/bf16/fp16, against the dense references)
 #   base    bf16 sweep, base size, batch 1, 1K-32K, forward and forward+backward
 #   batch   base size, the largest batch that fits, 4K and 16K, forward+backward
@@ -8,15 +8,18 @@
 #   large   bf16 sweep, large size (24 layers, 1024 hidden), batch 1, 1K-32K
 set -uo pipefail
 step=$1
-out=${2:-benchmarks/results}
+shift
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+if [ "$step" = tests ]; then
+  exec python3 -m pytest -q -m cuda -p no:cacheprovider --durations=10 tests/test_devices.py "$@"
+fi
+out=${1:-benchmarks/results}
 mkdir -p "$out"
 longbird() { python3 -m longbird.cli "$@"; }
 models=(--model littlebird --model kobigbird --model hf-bigbird --model hf-longformer --model sdpa-roberta)
 lengths=(--length 1024 --length 2048 --length 4096 --length 8192 --length 16384 --length 32768)
 common=(--device cuda --dtype bf16 --max-memory-gib 70 --out "$out")
 case $step in
-  tests) python3 -m pytest -q -m cuda -p no:cacheprovider --durations=10 tests/test_devices.py ;;
   base) longbird bench "${common[@]}" "${models[@]}" "${lengths[@]}" --repeats 5 --name bench_gpu_base ;;
   batch) longbird bench "${common[@]}" "${models[@]}" --length 4096 --length 16384 --mode forward+backward \
            --batch max --max-batch 64 --repeats 3 --name bench_gpu_batch ;;
