@@ -27,7 +27,7 @@ test: install
 # on 2,000 questions of the KorQuAD 1.0 training paragraphs (the E4b recipe; reads 4096-token windows afterwards).
 QA_MODEL ?= qa-model/kobigbird-minilm-korquad
 qa-model: install
-	$(VENV)/bin/longbird finetune-qa --format korquad1 --train ../shared/data/korquad/KorQuAD_v1.0_dev.json \
+	$(VENV)/bin/longbird finetune-qa --format korquad1 --train data/korquad/KorQuAD_v1.0_dev.json \
 		--split train --max-examples 2000 --preset kobigbird --max-length 4096 --window-length 512 \
 		--doc-stride 128 --negative-fraction 0.1 --learning-rate 1e-4 --batch-size 8 --out $(QA_MODEL) --overwrite
 

@@ -29,7 +29,7 @@ import torch
 from datasets import Dataset
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data"
+DATA = ROOT / "data"  # the repository's data/ (data/korquad/SOURCE.md)
 sys.path.insert(0, str(ROOT / "src"))
 
 from longbird.convert import default_source  # noqa: E402
@@ -50,7 +50,7 @@ MAX_LENGTH = 8192
 
 def haystack_sentences() -> list[str]:
     """Sentences of real Korean Wikipedia text: the KorQuAD 1.0 dev paragraphs, in article order."""
-    rows, _ = read_korquad_v1_articles(SHARED / "korquad" / "KorQuAD_v1.0_dev.json")
+    rows, _ = read_korquad_v1_articles(DATA / "korquad" / "KorQuAD_v1.0_dev.json")
     sentences = []
     for context in dict.fromkeys(rows["context"]):
         sentences.extend(s.strip() for s in SENTENCE_END.split(context) if s.strip())

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data"
+DATA = ROOT / "data"  # the repository's data/ (data/korquad/SOURCE.md)
 sys.path.insert(0, str(ROOT / "src"))
 
 from longbird.convert import default_source  # noqa: E402
@@ -63,7 +63,7 @@ def answer_buckets(rows, tokenizer) -> dict[str, str]:
 
 def dev_articles(n: int):
     """`n` questions of the by-article dev split, whole-article contexts (shared by E4 and E4b)."""
-    rows, _ = read_korquad_v1_articles(SHARED / "korquad" / "KorQuAD_v1.0_dev.json")
+    rows, _ = read_korquad_v1_articles(DATA / "korquad" / "KorQuAD_v1.0_dev.json")
     return sample_questions(split_by_title(rows)["dev"], n)
 
 
@@ -132,7 +132,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     started = time.time()
-    rows, _ = read_korquad_v1_articles(SHARED / "korquad" / "KorQuAD_v1.0_dev.json")
+    rows, _ = read_korquad_v1_articles(DATA / "korquad" / "KorQuAD_v1.0_dev.json")
     train = sample_questions(split_by_title(rows)["train"], args.train_questions)
     dev = dev_articles(args.dev_questions)
     _, tokenizer = load_task_model(default_source(), LongBirdForQuestionAnswering, "full", 512)

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data"
+DATA = ROOT / "data"  # the repository's data/ (data/korquad/SOURCE.md)
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "experiments"))
 
@@ -62,7 +62,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     started = time.time()
-    paragraphs, _ = read_squad_paragraphs(SHARED / "korquad" / "KorQuAD_v1.0_dev.json")
+    paragraphs, _ = read_squad_paragraphs(DATA / "korquad" / "KorQuAD_v1.0_dev.json")
     train = sample_questions(split_by_title(paragraphs)["train"], args.train_questions)
     dev = dev_articles(args.dev_questions)  # the same dev questions as E4
     if set(train["title"]) & set(dev["title"]):

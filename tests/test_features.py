@@ -7,10 +7,10 @@ import pytest
 from transformers import AutoTokenizer
 
 from longbird.convert import default_source
-from longbird.data.features import DEFAULT_DOC_STRIDE, label_window, make_features, resolve_doc_stride
+from longbird.data.features import label_window, make_features, resolve_doc_stride
 from longbird.data.html import add_tag_tokens, plain_document, preprocess_html
 
-KORQUAD = Path(__file__).resolve().parents[2] / "shared" / "data" / "korquad"
+KORQUAD = Path(__file__).resolve().parents[1] / "data" / "korquad"
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_every_window_holding_the_answer_labels_it_and_windows_cover_the_documen
         assert {i for i, ch in enumerate(document.text) if not ch.isspace()} <= covered
         # Neighbouring windows share doc_stride document tokens.
         stride = doc_stride if doc_stride is not None else resolve_doc_stride(
-            tokenizer, document.text, max_length, None, _question_tokens(tokenizer, qa["question"]))
+            tokenizer, max_length, None, _question_tokens(tokenizer, qa["question"]))
         first = [o for o in features[0].offsets if o is not None]
         second = [o for o in features[1].offsets if o is not None]
         assert first[-stride:] == second[:stride]
@@ -67,16 +67,37 @@ def _question_tokens(tokenizer, question):
     return len(tokenizer(question, add_special_tokens=False)["input_ids"])
 
 
-def test_default_stride_is_128_or_half_a_window_for_long_documents(tokenizer):
-    short = "가" * 100
-    long = "대한민국 헌법 " * 2000
-    assert resolve_doc_stride(tokenizer, short, 512, None, 10) == DEFAULT_DOC_STRIDE
-    # Over 2 windows of tokens: half a window, capped at half the room left after the question.
-    assert resolve_doc_stride(tokenizer, long, 1024, None, 10) == (1024 - 10 - 3) // 2
+def test_default_stride_is_half_a_window(tokenizer):
+    """LittleBird A.2: any document longer than one window is read with a half-window stride (capped at half the
+    room the question leaves), not 128 tokens until it passes two windows."""
+    assert resolve_doc_stride(tokenizer, 1024, None, 10) == (1024 - 10 - 3) // 2
+    assert resolve_doc_stride(tokenizer, 8192, None, 10) == 4089  # ~ the paper's 4K stride for 8K windows
     with pytest.raises(ValueError, match=r"doc_stride \(600\) must lie in 0\.\.498"):
-        resolve_doc_stride(tokenizer, short, 512, 600, 10)
+        resolve_doc_stride(tokenizer, 512, 600, 10)
     with pytest.raises(ValueError, match="leaves no room"):
-        resolve_doc_stride(tokenizer, short, 12, None, 10)
+        resolve_doc_stride(tokenizer, 12, None, 10)
+    # A document of about 1.5 windows: two windows sharing half a window of document tokens.
+    document = plain_document("대한민국 헌법 제1조 대한민국은 민주공화국이다. " * 40)
+    features = make_features(tokenizer, "q", "무엇?", document, 128, None)
+    first, second = ([o for o in f.offsets if o is not None] for f in features[:2])
+    half = resolve_doc_stride(tokenizer, 128, None, _question_tokens(tokenizer, "무엇?"))
+    assert len(features) >= 2 and half > 50 and first[-half:] == second[:half]
+
+
+def test_token_types_for_a_tokenizer_that_emits_none(tokenizer):
+    """RoBERTa-family tokenizers give no token type ids; a model with two types gets question 0, document 1."""
+    from transformers import PreTrainedTokenizerFast
+
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend_tokenizer, cls_token="[CLS]", sep_token="[SEP]",
+                                   pad_token="[PAD]", unk_token="[UNK]", model_input_names=["input_ids", "attention_mask"])
+    document = plain_document("대한민국은 민주공화국이다.")
+    (without,) = make_features(fast, "q", "무엇?", document, 64, None)
+    assert without.token_type_ids is None
+    (feature,) = make_features(fast, "q", "무엇?", document, 64, None, token_types=True)
+    (bert,) = make_features(tokenizer, "q", "무엇?", document, 64, None)
+    assert feature.token_type_ids == bert.token_type_ids  # the same segments BERT's own tokenizer makes
+    first_document = next(i for i, offset in enumerate(feature.offsets) if offset is not None)
+    assert set(feature.token_type_ids[:first_document]) == {0} and set(feature.token_type_ids[first_document:]) == {1}
 
 
 def test_truncation_keeps_the_first_window_only(tokenizer):

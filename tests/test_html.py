@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from longbird.data.html import TAG_TOKENS, add_tag_tokens, plain_document, preprocess_html
 from longbird.metrics.korquad import normalize_korquad_v2
 
-KORQUAD = Path(__file__).resolve().parents[2] / "shared" / "data" / "korquad"
+KORQUAD = Path(__file__).resolve().parents[1] / "data" / "korquad"
 PAGES = ["korquad2.1_dev_00.json", "korquad2.1_train_00.json"]
 
 # (raw source, decoded text) pieces: plain characters and entities.

@@ -10,7 +10,7 @@ from longbird.data.korquad import (MalformedRecordError, as_squad_json, read_kor
                                    read_squad_paragraphs, split_by_title)
 from longbird.metrics.korquad import korquad_v1
 
-KORQUAD = Path(__file__).resolve().parents[2] / "shared" / "data" / "korquad"
+KORQUAD = Path(__file__).resolve().parents[1] / "data" / "korquad"
 PAGES = [KORQUAD / "korquad2.1_dev_00.json", KORQUAD / "korquad2.1_train_00.json"]
 
 

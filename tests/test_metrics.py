@@ -9,7 +9,7 @@ from longbird.metrics.classification import accuracy, macro_f1
 from longbird.metrics.korquad import (f1_korquad_v1, f1_korquad_v2, f1_squad, korquad_v1, korquad_v2,
                                       normalize_korquad_v1, normalize_korquad_v2, normalize_squad, squad_v1)
 
-KORQUAD = Path(__file__).resolve().parents[2] / "shared" / "data" / "korquad"
+KORQUAD = Path(__file__).resolve().parents[1] / "data" / "korquad"
 
 
 def v2_dataset(*golds):

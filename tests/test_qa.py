@@ -16,7 +16,7 @@ from longbird.heads import LongBirdQuestionAnsweringOutput
 from longbird.qa import decode_window, predict_features
 from conftest import BLOCK, make_batch, make_source
 
-KORQUAD = Path(__file__).resolve().parents[2] / "shared" / "data" / "korquad"
+KORQUAD = Path(__file__).resolve().parents[1] / "data" / "korquad"
 
 
 def qa_model(qa_head="conditional"):
@@ -59,6 +59,23 @@ def test_teacher_forcing_conditions_the_end_on_the_gold_start_and_gradients_flow
         assert model.get_parameter(name).grad.abs().sum() > 0, name
 
 
+@pytest.mark.parametrize("qa_head", ["conditional", "linear"])
+def test_labels_outside_the_window_are_ignored_not_clamped(qa_head):
+    """An end label of 200 on 100 tokens used to be clamped onto the last token (loss ~1e37); it is ignored."""
+    model = qa_model(qa_head).train()
+    input_ids, attention_mask = make_batch(100)
+    both = model(input_ids=input_ids, attention_mask=attention_mask, start_positions=torch.tensor([3, 5]),
+                 end_positions=torch.tensor([7, 200])).loss
+    first = model(input_ids=input_ids[:1], attention_mask=attention_mask[:1], start_positions=torch.tensor([3]),
+                  end_positions=torch.tensor([7])).loss
+    torch.testing.assert_close(both, first, atol=1e-5, rtol=1e-5)  # the out-of-range row adds nothing
+    assert both.item() < 20
+    none = model(input_ids=input_ids, attention_mask=attention_mask, start_positions=torch.tensor([-1, 300]),
+                 end_positions=torch.tensor([7, 200])).loss
+    assert none.item() == 0.0
+    none.backward()  # a batch of ignored rows still backpropagates (zero gradients)
+
+
 def test_decoding_outputs_end_logits_for_each_top_start():
     model = qa_model().eval()
     input_ids, attention_mask = make_batch(100)
@@ -90,7 +107,8 @@ class GoldLogits:
 
     def __init__(self, gold: dict[int, tuple[int, int]], top_k=3):
         self.gold = gold
-        self.config = SimpleNamespace(qa_top_k=top_k, pad_token_id=0)
+        self.config = SimpleNamespace(qa_top_k=top_k, pad_token_id=0, qa_head="conditional", type_vocab_size=2)
+        self.device = torch.device("cpu")
         self.calls = 0
 
     def eval(self):
@@ -135,13 +153,46 @@ def test_decode_window_respects_order_length_and_context():
     start_logits = torch.tensor([9.0, 1.0, 2.0, 0.0, 0.0, 9.0])
     # Row k holds the end logits given the k-th best start (here starts 2, then 1).
     end_top = torch.tensor([[0.0, 5.0, 0.0, 1.0, 3.0, 9.0], [0.0, 0.0, 0.0, 3.5, 7.0, 0.0]])
-    candidates = decode_window(feature, torch.tensor([2, 1]), end_top, start_logits, top_k=6, max_answer_tokens=3)
+    candidates = decode_window(feature, torch.tensor([2, 1]), end_top, start_logits, top_k=6, max_answer_tokens=3,
+                               normalise_ends=False)  # raw end logits: the linear head's scores
     spans = [(s, e) for _, s, e in candidates]
     assert spans[0] == (2, 4) and candidates[0][0] == 2.0 + 3.0
     assert spans[1] == (1, 3)  # 1 + 3.5
     assert (2, 1) not in spans  # the end precedes the start (its logit 5 is ignored)
     assert (2, 5) not in spans  # [SEP] is outside the document
     assert (1, 4) not in spans  # four tokens > max_answer_tokens, despite the best end logit
+
+
+def test_conditional_decoding_ignores_a_per_start_shift_of_the_end_logits():
+    """The conditional-end loss cannot see a constant added to one start's end logits, so decoding must not either:
+    scores are start logit + log-softmax over the ends that start allows (masked before the top-k)."""
+    feature = SimpleNamespace(input_ids=[0] * 8, offsets=[None] + [(i, i + 1) for i in range(6)] + [None])
+    start_logits = torch.tensor([0.0, 1.0, 1.5, 0.5, 0.0, 0.0, 0.0, 0.0])
+    starts = torch.tensor([2, 1, 3])
+    end_top = torch.randn(3, 8, generator=torch.Generator().manual_seed(0))
+    base = decode_window(feature, starts, end_top, start_logits, top_k=4, max_answer_tokens=3)
+    shifted = decode_window(feature, starts, end_top + torch.tensor([[40.0], [-25.0], [7.0]]), start_logits,
+                            top_k=4, max_answer_tokens=3)
+    assert [(s, e) for _, s, e in base] == [(s, e) for _, s, e in shifted]
+    torch.testing.assert_close(torch.tensor([c[0] for c in base]), torch.tensor([c[0] for c in shifted]))
+    # Each start's allowed ends form a distribution: their probabilities sum to 1 (all allowed ends kept: k >= 3).
+    for start in (1, 2, 3):
+        mass = sum(torch.exp(torch.tensor(score - float(start_logits[start]))) for score, s, _ in base if s == start)
+        assert abs(float(mass) - 1.0) < 1e-5
+    # Raw end logits (the linear head) do depend on the shift: the test can fail.
+    raw = decode_window(feature, starts, end_top + torch.tensor([[40.0], [-25.0], [7.0]]), start_logits,
+                        top_k=4, max_answer_tokens=3, normalise_ends=False)
+    assert raw[0][1] == 2 and [(s, e) for _, s, e in raw] != [(s, e) for _, s, e in base]
+
+
+def test_disallowed_ends_are_masked_before_the_top_k():
+    """A start whose best raw end logits all lie before it or past the length limit still gets its allowed ends."""
+    feature = SimpleNamespace(input_ids=[0] * 10, offsets=[None] + [(i, i + 1) for i in range(8)] + [None])
+    start_logits = torch.zeros(10)
+    end_top = torch.tensor([[9.0, 9.0, 9.0, 9.0, 0.0, 0.5, 9.0, 9.0, 9.0, 9.0]])  # start 4: ends 4, 5 allowed
+    spans = [(s, e) for _, s, e in decode_window(feature, torch.tensor([4]), end_top, start_logits, top_k=2,
+                                                  max_answer_tokens=2)]
+    assert spans == [(4, 5), (4, 4)]
 
 
 def test_a_tag_only_best_span_gives_way_to_the_next_candidate():
@@ -166,6 +217,8 @@ def test_a_tag_only_best_span_gives_way_to_the_next_candidate():
 
 
 class _Callable:
+    device = torch.device("cpu")
+
     def __init__(self, function, config):
         self.function, self.config = function, config
 

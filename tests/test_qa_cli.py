@@ -14,8 +14,10 @@ from longbird.heads import LongBirdForQuestionAnswering
 from longbird.workflows import check_tokenizer
 
 runner = CliRunner()
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-PAGES = [SHARED / "korquad" / "korquad2.1_dev_00.json", SHARED / "korquad" / "korquad2.1_train_00.json"]
+from longbird.demo import KONLPY
+
+KORQUAD = Path(__file__).resolve().parents[1] / "data" / "korquad"
+PAGES = [KORQUAD / "korquad2.1_dev_00.json", KORQUAD / "korquad2.1_train_00.json"]
 
 
 @pytest.fixture(scope="module")
@@ -95,9 +97,9 @@ def test_tokenizer_model_mismatch_is_named(tiny_qa):
 
 def _law_and_bill_documents(path: Path):
     """Real documents: chunks of the constitution (law) and National Assembly bills (bill)."""
-    law = (SHARED / "konlpy-corpus" / "kolaw" / "constitution.txt").read_text(encoding="utf-8")
+    law = (KONLPY / "kolaw" / "constitution.txt").read_text(encoding="utf-8")
     records = [{"text": law[i:i + 600], "label": "law"} for i in range(0, 3000, 600)]
-    for bill in sorted((SHARED / "konlpy-corpus" / "kobill").glob("*.txt"))[:5]:
+    for bill in sorted((KONLPY / "kobill").glob("*.txt"))[:5]:
         records.append({"text": bill.read_text(encoding="utf-8")[:900], "label": "bill"})
     path.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in records), encoding="utf-8")
     return path
@@ -129,7 +131,7 @@ def test_long_documents_are_mean_pooled_over_windows(tiny_source, tmp_path):
     model, tokenizer = load_task_model(tiny_source, LongBirdForSequenceClassification, "kobigbird", 256,
                                        num_labels=2)
     model.eval()
-    text = (SHARED / "konlpy-corpus" / "kolaw" / "constitution.txt").read_text(encoding="utf-8")[:2000]
+    text = (KONLPY / "kolaw" / "constitution.txt").read_text(encoding="utf-8")[:2000]
     windows = document_windows(tokenizer, text, 256, stride=32)
     assert len(windows) > 3
     pooled = predict_documents(model, tokenizer, [text], 256, stride=32)[0]
@@ -148,3 +150,28 @@ def test_malformed_classification_records_are_named(tmp_path):
         read_classification(path)
     with pytest.raises(MalformedRecordError, match="no 'category' field"):
         read_classification(path, label_field="category")
+
+
+def test_answer_on_an_explicit_device_equals_the_default(tiny_qa, tmp_path):
+    plain = tmp_path / "page.txt"
+    plain.write_text("T-X 프로그램은 미국 공군의 고등훈련기 교체 사업이다. 초기 물량은 350대이다.", encoding="utf-8")
+    answers = []
+    for device in (["--device", "cpu"], []):
+        result = runner.invoke(app, ["answer", "--model", str(tiny_qa), "--document", str(plain), "--question", "몇 대?",
+                                     "--json", *device])
+        assert result.exit_code == 0, result.output
+        answers.append(json.loads(result.output[result.output.index('{"answer"'):]))
+    assert answers[0] == answers[1] or torch.cuda.is_available()  # auto is the CPU on a machine without CUDA
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the errors of a machine without CUDA")
+def test_device_and_precision_options_fail_clearly_without_a_gpu(tiny_qa, tiny_source, tmp_path):
+    result = runner.invoke(app, ["answer", "--model", str(tiny_qa), "--document", str(tmp_path / "x.txt"),
+                                 "--question", "q", "--device", "cuda"])
+    assert result.exit_code != 0 and "CUDA is not available on this machine" in result.output
+    train = ["finetune-qa", "--model", str(tiny_source), "--train", str(PAGES[0]), "--out", str(tmp_path / "m")]
+    result = runner.invoke(app, train + ["--fp16"])
+    assert result.exit_code != 0 and "--fp16 mixed precision needs a CUDA GPU; use --bf16 on CPU" in result.output
+    result = runner.invoke(app, train + ["--device", "cuda:1"])
+    assert result.exit_code != 0 and "CUDA_VISIBLE_DEVICES" in result.output
+    assert not (tmp_path / "m").exists()

@@ -191,11 +191,19 @@ def bench(
     console.print("wrote " + ", ".join(str(path) for path in paths))
 
 
-def _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insertion, bf16):
-    from .training.finetune import FinetuneSettings
+def _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insertion, bf16, fp16=False, device="auto"):
+    from .training.finetune import FinetuneSettings, check_training_device
 
-    return FinetuneSettings(learning_rate=learning_rate, epochs=epochs, max_steps=max_steps, batch_size=batch_size,
-                            seed=seed, padding_insertion=padding_insertion, bf16=bf16)
+    settings = FinetuneSettings(learning_rate=learning_rate, epochs=epochs, max_steps=max_steps, batch_size=batch_size,
+                                seed=seed, padding_insertion=padding_insertion, bf16=bf16, fp16=fp16, device=device)
+    try:
+        check_training_device(settings)  # before any data is read or model converted
+    except ValueError as error:
+        raise typer.BadParameter(str(error))
+    return settings
+
+
+TRAIN_DEVICE_HELP = "auto (CUDA when present), cpu or cuda; pick a GPU with CUDA_VISIBLE_DEVICES"
 
 
 def _print_metrics(title: str, metrics: dict) -> None:
@@ -233,6 +241,8 @@ def finetune_qa(
     batch_size: int = typer.Option(4), seed: int = typer.Option(0),
     padding_insertion: bool = typer.Option(False, help="Padding Insertion on training batches (LittleBird 3.4)"),
     bf16: bool = typer.Option(False, help="bf16 mixed precision"),
+    fp16: bool = typer.Option(False, help="fp16 mixed precision (CUDA only)"),
+    device: str = typer.Option("auto", help=TRAIN_DEVICE_HELP),
     overwrite: bool = typer.Option(False, help="Replace OUT if it exists"),
 ):
     """Fine-tune extractive QA on long documents (Trainer; `accelerate launch` for several GPUs)."""
@@ -240,7 +250,7 @@ def finetune_qa(
 
     metrics = run(model, [str(p) for p in train] if len(train) > 1 else train[0], out, data_format, preset,
                   max_length, window_length, doc_stride, max_windows, negative_fraction, max_examples,
-                  _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insertion, bf16),
+                  _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insertion, bf16, fp16, device),
                   overwrite, qa_head, split)
     _print_metrics(f"fine-tuned QA model saved to {out}", metrics)
 
@@ -258,15 +268,18 @@ def evaluate(
     max_examples: Optional[int] = typer.Option(None, help="Use N questions drawn with seed 0"),
     split: Optional[str] = typer.Option(None, help="train or dev: one side of the fixed by-article split"),
     batch_size: int = typer.Option(4),
+    device: str = typer.Option("auto", help=DEVICE_HELP),
 ):
     """Predict and score with the official metric; writes predictions.json and metrics.json."""
     from .workflows import evaluate_cls, evaluate_qa
 
+    device = resolve_device(device)
     if task == "qa":
         result = evaluate_qa(model, [str(p) for p in data] if len(data) > 1 else data[0], data_format, window_length,
-                             doc_stride, max_windows, batch_size, max_examples, out, progress=True, split=split)
+                             doc_stride, max_windows, batch_size, max_examples, out, progress=True, split=split,
+                             device=device)
     elif task == "classification":
-        result = evaluate_cls(model, data[0], window_length, doc_stride or 128, out=out)
+        result = evaluate_cls(model, data[0], window_length, doc_stride or 128, out=out, device=device)
     else:
         raise typer.BadParameter(f"--task must be qa or classification; got {task!r}")
     _print_metrics(f"{task} metrics (written to {out})", result["metrics"])
@@ -279,21 +292,23 @@ def answer(
     question: str = typer.Option(..., help="The question"),
     window_length: Optional[int] = typer.Option(None, help="Window in tokens (default: the model length)"),
     as_json: bool = typer.Option(False, "--json", help="Print the answer as JSON"),
+    device: str = typer.Option("auto", help=DEVICE_HELP),
 ):
     """Answer a question about a long document: prints the answer, its character span and score."""
     from transformers.utils import logging as hf_logging
 
     from .heads import LongBirdForQuestionAnswering
     from .qa import answer_question
-    from .workflows import check_tokenizer, load_task_model
+    from .workflows import check_tokenizer, load_on_device
 
     hf_logging.disable_progress_bar()  # the answer is the output
+    device = resolve_device(device)
 
     if not document.exists():
         raise typer.BadParameter(f"document {document} does not exist")
     text = document.read_text(encoding="utf-8")
     with console.status("loading the model"):
-        qa_model, tokenizer = load_task_model(model, LongBirdForQuestionAnswering)
+        qa_model, tokenizer = load_on_device(model, LongBirdForQuestionAnswering, device)
         check_tokenizer(qa_model, tokenizer)
     with console.status("reading the document"):
         result = answer_question(qa_model, tokenizer, text, question, document.suffix.lower() in (".html", ".htm"),
@@ -322,13 +337,16 @@ def finetune_cls(
     learning_rate: float = typer.Option(5e-5), epochs: float = typer.Option(1.0),
     max_steps: int = typer.Option(-1), batch_size: int = typer.Option(4), seed: int = typer.Option(0),
     padding_insertion: bool = typer.Option(False), bf16: bool = typer.Option(False),
+    fp16: bool = typer.Option(False, help="fp16 mixed precision (CUDA only)"),
+    device: str = typer.Option("auto", help=TRAIN_DEVICE_HELP),
     overwrite: bool = typer.Option(False, help="Replace OUT if it exists"),
 ):
     """Fine-tune long-document classification (windows of a long document share its label)."""
     from .workflows import finetune_cls as run
 
     metrics = run(model, train, out, preset, max_length, window_length, stride, text_field, label_field,
-                  _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insertion, bf16), overwrite)
+                  _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insertion, bf16, fp16, device),
+                  overwrite)
     _print_metrics(f"fine-tuned classifier saved to {out}", metrics)
 
 

@@ -14,9 +14,10 @@ from .bench.memory import peak_allocated_bytes
 from .convert import convert, default_source, load_source
 from .files import write_directory_atomically
 
-SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
-DEFAULT_DOCUMENT = SHARED_DATA / "konlpy-corpus" / "kolaw" / "constitution.txt"
-SHORT_TEXTS = (SHARED_DATA / "konlpy-corpus" / "kobill" / "1809890.txt", SHARED_DATA / "konlpy-corpus" / "kobill" / "1809891.txt")
+# Package data (resources/konlpy-corpus/SOURCE.md): the Korean constitution and ten National Assembly bills.
+KONLPY = Path(__file__).resolve().parent / "resources" / "konlpy-corpus"
+DEFAULT_DOCUMENT = KONLPY / "kolaw" / "constitution.txt"
+SHORT_TEXTS = (KONLPY / "kobill" / "1809890.txt", KONLPY / "kobill" / "1809891.txt")
 
 
 def _timed(fn, repeats: int) -> tuple[float, int, torch.Tensor]:

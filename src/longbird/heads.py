@@ -118,6 +118,15 @@ class ConditionalEndHead(nn.Module):
         return self.out(mixed).squeeze(-1)
 
 
+IGNORE_INDEX = -100
+
+
+def _mean_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean over the rows with a target; 0 (with a gradient path) when every row is ignored."""
+    total = nn.functional.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX, reduction="sum")
+    return total / (targets != IGNORE_INDEX).sum().clamp(min=1)
+
+
 def _masked(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(~allowed, torch.finfo(logits.dtype).min)
 
@@ -151,8 +160,12 @@ class LongBirdForQuestionAnswering(LongBirdPreTrainedModel):
         candidates = valid if start_candidates is None else valid & start_candidates.bool()
         labelled = start_positions is not None and end_positions is not None
         if labelled:
-            start_positions = start_positions.clamp(0, length - 1)
-            end_positions = end_positions.clamp(0, length - 1)
+            # A label outside the input is ignored (never clamped onto a real token): the row adds no loss.
+            in_range = ((start_positions >= 0) & (start_positions < length) & (end_positions >= 0)
+                        & (end_positions < length))
+            start_targets = start_positions.masked_fill(~in_range, IGNORE_INDEX)
+            end_targets = end_positions.masked_fill(~in_range, IGNORE_INDEX)
+            start_positions = start_positions.masked_fill(~in_range, 0)  # only feeds the teacher-forced head
         if self.config.qa_head == "linear":
             start_logits, end_logits = self.qa_outputs(hidden).unbind(dim=-1)
             start_logits, end_logits = _masked(start_logits, valid), _masked(end_logits, valid)
@@ -173,8 +186,7 @@ class LongBirdForQuestionAnswering(LongBirdPreTrainedModel):
                 end_logits = end_top_logits[:, 0]
         loss = None
         if labelled:
-            loss = (nn.functional.cross_entropy(start_logits.float(), start_positions)
-                    + nn.functional.cross_entropy(end_logits.float(), end_positions)) / 2
+            loss = (_mean_cross_entropy(start_logits, start_targets) + _mean_cross_entropy(end_logits, end_targets)) / 2
         return LongBirdQuestionAnsweringOutput(
             loss=loss, start_logits=start_logits, end_logits=end_logits, hidden_states=outputs.hidden_states,
             start_top_index=start_top_index, end_top_logits=end_top_logits,

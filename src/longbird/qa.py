@@ -1,8 +1,9 @@
 """Long-document QA inference: run the windows, decode spans, merge windows, map answers to the source.
 
-A candidate's score is start_logit + end_logit(end | start), over the k best starts of a window and the
-k best ends for each (LittleBird A.2: beam over the top-k starts). Spans lie inside the document part
-of the window, end >= start, and are at most `max_answer_tokens` long. The best candidate over all
+A candidate's score is start_logit + log p(end | start), the end distribution taken over the ends that start
+allows, for the k best starts of a window and the k best allowed ends of each (LittleBird A.2: beam over the
+top-k starts). Spans lie inside the document part of the window, end >= start, and are at most
+`max_answer_tokens` long. The best candidate over all
 windows of a question wins. Its text is always a substring of the original context: real HTML where the
 span crosses tags, never tag-token markers.
 """
@@ -32,17 +33,27 @@ class Answer:
 
 
 def decode_window(feature: QAFeature, start_top_index, end_top_logits, start_logits, top_k: int,
-                  max_answer_tokens: int) -> list[tuple[float, int, int]]:
-    """Candidate (score, start token, end token) spans of one window, best first."""
+                  max_answer_tokens: int, normalise_ends: bool = True) -> list[tuple[float, int, int]]:
+    """Candidate (score, start token, end token) spans of one window, best first.
+
+    For each of the k best starts, the ends it allows (end >= start, at most `max_answer_tokens` tokens, inside the
+    document) are masked *before* the top-k. With `normalise_ends` (the conditional-end head) a candidate scores
+    start logit + log-softmax of the end logits over the ends allowed for that start: the conditional-end loss is
+    blind to a per-start constant, so raw end logits are not comparable across starts (design.md §7).
+    """
     length = len(feature.input_ids)
+    document = torch.tensor([offset is not None for offset in feature.offsets[:length]])
+    positions = torch.arange(length)
     candidates = []
     for rank, start in enumerate(start_top_index.tolist()):
         if start >= length or feature.offsets[start] is None:
             continue
-        ends = end_top_logits[rank, :length]
-        for end in ends.topk(min(top_k, length)).indices.tolist():
-            if end < start or end - start + 1 > max_answer_tokens or feature.offsets[end] is None:
-                continue
+        allowed = document & (positions >= start) & (positions - start < max_answer_tokens)
+        ends = end_top_logits[rank, :length].float().masked_fill(~allowed, float("-inf"))
+        if normalise_ends:
+            ends = torch.log_softmax(ends, dim=-1)
+        count = min(top_k, int(allowed.sum()))
+        for end in ends.topk(count).indices.tolist():
             candidates.append((float(start_logits[start] + ends[end]), start, end))
     return sorted(candidates, reverse=True)
 
@@ -67,11 +78,16 @@ def predict_features(model, features: list[QAFeature], documents: dict[str, Proc
     batches = range(0, len(features), batch_size)
     for begin in tqdm(batches, desc="predicting", unit="batch", disable=not progress):
         chunk = features[begin:begin + batch_size]
-        batch = collate([feature.model_inputs() for feature in chunk])
-        out = model(**batch, top_k=top_k, start_candidates=_document_tokens(chunk, batch["input_ids"].shape[1]))
+        batch = {name: tensor.to(model.device) for name, tensor in
+                 collate([feature.model_inputs() for feature in chunk]).items()}
+        candidates = _document_tokens(chunk, batch["input_ids"].shape[1]).to(model.device)
+        out = model(**batch, top_k=top_k, start_candidates=candidates)
+        # Decoding is Python over a few candidates: on the CPU, whatever device the model ran on.
+        start_top, end_top, start_logits = (t.float().cpu() if t.is_floating_point() else t.cpu()
+                                            for t in (out.start_top_index, out.end_top_logits, out.start_logits))
         for row, feature in enumerate(chunk):
-            candidates = decode_window(feature, out.start_top_index[row], out.end_top_logits[row].float(),
-                                       out.start_logits[row].float(), top_k, max_answer_tokens)
+            candidates = decode_window(feature, start_top[row], end_top[row], start_logits[row], top_k,
+                                       max_answer_tokens, normalise_ends=model.config.qa_head == "conditional")
             document = documents[feature.example_id]
             for score, start, end in candidates:
                 current = best.get(feature.example_id)
@@ -92,6 +108,7 @@ def predict_rows(model, tokenizer, rows: Sequence[dict], max_length: int, doc_st
     """Answers for dataset rows (KorQuAD reader schema). Unanswerable windows never win over a real span."""
     cache: dict[tuple[str, bool], ProcessedDocument] = {}
     features = features_for_rows(tokenizer, rows, max_length, doc_stride, max_windows, with_labels=False,
+                                 token_types=model.config.type_vocab_size >= 2,
                                  documents=cache)
     documents = {row["id"]: cache[(row["context"], row["is_html"])] for row in rows}
     return predict_features(model, features, documents, batch_size, max_answer_tokens=max_answer_tokens,

@@ -51,6 +51,12 @@ def convert_to_directory(source, out: str | Path, preset: str = "kobigbird", max
     return model, tokenizer is not None
 
 
+def load_on_device(model_path, task_class, device: str | None = None):
+    """(model, tokenizer) for inference, the model moved to `device` (None: where it was loaded, the CPU)."""
+    model, tokenizer = load_task_model(model_path, task_class)
+    return (model.to(device) if device else model), tokenizer
+
+
 def load_task_model(model_path: str | Path | None, task_class, preset: str = "kobigbird", max_length: int = 4096,
                     **overrides: Any):
     """(model, tokenizer) for a task: a longbird directory is loaded, anything else is converted."""
@@ -127,7 +133,8 @@ def finetune_qa(model_path, train_data, out: str | Path, data_format: str = "kor
     add_tag_tokens(tokenizer, model)  # always, so the model can read HTML pages later (`longbird answer`)
     check_tokenizer(model, tokenizer)
     window_length = window_length or model.config.max_position_embeddings
-    features = features_for_rows(tokenizer, rows, window_length, doc_stride, max_windows)
+    features = features_for_rows(tokenizer, rows, window_length, doc_stride, max_windows,
+                                 token_types=model.config.type_vocab_size >= 2)
     items = qa_training_items(features, negative_fraction, settings.seed)
     metrics = train(model, tokenizer, items, out.parent / f".{out.name}.work", settings)
 
@@ -146,12 +153,12 @@ def finetune_qa(model_path, train_data, out: str | Path, data_format: str = "kor
 def evaluate_qa(model_path, data, data_format: str = "korquad2", window_length: int | None = None,
                 doc_stride: int | None = None, max_windows: int | None = None, batch_size: int = 4,
                 max_examples: int | None = None, out: str | Path | None = None, progress: bool = False,
-                split: str | None = None) -> dict:
+                split: str | None = None, device: str | None = None) -> dict:
     """Predict every question and score with the official metric of the format. With `out`, writes
     predictions.json ({id: text}) and metrics.json there (atomically)."""
     rows, skipped = (data, 0) if isinstance(data, Dataset) else read_qa_data(data, data_format, split)
     rows = sample_questions(rows, max_examples)
-    model, tokenizer = load_task_model(model_path, LongBirdForQuestionAnswering)
+    model, tokenizer = load_on_device(model_path, LongBirdForQuestionAnswering, device)
     check_tokenizer(model, tokenizer)
     window_length = window_length or model.config.max_position_embeddings
     answers = predict_rows(model, tokenizer, rows, window_length, doc_stride, max_windows, batch_size,
@@ -220,15 +227,18 @@ def predict_documents(model, tokenizer, texts, window_length: int | None = None,
     window_length = window_length or model.config.max_position_embeddings
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     collate = PaddedBatches(pad)
-    return [model(**collate(document_windows(tokenizer, text, window_length, stride))).logits.float().mean(dim=0)
-            for text in texts]
+    def logits(text):
+        batch = collate(document_windows(tokenizer, text, window_length, stride))
+        return model(**{name: tensor.to(model.device) for name, tensor in batch.items()}).logits.float().mean(dim=0)
+
+    return [logits(text).cpu() for text in texts]
 
 
 def evaluate_cls(model_path, data, window_length: int | None = None, stride: int = 128, text_field: str = "text",
-                 label_field: str = "label", out: str | Path | None = None) -> dict:
+                 label_field: str = "label", out: str | Path | None = None, device: str | None = None) -> dict:
     """Accuracy and macro-F1 of a saved classifier; with `out`, writes predictions.json and metrics.json."""
     rows = _classification_rows(data, text_field, label_field)
-    model, tokenizer = load_task_model(model_path, LongBirdForSequenceClassification)
+    model, tokenizer = load_on_device(model_path, LongBirdForSequenceClassification, device)
     check_tokenizer(model, tokenizer)
     logits = predict_documents(model, tokenizer, rows["text"], window_length, stride)
     predictions = [model.config.id2label[int(score.argmax())] for score in logits]

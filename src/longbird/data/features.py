@@ -1,9 +1,10 @@
 """QA features: ``[CLS] question [SEP] window of the document [SEP]`` with overlapping windows.
 
 `doc_stride` is the number of document tokens two neighbouring windows share (the Hugging Face meaning of
-`stride`). Left unset it is 128, or max_length/2 for documents longer than 2 x max_length (the LittleBird
-KorQuAD 2.0 setting: 8K windows with a 4K stride). A window that does not hold the whole answer is labelled
-with [CLS] (index 0) as start and end.
+`stride`). Left unset it is half a window for any document longer than one window (LittleBird A.2: 8K windows
+with a 4K stride). A window that does not hold the whole answer is labelled with [CLS] (index 0) as start and end.
+With `token_types`, features carry token type ids (question and specials before the document 0, the document and
+the final separator 1) also where the tokenizer emits none (RoBERTa/XLM-R family), for models with two types.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from dataclasses import dataclass
 from .html import ProcessedDocument, plain_document, preprocess_html
 
 logger = logging.getLogger(__name__)
-DEFAULT_DOC_STRIDE = 128
 MAX_QUESTION_TOKENS = 64
 
 
@@ -50,22 +50,15 @@ def _question_prefix(tokenizer, question: str, max_question_tokens: int) -> tupl
     return question, len(tokenizer(question, add_special_tokens=False)["input_ids"])
 
 
-def count_tokens(tokenizer, text: str) -> int:
-    return len(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
-
-
-def resolve_doc_stride(tokenizer, document_text: str, max_length: int, doc_stride: int | None,
-                       question_tokens: int, document_tokens: int | None = None) -> int:
-    """`document_tokens` (the token count of `document_text`) is counted here when not given."""
+def resolve_doc_stride(tokenizer, max_length: int, doc_stride: int | None, question_tokens: int) -> int:
+    """The stride for windows of `max_length` after a question of `question_tokens` (default: half a window)."""
     room = max_length - question_tokens - tokenizer.num_special_tokens_to_add(pair=True)
     if room < 2:
         raise ValueError(f"max_length ({max_length}) leaves no room for the document after a question of "
                          f"{question_tokens} tokens; use a larger max_length")
     if doc_stride is None:
-        if document_tokens is None:
-            document_tokens = count_tokens(tokenizer, document_text)
-        doc_stride = max_length // 2 if document_tokens > 2 * max_length else DEFAULT_DOC_STRIDE
-        doc_stride = min(doc_stride, room // 2)
+        # Half a window (LittleBird A.2); it only matters for documents longer than one window.
+        doc_stride = min(max_length // 2, room // 2)
     if not 0 <= doc_stride < room:
         raise ValueError(f"doc_stride ({doc_stride}) must lie in 0..{room - 1}: windows of max_length={max_length} "
                          f"hold {room} document tokens after this question")
@@ -82,12 +75,13 @@ def make_features(
     answer_span: tuple[int, int] | None = None,
     max_windows: int | None = None,
     max_question_tokens: int = MAX_QUESTION_TOKENS,
-    document_tokens: int | None = None,
+    token_types: bool = False,
 ) -> list[QAFeature]:
     """Windows over `document` for one question. `answer_span` is a (start, end) range of the *source*
-    text (e.g. a KorQuAD answer); it labels the windows that contain it. `max_windows=1` is truncation."""
+    text (e.g. a KorQuAD answer); it labels the windows that contain it. `max_windows=1` is truncation.
+    `token_types`: always give token type ids (question 0, document 1), for models with two token types."""
     question, question_tokens = _question_prefix(tokenizer, question, max_question_tokens)
-    stride = resolve_doc_stride(tokenizer, document.text, max_length, doc_stride, question_tokens, document_tokens)
+    stride = resolve_doc_stride(tokenizer, max_length, doc_stride, question_tokens)
     encoded = tokenizer(question, document.text, truncation="only_second", max_length=max_length, stride=stride,
                         return_overflowing_tokens=True, return_offsets_mapping=True)
     target = document.from_source_span(*answer_span) if answer_span is not None else None
@@ -101,9 +95,10 @@ def make_features(
         sequence_ids = encoded.sequence_ids(window)
         offsets = [tuple(offset) if sequence == 1 else None
                    for offset, sequence in zip(encoded["offset_mapping"][window], sequence_ids)]
-        feature = QAFeature(example_id, encoded["input_ids"][window],
-                            encoded["token_type_ids"][window] if "token_type_ids" in encoded else None,
-                            offsets, window_index=window)
+        types = encoded["token_type_ids"][window] if "token_type_ids" in encoded else None
+        if token_types and (types is None or not any(types)):
+            types = _pair_token_types(sequence_ids)
+        feature = QAFeature(example_id, encoded["input_ids"][window], types, offsets, window_index=window)
         if target is not None:
             feature.start_position, feature.end_position = label_window(offsets, target)
         features.append(feature)
@@ -111,6 +106,12 @@ def make_features(
         logger.warning("the answer of %s fits in no window (doc_stride %d is shorter than the answer); its windows "
                        "are unlabelled: use a larger --doc-stride", example_id, stride)
     return features
+
+
+def _pair_token_types(sequence_ids: list[int | None]) -> list[int]:
+    """BERT's segments for a pair: 0 up to the document, 1 from its first token to the end (final separator)."""
+    first = next((i for i, sequence in enumerate(sequence_ids) if sequence == 1), len(sequence_ids))
+    return [0] * first + [1] * (len(sequence_ids) - first)
 
 
 def label_window(offsets: list[tuple[int, int] | None], target: tuple[int, int]) -> tuple[int, int]:
@@ -128,23 +129,20 @@ def label_window(offsets: list[tuple[int, int] | None], target: tuple[int, int])
 
 def features_for_rows(tokenizer, rows, max_length: int, doc_stride: int | None = None,
                       max_windows: int | None = None, with_labels: bool = True,
-                      documents: dict | None = None) -> list[QAFeature]:
+                      documents: dict | None = None, token_types: bool = False) -> list[QAFeature]:
     """Features for dataset rows (`read_korquad_v2` / `read_korquad_v1_articles` schema); the first gold answer
     labels the windows that hold it. `documents` caches processed contexts by (context, is_html); each
-    document is processed (and, for the default stride, counted) once however many questions it has."""
+    document is processed once however many questions it has. `token_types` as in `make_features`."""
     documents = {} if documents is None else documents
-    token_counts: dict[tuple[str, bool], int] = {}
     features = []
     for row in rows:
         key = (row["context"], row["is_html"])
         if key not in documents:
             documents[key] = prepare_document(row["context"], row["is_html"])
-        if doc_stride is None and key not in token_counts:
-            token_counts[key] = count_tokens(tokenizer, documents[key].text)
         span = None
         if with_labels and row["answers"]["text"]:
             start = row["answers"]["answer_start"][0]
             span = (start, start + len(row["answers"]["text"][0]))
         features.extend(make_features(tokenizer, row["id"], row["question"], documents[key], max_length,
-                                      doc_stride, span, max_windows, document_tokens=token_counts.get(key)))
+                                      doc_stride, span, max_windows, token_types=token_types))
     return features

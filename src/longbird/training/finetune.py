@@ -37,6 +37,10 @@ class FinetuneSettings:
     padding_insertion_probability: float = 0.2
     padding_insertion_max_gap: int = 256
     bf16: bool = False
+    fp16: bool = False
+    # "auto": CUDA when present (Trainer's own choice), "cpu" or "cuda"; one process sees one GPU, so pick one with
+    # CUDA_VISIBLE_DEVICES and several through `accelerate launch` / `torchrun`.
+    device: str = "auto"
     logging_steps: int = 20
     progress: bool = True
 
@@ -90,9 +94,25 @@ def make_collator(model, tokenizer, settings: FinetuneSettings):
     return PaddingInsertionCollator(collator, insertion)
 
 
+def check_training_device(settings: FinetuneSettings) -> None:
+    """Clear errors for devices and precisions Trainer cannot honour here."""
+    if settings.device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"training device must be auto, cpu or cuda; got {settings.device!r} (choose the GPU with "
+                         "CUDA_VISIBLE_DEVICES, several with `accelerate launch` or `torchrun`)")
+    if settings.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device cuda: CUDA is not available on this machine (torch {torch.__version__}); "
+                         "use --device cpu")
+    on_gpu = settings.device != "cpu" and torch.cuda.is_available()
+    if settings.fp16 and not on_gpu:
+        raise ValueError("--fp16 mixed precision needs a CUDA GPU; use --bf16 on CPU")
+    if settings.fp16 and settings.bf16:
+        raise ValueError("--fp16 and --bf16 exclude each other; pick one")
+
+
 def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: FinetuneSettings) -> dict:
     """Fine-tune `model` on prepared items with Trainer (scratch space: `out_dir`/trainer, removed after). Returns
     the training metrics. Saving the final model is the caller's job (atomically)."""
+    check_training_device(settings)
     if not items:
         raise ValueError("no training items: every window was filtered out or the dataset is empty")
     arguments = TrainingArguments(
@@ -106,7 +126,8 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
         weight_decay=settings.weight_decay,
         seed=settings.seed,
         bf16=settings.bf16,
-        use_cpu=not torch.cuda.is_available(),
+        fp16=settings.fp16,
+        use_cpu=settings.device == "cpu" or not torch.cuda.is_available(),
         logging_steps=settings.logging_steps,
         save_strategy="no",
         report_to=[],
