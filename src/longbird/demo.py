@@ -1,4 +1,5 @@
-"""The main job (`make demo`): convert the embedded MiniLM to a 4096-token kobigbird model and check it."""
+"""The main job (`make demo`): convert the embedded Korean-capable multilingual-e5-small to a 4096-token kobigbird
+model, check it against its source on Korean text, encode a long Korean document, save and reload."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from .bench.memory import peak_allocated_bytes
-from .convert import convert, default_source, load_source
+from .convert import convert, load_source
+from .sources import E5_NAME, resolve_source
 from .files import write_directory_atomically
 
 # Package data (resources/konlpy-corpus/SOURCE.md): the Korean constitution and ten National Assembly bills.
@@ -44,12 +46,14 @@ def run_demo(
     """Returns the measured figures; `step` reports progress (the CLI prints it)."""
     if not Path(document).is_file():
         raise FileNotFoundError(f"demo document {document} not found; pass --document FILE")
-    source = Path(source) if source is not None else default_source()
-    results: dict = {"source": str(source), "max_length": max_length}
+    name = str(source) if source is not None else E5_NAME
+    source = resolve_source(name)
+    results: dict = {"source": name, "max_length": max_length}
 
     step("converting the source model")
     source_model = load_source(source).eval()
     tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+    tokenizer.model_max_length = max_length
     model = convert(source_model, preset="kobigbird", max_length=max_length)
     base = getattr(model, "longbird", model)
 

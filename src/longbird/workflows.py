@@ -14,7 +14,8 @@ import torch
 from datasets import Dataset
 from transformers import AutoConfig, AutoTokenizer, set_seed
 
-from .convert import convert, default_source
+from .convert import convert
+from .sources import resolve_source
 from .data.batching import PaddedBatches
 from .data.classification import document_windows, label_vocabulary, read_classification
 from .data.features import features_for_rows
@@ -35,12 +36,15 @@ def convert_to_directory(source, out: str | Path, preset: str = "kobigbird", max
                          overwrite: bool = False, **overrides: Any) -> tuple[Any, bool]:
     """Convert `source` (default: the embedded MiniLM) and save model + source tokenizer to `out` atomically.
     Returns (model, whether a tokenizer was found beside the source)."""
-    source = Path(source) if source else default_source()
+    source = resolve_source(source)
     model = convert(source, preset=preset, max_length=max_length, **overrides)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
     except (OSError, ValueError):
         tokenizer = None
+
+    if tokenizer is not None:
+        tokenizer.model_max_length = max_length  # else `truncation=True` would cut to the source's 512
 
     def write(directory: Path) -> None:
         model.save_pretrained(directory)
@@ -60,7 +64,7 @@ def load_on_device(model_path, task_class, device: str | None = None):
 def load_task_model(model_path: str | Path | None, task_class, preset: str = "kobigbird", max_length: int = 4096,
                     **overrides: Any):
     """(model, tokenizer) for a task: a longbird directory is loaded, anything else is converted."""
-    path = Path(model_path) if model_path else default_source()
+    path = resolve_source(model_path)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     if AutoConfig.from_pretrained(path, local_files_only=True).model_type == "longbird":
         model = task_class.from_pretrained(path, **overrides)

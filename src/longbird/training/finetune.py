@@ -41,6 +41,9 @@ class FinetuneSettings:
     # "auto": CUDA when present (Trainer's own choice), "cpu" or "cuda"; one process sees one GPU, so pick one with
     # CUDA_VISIBLE_DEVICES and several through `accelerate launch` / `torchrun`.
     device: str = "auto"
+    # A 250K-piece vocabulary (XLM-R, multilingual-e5-small) makes the dense gradient of the word embeddings
+    # (96M of 118M parameters) dominate a CPU step: they are frozen unless asked for.
+    train_word_embeddings: bool = False
     logging_steps: int = 20
     progress: bool = True
 
@@ -115,6 +118,7 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
     check_training_device(settings)
     if not items:
         raise ValueError("no training items: every window was filtered out or the dataset is empty")
+    model.get_input_embeddings().weight.requires_grad_(settings.train_word_embeddings)
     arguments = TrainingArguments(
         output_dir=str(Path(out_dir) / "trainer"),
         per_device_train_batch_size=settings.batch_size,
