@@ -7,7 +7,6 @@ Each variant gets its own torch.compile (static shapes) so automatic-dynamic rec
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -17,22 +16,12 @@ from torch.nn.attention.flex_attention import flex_attention
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from longbird.attention import flex as lf  # noqa: E402
+from longbird.bench.models import cuda_median_ms  # noqa: E402
 from longbird.positions.alibi import BiALiBi  # noqa: E402
 
 
 def timed(fn, repeats=10):
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        samples.append(start.elapsed_time(end))
-    return statistics.median(samples)
+    return cuda_median_ms(fn, repeats, warmup=2)
 
 
 def main():

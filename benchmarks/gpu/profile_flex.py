@@ -7,7 +7,6 @@ Prints one table of medians (CUDA events) and a torch.profiler summary of one li
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -19,23 +18,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 from longbird.attention import bigbird_attention, bigbird_pattern, usw_attention, usw_layout  # noqa: E402
 from longbird.attention.flex import (bigbird_flex_attention, compiled_flex_attention,  # noqa: E402
                                      usw_flex_attention)
-from longbird.bench.models import build_model, forward_fn  # noqa: E402
+from longbird.bench.models import build_model, cuda_median_ms, forward_fn  # noqa: E402
 from longbird.positions.alibi import BiALiBi  # noqa: E402
 
 
 def timed(fn, repeats=10):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        samples.append(start.elapsed_time(end))
-    return statistics.median(samples)
+    return cuda_median_ms(fn, repeats, warmup=3)
 
 
 def kernels(length, dtype=torch.bfloat16, heads=12, dim=64, block=64):

@@ -85,6 +85,24 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def cuda_median_ms(fn: Callable[[], object], repeats: int = 10, warmup: int = 2) -> float:
+    """Median milliseconds of `fn()` on the current CUDA device, timed with CUDA events after `warmup` calls."""
+    import statistics
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        samples.append(start.elapsed_time(end))
+    return statistics.median(samples)
+
+
 def matmul_throughput(dtype: torch.dtype, device: torch.device | str = "cpu", size=None, repeats: int = 5) -> float:
     """This device's dense matmul FLOP/s for `dtype`: median of `repeats` (m,k)x(k,n) products on random data.
 
