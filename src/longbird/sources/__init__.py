@@ -18,10 +18,19 @@ NAMED_SOURCES = ("minilm", E5_NAME)
 
 
 def cache_root() -> Path:
-    """$LONGBIRD_CACHE, else $XDG_CACHE_HOME/longbird, else ~/.cache/longbird."""
+    """$LONGBIRD_CACHE, else $XDG_CACHE_HOME/longbird, else ~/.cache/longbird; a temporary directory when that
+    cannot be created (a read-only home), so the build still works (and is repeated next process)."""
     if os.environ.get("LONGBIRD_CACHE"):
-        return Path(os.environ["LONGBIRD_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "longbird"
+        root = Path(os.environ["LONGBIRD_CACHE"])
+    else:
+        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "longbird"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        return root
+    except OSError:
+        import tempfile
+
+        return Path(tempfile.gettempdir()) / "longbird-cache"
 
 
 def resolve_source(source: str | os.PathLike | None) -> Path:
