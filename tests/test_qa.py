@@ -195,6 +195,14 @@ def test_disallowed_ends_are_masked_before_the_top_k():
     assert spans == [(4, 5), (4, 4)]
 
 
+def test_answers_never_start_or_end_with_the_space_a_metaspace_token_carries():
+    document = preprocess_html("<p>아버지는 신중현 이다</p>")
+    start = document.text.index(" 신중현")  # "▁신중현": the offsets of an XLM-R piece include the space before it
+    feature = QAFeature("q", [0] * 3, None, [None, (start, start + 4), None])
+    answers = predict_features(GoldLogits({0: (1, 1)}, top_k=1), [feature], {"q": document}, batch_size=1)
+    assert answers["q"].text == "신중현"
+
+
 def test_a_tag_only_best_span_gives_way_to_the_next_candidate():
     """If the best span holds only tag tokens ("[td]"), the next candidate of the window is taken."""
     document = preprocess_html("<table><tr><td>Seoul</td></tr></table>")

@@ -58,6 +58,16 @@ def decode_window(feature: QAFeature, start_top_index, end_top_logits, start_log
     return sorted(candidates, reverse=True)
 
 
+def _without_edge_spaces(text: str, begin: int, end: int) -> tuple[int, int]:
+    """A Metaspace token ("▁word", XLM-R/SentencePiece) carries the space before the word in its offsets:
+    an answer never starts or ends with whitespace."""
+    while begin < end and text[begin].isspace():
+        begin += 1
+    while end > begin and text[end - 1].isspace():
+        end -= 1
+    return begin, end
+
+
 def _document_tokens(features: list[QAFeature], length: int) -> torch.Tensor:
     """(B, l) bool: tokens of the document part, the only places an answer may start."""
     mask = torch.zeros(len(features), length, dtype=torch.bool)
@@ -93,7 +103,8 @@ def predict_features(model, features: list[QAFeature], documents: dict[str, Proc
                 current = best.get(feature.example_id)
                 if current is not None and current.score >= score:
                     break
-                span = document.to_source_span(feature.offsets[start][0], feature.offsets[end][1])
+                span = document.to_source_span(*_without_edge_spaces(document.text, feature.offsets[start][0],
+                                                                     feature.offsets[end][1]))
                 if span is None:  # only tag tokens: try the next candidate
                     continue
                 best[feature.example_id] = Answer(document.source[span[0]:span[1]], span[0], span[1], score,
