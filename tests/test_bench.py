@@ -57,3 +57,25 @@ def test_bench_refuses_cuda_without_a_gpu_and_bad_settings(tmp_path):
         assert result.exit_code != 0 and "CUDA is not available" in result.output
     result = CliRunner().invoke(app, ["bench", "--smoke", "--batch", "0", "--out", str(tmp_path)])
     assert result.exit_code != 0 and "batch must be a positive number or 'max'" in result.output
+
+
+def test_a_run_out_of_memory_is_recorded_as_a_skip_not_a_crash():
+    import torch
+
+    from longbird.bench.sweep import _measure
+
+    calls = {"fits": 0, "flaky": 0}
+
+    def fits():
+        calls["fits"] += 1
+        return torch.zeros(1)
+
+    def flaky():  # fits for the warm-up, then runs out of memory (fragmentation near the limit)
+        calls["flaky"] += 1
+        if calls["flaky"] > 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 384.00 MiB")
+        return torch.zeros(1)
+
+    rows = _measure({"fits": fits, "flaky": flaky}, repeats=2, device=torch.device("cpu"))
+    assert rows["flaky"] == {"skipped": "out of GPU memory while timing"}
+    assert rows["fits"]["median_seconds"] >= 0 and calls["fits"] == 4  # warm-up, 2 timed, 1 profiled

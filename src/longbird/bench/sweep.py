@@ -252,7 +252,14 @@ def _measure(runs: dict[str, Callable], repeats: int, device: torch.device, inte
         for name in list(times):
             if device.type != "cuda":
                 gc.collect()
-            times[name].append(_timed(runs[name], device))
+            try:
+                times[name].append(_timed(runs[name], device))
+            except (torch.OutOfMemoryError, RuntimeError) as error:  # a batch that fit once may not fit again
+                if not _out_of_memory(error):
+                    raise
+                rows[name] = {"skipped": "out of GPU memory while timing"}
+                del times[name]
+                _drop_gradients(runs, device)
     for name, samples in times.items():
         if device.type == "cuda":
             peak, absolute, _ = peak_cuda_bytes(runs[name], device)
