@@ -116,7 +116,7 @@ def _once_per_call(workspace: dict | None, key, build):
     return workspace[key]
 
 
-@functools.lru_cache(maxsize=512)
+@functools.lru_cache(maxsize=96)  # 8 lengths x 12 layers; a table at 32K is H x 512 x 512 bytes on the device
 def bigbird_block_table(pattern: BigBirdPattern, device: torch.device) -> torch.Tensor:
     """(H, n, n) bool: key blocks each query block attends (global rows see every block)."""
     n, heads = pattern.num_blocks, pattern.num_heads
