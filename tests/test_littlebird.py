@@ -202,3 +202,40 @@ def test_bf16_close_to_fp32(mode):
                 out = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
     real = attention_mask.bool()
     assert torch.nn.functional.cosine_similarity(out.float()[real], reference[real], dim=-1).min() > 0.99
+
+
+def test_paper_parameter_layout_shares_the_output_projection():
+    """§3.4: pack attention has its own Q/K/V and shares unpack attention's output projection. A RoBERTa-base-sized
+    conversion then has the paper's English base size, 145.6M (three extra h x h matrices per layer)."""
+    from transformers import RobertaConfig, RobertaModel
+
+    torch.manual_seed(0)
+    source = RobertaModel(RobertaConfig(vocab_size=50265, max_position_embeddings=514, type_vocab_size=1))
+    model = longbird.convert(source, preset="littlebird", max_length=4096)
+    count = sum(p.numel() for p in model.parameters())
+    assert abs(count - 145.6e6) <= 0.005 * 145.6e6, count
+    separate = longbird.convert(source, preset="littlebird", max_length=4096, pack_output_projection="separate")
+    assert sum(p.numel() for p in separate.parameters()) - count == 12 * (768 * 768 + 768)
+    layer = model.encoder.layer[0]
+    assert layer.pack_attention.output.dense is None
+    assert torch.equal(layer.pack_attention.self.key.weight, source.encoder.layer[0].attention.self.key.weight)
+    with pytest.raises(ValueError, match="pack_output_projection must be 'shared' or 'separate'"):
+        _littlebird(pack_output_projection="both")
+
+
+def test_shared_projection_is_the_separate_one_tied():
+    """Shared = separate with the two output projections tied: equal outputs (both start as the source's W_O), and
+    the shared gradient is the sum of the separate model's unpack and pack projection gradients."""
+    shared = _littlebird(pack_size=4).train()
+    separate = _littlebird(pack_size=4, pack_output_projection="separate").train()
+    separate.encoder.pack_embeddings.data.copy_(shared.encoder.pack_embeddings.data)  # random at init
+    input_ids, attention_mask = make_batch(72)
+    outputs = [m(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state for m in (shared, separate)]
+    torch.testing.assert_close(outputs[0], outputs[1])
+    for out in outputs:
+        (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(0))).sum().backward()
+    for index in range(2):
+        layer, twin = shared.encoder.layer[index], separate.encoder.layer[index]
+        summed = twin.attention.output.dense.weight.grad + twin.pack_attention.output.dense.weight.grad
+        torch.testing.assert_close(layer.attention.output.dense.weight.grad, summed, atol=1e-5, rtol=1e-4)
+        assert twin.pack_attention.output.dense.weight.grad.abs().sum() > 0  # the pack path contributes

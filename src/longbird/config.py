@@ -70,6 +70,9 @@ class LongBirdConfig(PreTrainedConfig):
     random_seed: int = 0
     pack_size: int = 64
     bialibi_learnable: bool = True
+    # Pack attention's output projection: "shared" with unpack attention (LittleBird §3.4: pack attention has its own
+    # Q/K/V only; the paper's model sizes fit exactly three extra h x h matrices per layer) or "separate".
+    pack_output_projection: str = "shared"
     # Sparse kernel: "auto" (compiled flex_attention on CUDA and for long CPU inference, else blocked), "blocked",
     # "flex"; see attention/backend.py. Computes the same function either way.
     attention_backend: str = "auto"
@@ -126,6 +129,8 @@ class LongBirdConfig(PreTrainedConfig):
                              "use 0 to disable pack attention or the paper's 64")
         if self.attention == "bigbird" and self.num_random_blocks < 0:
             raise ValueError(f"num_random_blocks must be >= 0; got {self.num_random_blocks}")
+        if self.pack_output_projection not in ("shared", "separate"):
+            raise ValueError(f"pack_output_projection must be 'shared' or 'separate'; got {self.pack_output_projection!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}; got {self.attention_backend!r}")
         if self.qa_head not in QA_HEADS:

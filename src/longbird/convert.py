@@ -160,8 +160,11 @@ def convert(
         )
     if config.attention == "littlebird" and config.pack_size > 0:
         # Pack attention starts as a copy of the layer's attention (LittleBird §3.4 step 1).
+        # With the shared output projection (the default, §3.4) only Q/K/V and the LayerNorm of P are copied.
+        shared = config.pack_output_projection == "shared"
         state.update({name.replace(".attention.", ".pack_attention.", 1): tensor.clone()
-                      for name, tensor in state.items() if ".attention." in name})
+                      for name, tensor in state.items() if ".attention." in name
+                      and not (shared and ".attention.output.dense." in name)})
     # Token types: extra rows start as a copy of row 0 (a one-type source gains a second segment).
     types = base_state["embeddings.token_type_embeddings.weight"]
     extra = config.type_vocab_size - types.shape[0]

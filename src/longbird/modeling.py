@@ -144,13 +144,16 @@ class LongBirdLayer(nn.Module):
 
 class LittleBirdLayer(nn.Module):
     """C_p = Attn(P, X); P = LN(C_p + P); C_x = USWAttn(X, C_p); A = LN(C_x + X); X = LN(FFN(A) + A)
-    (LittleBird §3.3). `attention` is the unpack/USW attention, `pack_attention` has its own Q/K/V/output."""
+    (LittleBird §3.3). `attention` is the unpack/USW attention; `pack_attention` has its own Q/K/V and the LayerNorm
+    of P, and shares unpack attention's output projection unless config.pack_output_projection == "separate"."""
 
     def __init__(self, config: LongBirdConfig):
         super().__init__()
         self.block_size = config.block_size
         self.attention = LongBirdAttention(config)
         self.pack_attention = LongBirdAttention(config) if config.pack_size > 0 else None
+        if self.pack_attention is not None and config.pack_output_projection == "shared":
+            self.pack_attention.output.dense = None  # C_p = W_O · Attn(P, X), W_O of unpack attention (§3.4)
         self.bialibi = BiALiBi(config.num_attention_heads, learnable=config.bialibi_learnable)
         self.intermediate = LongBirdIntermediate(config)
         self.output = LongBirdOutput(config)
@@ -166,8 +169,9 @@ class LittleBirdLayer(nn.Module):
             packed = (pack_attention if not use_reference else _dense_pack_attention)(
                 packer._heads(packer.query(pack)), packer._heads(packer.key(hidden_states)),
                 packer._heads(packer.value(hidden_states)), key_mask)
-            context = self.pack_attention.output.dense(packer._merge(packed))  # C_p
             out = self.pack_attention.output
+            projection = out.dense if out.dense is not None else self.attention.output.dense
+            context = projection(packer._merge(packed))  # C_p
             pack = out.LayerNorm(out.dropout(context) + pack)  # P = LN(C_p + P)
             pack_key, pack_value = unpack._heads(unpack.key(context)), unpack._heads(unpack.value(context))
         query, key, value = (unpack._heads(proj(hidden_states)) for proj in (unpack.query, unpack.key, unpack.value))
