@@ -66,6 +66,11 @@ class LongBirdSelfAttention(nn.Module):
         self.query = nn.Linear(config.hidden_size, config.hidden_size)
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout_p = float(config.attention_probs_dropout_prob)
+
+    def attention_dropout(self) -> float:
+        """The attention dropout of this call: the config's probability in training, 0 in eval."""
+        return self.dropout_p if self.training else 0.0
 
     def _heads(self, x):
         batch, length, _ = x.shape
@@ -82,13 +87,14 @@ class LongBirdSelfAttention(nn.Module):
             mask = key_mask[:, None, None, :]
             if pattern is not None:
                 mask = mask & pattern.materialize().to(key_mask.device)[None]
-            context = reference_attention(query, key, value, mask)
+            context = reference_attention(query, key, value, mask, dropout_p=self.attention_dropout())
         elif pattern is not None:
             context = (backend or SparseBackend()).run(
                 lambda: bigbird_flex_attention(query, key, value, key_mask, pattern, workspace=workspace),
-                lambda: bigbird_attention(query, key, value, key_mask, pattern, workspace), query.device)
+                lambda: bigbird_attention(query, key, value, key_mask, pattern, workspace, self.attention_dropout()),
+                query.device)
         else:
-            context = full_attention(query, key, value, key_mask)
+            context = full_attention(query, key, value, key_mask, self.attention_dropout())
         return self._merge(context)
 
 
@@ -168,7 +174,7 @@ class LittleBirdLayer(nn.Module):
             packer = self.pack_attention.self
             packed = (pack_attention if not use_reference else _dense_pack_attention)(
                 packer._heads(packer.query(pack)), packer._heads(packer.key(hidden_states)),
-                packer._heads(packer.value(hidden_states)), key_mask)
+                packer._heads(packer.value(hidden_states)), key_mask, packer.attention_dropout())
             out = self.pack_attention.output
             projection = out.dense if out.dense is not None else self.attention.output.dense
             context = projection(packer._merge(packed))  # C_p
@@ -183,13 +189,14 @@ class LittleBirdLayer(nn.Module):
                 lambda: usw_flex_attention(query, key, value, key_mask, positions, self.bialibi, self.block_size,
                                            pack_key, pack_value, workspace=workspace),
                 lambda: usw_attention(query, key, value, layout or usw_layout(key_mask, positions, self.block_size),
-                                      self.bialibi, pack_key, pack_value, workspace), query.device)
+                                      self.bialibi, pack_key, pack_value, workspace, unpack.attention_dropout()),
+                query.device)
         attended = self.attention.output(unpack._merge(context), hidden_states)  # A = LN(C_x + X)
         return self.output(self.intermediate(attended), attended), pack
 
 
-def _dense_pack_attention(pack_query, key, value, key_mask):
-    return reference_attention(pack_query, key, value, key_mask[:, None, None, :])
+def _dense_pack_attention(pack_query, key, value, key_mask, dropout_p=0.0):
+    return reference_attention(pack_query, key, value, key_mask[:, None, None, :], dropout_p=dropout_p)
 
 
 class LongBirdEncoder(nn.Module):
@@ -209,8 +216,9 @@ class LongBirdEncoder(nn.Module):
         return self.config.attention == "bigbird" and length > self.config.full_attention_max_length
 
     def _backend(self, hidden_states) -> SparseBackend:
+        dropout = self.training and self.config.attention_probs_dropout_prob > 0
         return choose_backend(self.config.attention_backend, hidden_states.device, hidden_states.shape[1],
-                              self.config.block_size)
+                              self.config.block_size, attention_dropout=dropout)
 
     def _call_layer(self, layer, *args, backend=None):
         if self.gradient_checkpointing and self.training and torch.is_grad_enabled():

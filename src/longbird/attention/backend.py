@@ -53,8 +53,10 @@ class SparseBackend:
         return blocked_call()
 
 
-def choose_backend(requested: str, device: torch.device, length: int, block_size: int) -> SparseBackend:
-    """The backend for one call; `requested` is the config's attention_backend (or LONGBIRD_ATTENTION_BACKEND)."""
+def choose_backend(requested: str, device: torch.device, length: int, block_size: int,
+                   attention_dropout: bool = False) -> SparseBackend:
+    """The backend for one call; `requested` is the config's attention_backend (or LONGBIRD_ATTENTION_BACKEND).
+    `attention_dropout`: the call applies attention dropout (training with attention_probs_dropout_prob > 0)."""
     requested = os.environ.get("LONGBIRD_ATTENTION_BACKEND", requested)
     if requested not in BACKENDS:
         raise ValueError(f"attention_backend must be one of {BACKENDS}; got {requested!r}")
@@ -62,6 +64,8 @@ def choose_backend(requested: str, device: torch.device, length: int, block_size
     if requested == "blocked":
         return _logged("blocked", "attention_backend='blocked'")
     unusable = _flex_unusable(device, grad, block_size)
+    if attention_dropout:  # flex has no dropout on the probabilities; the blocked kernels apply it
+        unusable = "attention dropout in training: flex_attention cannot apply it (attention_probs_dropout_prob > 0)"
     if requested == "flex":
         if unusable:
             raise ValueError(f"attention_backend='flex' cannot run here: {unusable}; use attention_backend='auto' "

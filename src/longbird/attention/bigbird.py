@@ -17,10 +17,10 @@ from .patterns import BigBirdPattern
 from .workspace import scratch_buffer
 
 
-def _masked_attention(query, key, value, mask):
+def _masked_attention(query, key, value, mask, dropout_p=0.0):
     """SDPA with a bool mask (True = may attend). SDPA gives zeros (and zero gradients) for rows with no
     allowed key, and a bool mask is faster on CPU than the equivalent additive float bias."""
-    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask)
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p)
 
 
 def _gather_blocks(blocks, index, workspace, name):
@@ -42,8 +42,10 @@ def bigbird_attention(
     key_mask: torch.Tensor,
     pattern: BigBirdPattern,
     workspace: dict | None = None,
+    dropout_p: float = 0.0,
 ) -> torch.Tensor:
     """query/key/value (b, h, l, d) with l = n * block; key_mask (b, l) bool, True = real token.
+    `dropout_p`: attention dropout on the probabilities (0 outside training).
 
     Returns (b, h, l, d). The caller pads l to a block multiple (padding is masked as keys).
     `workspace`: an optional dict, owned by one forward call, in which inference reuses gather buffers.
@@ -56,7 +58,8 @@ def bigbird_attention(
     # Global query blocks: dense rows over all keys.
     global_rows = [slice(0, block)] if n == 1 else [slice(0, block), slice(length - block, length)]
     global_query = torch.cat([query[:, :, rows] for rows in global_rows], dim=2)  # (b, h, 2b, d)
-    global_out = _masked_attention(global_query, key, value, key_mask[:, None, None, :].expand(batch, 1, 1, length))
+    global_out = _masked_attention(global_query, key, value, key_mask[:, None, None, :].expand(batch, 1, 1, length),
+                                   dropout_p)
     if n <= 2:
         return global_out
 
@@ -74,6 +77,6 @@ def bigbird_attention(
         middle_query.reshape(batch, rows, block, dim),
         key_blocks.view(batch, rows, m * block, dim),
         value_blocks.view(batch, rows, m * block, dim),
-        mask_blocks.reshape(batch, rows, 1, m * block),
+        mask_blocks.reshape(batch, rows, 1, m * block), dropout_p,
     ).reshape(batch, heads, (n - 2) * block, dim)  # CUDA SDPA may return a non-contiguous layout
     return torch.cat([global_out[:, :, :block], middle_out, global_out[:, :, block:]], dim=2)

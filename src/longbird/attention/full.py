@@ -7,8 +7,10 @@ import torch.nn.functional as F
 
 
 def full_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor | None = None
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
 ) -> torch.Tensor:
-    """query/key/value (b, h, n, d); key_mask (b, n) bool, True = real token. Returns (b, h, n, d)."""
+    """query/key/value (b, h, n, d); key_mask (b, n) bool, True = real token. Returns (b, h, n, d).
+    `dropout_p`: attention dropout on the probabilities (the caller passes 0 outside training)."""
     attn_mask = None if key_mask is None or bool(key_mask.all()) else key_mask[:, None, None, :]
-    return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask)
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p)

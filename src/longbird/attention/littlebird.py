@@ -30,9 +30,11 @@ class BiALiBiSlopes(Protocol):
     def pack_distance(self, block_size: int) -> torch.Tensor: ...
 
 
-def pack_attention(pack_query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor):
+def pack_attention(pack_query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor,
+                   dropout_p: float = 0.0):
     """C_p = Attn(P, X): pack queries (b, h, s, d) over all real tokens; key_mask (b, l). O(l s)."""
-    return F.scaled_dot_product_attention(pack_query, key, value, attn_mask=key_mask[:, None, None, :])
+    return F.scaled_dot_product_attention(pack_query, key, value, attn_mask=key_mask[:, None, None, :],
+                                          dropout_p=dropout_p)
 
 
 def _neighbour_blocks(x: torch.Tensor, axis: int, fill) -> torch.Tensor:
@@ -95,9 +97,11 @@ def usw_attention(
     pack_key: torch.Tensor | None = None,
     pack_value: torch.Tensor | None = None,
     workspace: dict | None = None,
+    dropout_p: float = 0.0,
 ) -> torch.Tensor:
     """query/key/value (B, H, l, d), l = n·b (the caller pads); `layout` from `usw_layout`; `slopes` has per-head
     alpha, beta, gamma and pack_distance(b); pack_key/pack_value (B, H, s, d) or None. Returns (B, H, l, d).
+    `dropout_p`: attention dropout on the probabilities (0 outside training).
 
     Softmax and bias arithmetic run in fp32 whatever the input dtype. A query row with no allowed key (only
     possible in an all-padding row without pack tokens) gets an average of masked values, never used.
@@ -129,6 +133,8 @@ def usw_attention(
         scores[..., :s].sub_(slopes.pack_distance(b).view(1, heads, 1, 1, 1))
     scores.masked_fill_(~mask[:, None, :, None, :], torch.finfo(torch.float32).min)
     probs = torch.softmax(scores, dim=-1)
+    if dropout_p:
+        probs = F.dropout(probs, dropout_p)
     out = torch.matmul(probs.to(values.dtype), values)
     return out.view(batch, heads, length, dim)
 

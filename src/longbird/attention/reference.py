@@ -13,6 +13,7 @@ def reference_attention(
     value: torch.Tensor,
     mask: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
 ) -> torch.Tensor:
     """softmax(q k^T / sqrt(d) + bias, masked) v.
 
@@ -28,4 +29,6 @@ def reference_attention(
     if mask is not None:
         # An all-masked row would otherwise spread uniform weight over forbidden keys.
         probs = probs * mask
+    if dropout_p:
+        probs = torch.nn.functional.dropout(probs, dropout_p)
     return torch.matmul(probs.to(value.dtype), value)
