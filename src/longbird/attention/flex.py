@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from .patterns import BigBirdPattern
+from .patterns import BigBirdPattern, sliding_window_blocks
 
 GPU_TILE = 128  # flex's default sparse block: every default GPU kernel configuration divides it
 
@@ -118,17 +118,8 @@ def _once_per_call(workspace: dict | None, key, build):
 
 @functools.lru_cache(maxsize=96)  # 8 lengths x 12 layers; a table at 32K is H x 512 x 512 bytes on the device
 def bigbird_block_table(pattern: BigBirdPattern, device: torch.device) -> torch.Tensor:
-    """(H, n, n) bool: key blocks each query block attends (global rows see every block)."""
-    n, heads = pattern.num_blocks, pattern.num_heads
-    table = torch.zeros(heads, n, n, dtype=torch.bool)  # block level: (n, n), never (l, l)
-    table[:, 0] = True
-    table[:, n - 1] = True
-    if n > 2:
-        indices, valid = pattern.middle_key_blocks()  # (H, n-2, 5+r)
-        rows = torch.arange(1, n - 1)[None, :, None].expand_as(indices)
-        head_index = torch.arange(heads)[:, None, None].expand_as(indices)
-        table[head_index[valid], rows[valid], indices[valid]] = True
-    return table.to(device)
+    """The pattern's (H, n, n) block table on `device`, copied once per (layer plan, device)."""
+    return pattern.block_table().to(device)
 
 
 def bigbird_flex_attention(query, key, value, key_mask, pattern: BigBirdPattern, compiled: bool = True,
@@ -162,9 +153,7 @@ def bigbird_flex_attention(query, key, value, key_mask, pattern: BigBirdPattern,
 
 def usw_block_table(num_blocks: int, pack_blocks: int, device) -> torch.Tensor:
     """(n, P + n) bool: query block i sees the P pack blocks, token block 0 (global) and blocks i-1, i, i+1."""
-    query_block = torch.arange(num_blocks, device=device)[:, None]
-    token_block = torch.arange(num_blocks, device=device)[None, :]
-    tokens = ((query_block - token_block).abs() <= 1) | (token_block == 0)
+    tokens = sliding_window_blocks(num_blocks, device)
     return torch.cat([tokens.new_ones(num_blocks, pack_blocks), tokens], dim=1)
 
 

@@ -56,18 +56,24 @@ class BigBirdPattern:
         valid = torch.cat([fixed_valid, random_valid], dim=-1)
         return indices, valid
 
-    def materialize(self) -> torch.Tensor:
-        """The pattern as a dense bool mask (H, n*b, n*b), True = query may attend key. For tests/reference."""
-        n, b, heads = self.num_blocks, self.block_size, self.num_heads
-        block_mask = torch.zeros(heads, n, n, dtype=torch.bool)
-        block_mask[:, 0, :] = True
-        block_mask[:, n - 1, :] = True
+    def block_table(self) -> torch.Tensor:
+        """The pattern at block level (H, n, n) bool, True = query block may attend key block: what the flex backend
+        turns into a BlockMask, and what `materialize` expands to tokens."""
+        n, heads = self.num_blocks, self.num_heads
+        table = torch.zeros(heads, n, n, dtype=torch.bool)
+        table[:, 0, :] = True
+        table[:, n - 1, :] = True
         if n > 2:
             indices, valid = self.middle_key_blocks()
             rows = torch.arange(1, n - 1)[None, :, None].expand_as(indices)
             heads_index = torch.arange(heads)[:, None, None].expand_as(indices)
-            block_mask[heads_index[valid], rows[valid], indices[valid]] = True
-        return block_mask.repeat_interleave(b, dim=1).repeat_interleave(b, dim=2)
+            table[heads_index[valid], rows[valid], indices[valid]] = True
+        return table
+
+    def materialize(self) -> torch.Tensor:
+        """The pattern as a dense bool mask (H, n*b, n*b), True = query may attend key. For tests/reference."""
+        b = self.block_size
+        return self.block_table().repeat_interleave(b, dim=1).repeat_interleave(b, dim=2)
 
 
 def _plan_seed(seed: int, layer: int, num_blocks: int) -> int:
@@ -98,9 +104,13 @@ def bigbird_pattern(
     return BigBirdPattern(n, block_size, chosen)
 
 
+def sliding_window_blocks(num_blocks: int, device=None) -> torch.Tensor:
+    """LittleBird's X-to-X pattern at block level (n, n) bool: every query block attends to the first block (global
+    keys) and to its own, left and right blocks (LittleBird §3.2-3.3)."""
+    block = torch.arange(num_blocks, device=device)
+    return ((block[:, None] - block[None, :]).abs() <= 1) | (block[None, :] == 0)
+
+
 def sliding_window_mask(num_blocks: int, block_size: int) -> torch.Tensor:
-    """LittleBird's X-to-X pattern as a dense bool (l, l) mask: every query block attends to the first
-    block (global keys) and to its own, left and right blocks (LittleBird §3.2-3.3). For tests/reference."""
-    block = torch.arange(num_blocks * block_size) // block_size
-    near = (block[:, None] - block[None, :]).abs() <= 1
-    return near | (block[None, :] == 0)
+    """The same pattern as a dense bool (l, l) mask. For tests/reference."""
+    return sliding_window_blocks(num_blocks).repeat_interleave(block_size, 0).repeat_interleave(block_size, 1)
