@@ -71,16 +71,15 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
 
 
-def run_sweep(settings: SweepSettings, base: dict | None = None,
-              progress: Callable[[str], None] = lambda message: None,
+def run_sweep(settings: SweepSettings, progress: Callable[[str], None] = lambda message: None,
               checkpoint: Callable[[dict], None] = lambda report: None) -> dict:
     """Returns a JSON-ready report: environment, matmul throughput, one row per (size, batch, model, dtype, mode,
-    length). `base` replaces the sizes by one explicit architecture (tests). `checkpoint(report)` is called after
-    every length so a long sweep that is stopped keeps what it measured."""
+    length). `checkpoint(report)` is called after every length so a long sweep that is stopped keeps what it
+    measured."""
     import transformers
 
     device = torch.device(settings.device)
-    sizes = {"custom": base} if base is not None else {name: SIZES[name] for name in settings.sizes}
+    sizes = {name: SIZES[name] for name in settings.sizes}
     report = {
         "settings": asdict(settings), "sizes": sizes, "torch": torch.__version__,
         "transformers": transformers.__version__, "threads": torch.get_num_threads(), "cpu": cpu_model(),
