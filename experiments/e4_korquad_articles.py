@@ -1,19 +1,26 @@
 """E4 whole-article KorQuAD 1.0: truncation at 512 vs sliding windows at 512 vs long models at 4096.
 
 The 140 KorQuAD 1.0 dev articles are joined into whole-article contexts and split by article (seed 0,
-20 % dev). Every method starts from the embedded all-MiniLM-L6-v2 and fine-tunes on the same training
-questions for the same number of epochs; only how a document is cut into windows and the model differ:
+20 % dev). Every method starts from the same source (`--source`: the embedded all-MiniLM-L6-v2 or
+multilingual-e5-small) and fine-tunes on the same training questions for the same number of optimiser updates;
+only how a document is cut into windows and the model differ:
 - truncate-512: the source length (full attention), first window only; an answer past it labels [CLS].
 - sliding-512: windows of 512 with doc_stride 128 (shared tokens), predictions merged over windows.
-- kobigbird-4096 / littlebird-4096: windows of 4096 (converted models; no distillation or continued
-  pretraining, which later issues add).
+- kobigbird-4096-exp / kobigbird-4096-copy: BigBird ITC at 4096 with TAPER `exp` (tau = 2, KoBigBird-large's
+  attenuated repetitions) or plain `copy` repetitions beyond the source's 512 positions.
+- littlebird-4096: BiALiBi + sliding window + pack & unpack at 4096 (converted; no distillation or continued
+  pretraining, which issue 12 adds).
+With `--reader DIR` every method starts from one shared short reader instead of the bare source: a longbird QA
+model fine-tuned on paragraphs at <= 512 tokens (`make qa-model`). Its encoder at <= 512 tokens is a BERT; that
+BERT (rows 0..511 of its position table) is converted to each method's preset and the reader's QA head is kept,
+so the methods differ exactly as above and share everything learnt from paragraphs.
 Windows without the answer are kept with probability `--negative-fraction` in training (all are used at
 evaluation). Scores are the official KorQuAD 1.0 EM/F1, overall and by where the answer starts: inside
 the first 512 tokens of [CLS] question [SEP] document, or beyond.
 
-Usage: python experiments/e4_korquad_articles.py [--train-questions 200] [--dev-questions 150] [--epochs 1]
-       [--methods ...] [--resume]
-Writes experiments/results/e4_korquad_articles.{json,md,png}; models go to experiments/runs/e4/.
+Usage: python experiments/e4_korquad_articles.py [--source minilm] [--reader DIR] [--train-questions 200]
+       [--dev-questions 150] [--epochs 1 | --max-steps N] [--bf16] [--methods ...] [--name NAME] [--resume]
+Writes experiments/results/NAME.{json,md,png} (NAME: e4_korquad_articles); models go to experiments/runs/NAME/.
 """
 
 from __future__ import annotations
@@ -30,21 +37,23 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data"  # the repository's data/ (data/korquad/SOURCE.md)
 sys.path.insert(0, str(ROOT / "src"))
 
-from longbird.convert import default_source  # noqa: E402
+from longbird.convert import convert  # noqa: E402
 from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # noqa: E402
-from longbird.files import save_figure_atomically, write_file_atomically  # noqa: E402
+from longbird.files import save_figure_atomically, write_directory_atomically, write_file_atomically  # noqa: E402
 from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
+from longbird.sources import resolve_source  # noqa: E402
 from longbird.qa import predict_rows  # noqa: E402
 from longbird.training.finetune import FinetuneSettings  # noqa: E402
-from longbird.workflows import (convert_to_directory, finetune_qa, load_task_model, sample_questions,  # noqa: E402
-                                score_predictions)
+from longbird.workflows import (convert_to_directory, finetune_qa, load_task_model, read_qa_data,  # noqa: E402
+                                sample_questions, score_predictions)
 
-# name: (preset, model length, window, doc_stride, max_windows)
+# name: (preset, model length, window, doc_stride, max_windows, conversion overrides)
 METHODS = {
-    "truncate-512": ("full", 512, 512, 128, 1),
-    "sliding-512": ("full", 512, 512, 128, None),
-    "kobigbird-4096": ("kobigbird", 4096, 4096, None, None),
-    "littlebird-4096": ("littlebird", 4096, 4096, None, None),
+    "truncate-512": ("full", 512, 512, 128, 1, {}),
+    "sliding-512": ("full", 512, 512, 128, None, {}),
+    "kobigbird-4096-exp": ("kobigbird", 4096, 4096, None, None, {"taper_schedule": "exp", "taper_tau": 2.0}),
+    "kobigbird-4096-copy": ("kobigbird", 4096, 4096, None, None, {"taper_schedule": "copy"}),
+    "littlebird-4096": ("littlebird", 4096, 4096, None, None, {}),
 }
 SOURCE_WINDOW = 512
 BUCKETS = ("first 512", "beyond 512")
@@ -110,15 +119,70 @@ def plot_bucket_f1(scores_by_name: dict[str, dict], path: Path, title: str) -> N
     plt.close(figure)
 
 
-def converted(preset: str, max_length: int, work: Path) -> Path:
-    path = work / "converted" / f"{preset}-{max_length}"
+def converted(source: str, preset: str, max_length: int, overrides: dict, work: Path) -> Path:
+    suffix = "".join(f"-{value}" for value in overrides.values())
+    path = work / "converted" / f"{preset}-{max_length}{suffix}"
     if not path.exists():
-        convert_to_directory(None, path, preset, max_length)
+        convert_to_directory(source, path, preset, max_length, **overrides)
+    return path
+
+
+def short_bert(model):
+    """The BERT a longbird QA model is at <= L tokens (kobigbird/full presets): its encoder with position rows 0..L-1."""
+    from transformers import BertConfig, BertModel
+
+    config = model.config
+    if config.position != "absolute" or config.attention == "littlebird":
+        raise ValueError("the reader must be a kobigbird or full model (absolute positions, full attention <= L)")
+    bert = BertModel(BertConfig(
+        vocab_size=config.vocab_size, hidden_size=config.hidden_size, num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads, intermediate_size=config.intermediate_size,
+        hidden_act=config.hidden_act, hidden_dropout_prob=config.hidden_dropout_prob, attention_probs_dropout_prob=0.0,
+        max_position_embeddings=config.source_max_positions, type_vocab_size=config.type_vocab_size,
+        layer_norm_eps=config.layer_norm_eps, pad_token_id=config.pad_token_id), add_pooling_layer=config.add_pooling_layer)
+    state = dict(model.longbird.state_dict())
+    table = "embeddings.position_embeddings.weight"
+    state[table] = state[table][:config.source_max_positions]
+    missing, unexpected = bert.load_state_dict(state, strict=False)
+    if [name for name in missing if not name.endswith(("position_ids", "token_type_ids"))] or unexpected:
+        raise RuntimeError(f"reader -> BERT left missing={missing} unexpected={unexpected}")
+    return bert.eval()
+
+
+def from_reader(reader_dir: Path, preset: str, max_length: int, overrides: dict, work: Path) -> Path:
+    """The shared paragraph reader converted to a method's preset, its QA head kept (see the module docstring)."""
+    suffix = "".join(f"-{value}" for value in overrides.values())
+    path = work / "from-reader" / f"{preset}-{max_length}{suffix}"
+    if path.exists():
+        return path
+    reader, tokenizer = load_task_model(reader_dir, LongBirdForQuestionAnswering)
+    encoder = convert(short_bert(reader), preset=preset, max_length=max_length, **overrides)
+    config = encoder.config
+    config.qa_head, config.qa_top_k = reader.config.qa_head, reader.config.qa_top_k
+    config.architectures = ["LongBirdForQuestionAnswering"]
+    model = LongBirdForQuestionAnswering(config)
+    model.longbird.load_state_dict(encoder.state_dict())
+    head = {name: tensor for name, tensor in reader.state_dict().items() if not name.startswith("longbird.")}
+    missing, unexpected = model.load_state_dict(head, strict=False)
+    if unexpected or any(not name.startswith("longbird.") for name in missing):
+        raise RuntimeError(f"QA head did not carry over: missing={missing} unexpected={unexpected}")
+    tokenizer.model_max_length = max_length
+
+    def write(directory: Path) -> None:
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+
+    write_directory_atomically(path, write)
     return path
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--source", default="minilm", help="minilm | multilingual-e5-small | a local model directory")
+    parser.add_argument("--reader", type=Path, help="A longbird QA model trained on paragraphs <= 512 tokens to start from")
+    parser.add_argument("--max-steps", type=int, default=-1, help="Optimiser updates per method (overrides --epochs)")
+    parser.add_argument("--bf16", action="store_true", help="bf16 autocast in training and evaluation")
+    parser.add_argument("--name", default="e4_korquad_articles", help="Results file stem and run folder name")
     parser.add_argument("--train-questions", type=int, default=200)
     parser.add_argument("--dev-questions", type=int, default=150)
     parser.add_argument("--epochs", type=float, default=1.0)
@@ -128,18 +192,24 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=list(METHODS))
     parser.add_argument("--resume", action="store_true", help="Keep the results of methods this run does not redo")
     parser.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
-    parser.add_argument("--work", type=Path, default=ROOT / "experiments" / "runs" / "e4")
+    parser.add_argument("--work", type=Path, default=None, help="Default: experiments/runs/NAME")
     args = parser.parse_args()
+    args.work = args.work or ROOT / "experiments" / "runs" / args.name
     torch.manual_seed(0)
     started = time.time()
     rows, _ = read_korquad_v1_articles(DATA / "korquad" / "KorQuAD_v1.0_dev.json")
     train = sample_questions(split_by_title(rows)["train"], args.train_questions)
     dev = dev_articles(args.dev_questions)
-    _, tokenizer = load_task_model(default_source(), LongBirdForQuestionAnswering, "full", 512)
+    _, tokenizer = load_task_model(resolve_source(args.source), LongBirdForQuestionAnswering, "full", 512)
     buckets = answer_buckets(dev, tokenizer)
-    results_path = args.out / "e4_korquad_articles.json"
+    if args.reader is not None:
+        reader_titles = set(read_qa_data(DATA / "korquad" / "KorQuAD_v1.0_dev.json", "korquad1", "train")[0]["title"])
+        if reader_titles & set(dev["title"]):
+            raise SystemExit(f"the reader was trained on {len(reader_titles & set(dev['title']))} dev articles")
+    results_path = args.out / f"{args.name}.json"
     results = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
-               "settings": vars(args) | {"out": str(args.out), "work": str(args.work)},
+               "settings": vars(args) | {"out": str(args.out), "work": str(args.work),
+                                         "reader": args.reader and str(args.reader)},
                "train_questions": len(train), "train_articles": len(set(train["title"])),
                "dev_questions": len(dev), "dev_articles": len(set(dev["title"])),
                "dev_bucket_sizes": {b: list(buckets.values()).count(b) for b in BUCKETS},
@@ -153,37 +223,50 @@ def main() -> None:
         results["command"] = old["command"] + " && " + results["command"]
         started -= old.get("wall_seconds", 0.0)
     for name in args.methods:
-        preset, max_length, window, stride, max_windows = METHODS[name]
+        preset, max_length, window, stride, max_windows, overrides = METHODS[name]
         run_dir = args.work / name
+        start = (from_reader(args.reader, preset, max_length, overrides, args.work) if args.reader is not None
+                 else converted(args.source, preset, max_length, overrides, args.work))
         train_started = time.time()
-        settings = FinetuneSettings(learning_rate=args.learning_rate, epochs=args.epochs, batch_size=args.batch_size,
-                                    progress=False, logging_steps=50)
-        metrics = finetune_qa(converted(preset, max_length, args.work), train, run_dir, data_format="korquad1-articles",
+        settings = FinetuneSettings(learning_rate=args.learning_rate, epochs=args.epochs, max_steps=args.max_steps,
+                                    batch_size=args.batch_size, bf16=args.bf16, progress=False, logging_steps=10)
+        metrics = finetune_qa(start, train, run_dir, data_format="korquad1-articles",
                               window_length=window, doc_stride=stride, max_windows=max_windows,
                               negative_fraction=args.negative_fraction, settings=settings, overwrite=True)
         train_seconds = time.time() - train_started
         model, tokenizer = load_task_model(run_dir, LongBirdForQuestionAnswering)
         eval_started = time.time()
-        predictions, scores = read_and_score(model, tokenizer, dev, buckets, window, stride, max_windows)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            predictions, scores = read_and_score(model, tokenizer, dev, buckets, window, stride, max_windows)
         results["methods"][name] = {
             "scores": scores, "train_seconds": train_seconds, "eval_seconds": time.time() - eval_started,
             "training_windows": metrics["training_windows"], "train_loss": metrics["train_loss"],
+            "optimizer_steps": max((entry.get("step", 0) for entry in metrics.get("log_history", [])), default=None),
+            "loss_curve": [
+                (entry["step"], entry["loss"]) for entry in metrics.get("log_history", []) if "loss" in entry],
             "window": window, "doc_stride": stride, "max_windows": max_windows,
         }
         print(name, json.dumps(results["methods"][name]["scores"]), flush=True)
-        write_file_atomically(args.out / "e4_predictions" / f"{name}.json",
+        write_file_atomically(args.out / f"{args.name}_predictions" / f"{name}.json",
                               json.dumps(predictions, ensure_ascii=False, indent=1) + "\n")
-        _write(results, args.out, started)
+        _write(results, args.out, args.name, started)
 
 
-def _write(results: dict, out: Path, started: float) -> None:
+SOURCE_LABELS = {"minilm": "all-MiniLM-L6-v2", "multilingual-e5-small": "multilingual-e5-small"}
+
+
+def _write(results: dict, out: Path, stem: str, started: float) -> None:
     results["wall_seconds"] = time.time() - started
     results["torch_threads"] = torch.get_num_threads()
     s = results["settings"]
     sizes = results["dev_bucket_sizes"]
+    source = SOURCE_LABELS.get(s.get("source", "minilm"), s.get("source"))
+    budget = f"{s['max_steps']} optimiser updates" if s.get("max_steps", -1) > 0 else f"{s['epochs']:g} epoch(s)"
+    start = f"the shared paragraph reader {s['reader']}" if s.get("reader") else "the bare source"
     lines = [f"Command: `{results['command']}`  ",
-             f"Source all-MiniLM-L6-v2; {results['train_questions']} training questions "
-             f"({results['train_articles']} articles), {s['epochs']:g} epoch(s), batch {s['batch_size']}, lr "
+             f"Source {source}; every method starts from {start}; {results['train_questions']} training questions "
+             f"({results['train_articles']} articles), {budget}, batch {s['batch_size']}, "
+             f"{'bf16 autocast, ' if s.get('bf16') else ''}lr "
              f"{s['learning_rate']:g}, negative windows kept with p = {s['negative_fraction']:g}; "
              f"{results['dev_questions']} dev questions ({results['dev_articles']} unseen articles: "
              f"{sizes['first 512']} answers in the first 512 tokens, {sizes['beyond 512']} beyond); "
@@ -193,10 +276,10 @@ def _write(results: dict, out: Path, started: float) -> None:
     for name, method in results["methods"].items():
         lines.append(f"| {name} | " + " | ".join(score_cells(method["scores"])) + f" | {method['training_windows']} | "
                      f"{method['train_seconds'] / 60:.1f} | {method['eval_seconds'] / 60:.1f} |")
-    write_file_atomically(out / "e4_korquad_articles.md", "\n".join(lines) + "\n")
-    write_file_atomically(out / "e4_korquad_articles.json", json.dumps(results, indent=2) + "\n")
+    write_file_atomically(out / f"{stem}.md", "\n".join(lines) + "\n")
+    write_file_atomically(out / f"{stem}.json", json.dumps(results, indent=2) + "\n")
     plot_bucket_f1({name: method["scores"] for name, method in results["methods"].items()},
-                   out / "e4_korquad_articles.png", "E4: whole-article KorQuAD 1.0 (all-MiniLM-L6-v2 source)")
+                   out / f"{stem}.png", f"E4: whole-article KorQuAD 1.0 ({source} source)")
 
 if __name__ == "__main__":
     main()

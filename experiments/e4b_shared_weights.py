@@ -77,7 +77,7 @@ def main() -> None:
         settings = FinetuneSettings(learning_rate=args.learning_rate, epochs=args.epochs, batch_size=args.batch_size,
                                     progress=False, logging_steps=50)
         train_started = time.time()
-        metrics = finetune_qa(converted("kobigbird", 4096, args.work), train, model_dir, data_format="korquad1",
+        metrics = finetune_qa(converted("minilm", "kobigbird", 4096, {}, args.work), train, model_dir, data_format="korquad1",
                               window_length=TRAIN_WINDOW, doc_stride=128, negative_fraction=args.negative_fraction,
                               settings=settings, overwrite=True)
         results["training"] = {"seconds": time.time() - train_started, "windows": metrics["training_windows"],

@@ -71,10 +71,7 @@ def test_model_sparse_path_equals_reference_implementation(length):
 @pytest.mark.parametrize("length", [65, 113, 250])
 def test_padding_never_changes_real_token_outputs(length):
     """Explicit pads up to the block multiple, and garbage ids under the mask, leave real tokens unchanged.
-
-    (Padding that adds blocks changes the block layout itself, e.g. which block is the last global one,
-    exactly as in BigBird; within one layout, padding is invisible.)
-    """
+    (Padding that adds whole blocks is covered row by row in test_batch_independence.py.)"""
     model = _sparse_model()
     input_ids, attention_mask = make_batch(length, batch=1, padded_rows=0)
     extra = (-length) % BLOCK

@@ -105,3 +105,53 @@ def test_atomic_outputs_get_ordinary_permissions(tmp_path):
         os.umask(umask)
     assert stat.S_IMODE(out.stat().st_mode) == 0o755
     assert stat.S_IMODE(path.stat().st_mode) == 0o644 and path.read_text() == "{}"
+
+
+def _exported_pair(tmp_path, random_blocks):
+    model = longbird.convert(make_source("bert"), max_length=256, block_size=BLOCK, num_random_blocks=2,
+                             random_blocks=random_blocks)
+    model.save_pretrained(tmp_path / "lb")
+    export(tmp_path / "lb", tmp_path / "hf")
+    return model
+
+
+# L = 64 and (5 + 2r)·b = 72: below L, between L and transformers' threshold, far above (sparse in both).
+@pytest.mark.parametrize("length", [50, 70, 256])
+def test_export_with_the_transformers_plan_computes_what_longbird_computes(tmp_path, length):
+    model = _exported_pair(tmp_path, "transformers")
+    assert model.config.full_attention_threshold == 72
+    # A fresh BigBirdModel per length: transformers switches a model to full attention for good after one short input.
+    hf = BigBirdModel.from_pretrained(tmp_path / "hf").eval()
+    input_ids, _ = make_batch(length, batch=1, padded_rows=0)
+    with torch.no_grad():
+        ours = model(input_ids=input_ids).last_hidden_state
+        theirs = hf(input_ids=input_ids).last_hidden_state
+    assert hf.attention_type == ("original_full" if length <= 72 else "block_sparse")
+    assert (ours - theirs).abs().max() <= 1e-5
+
+
+def test_transformers_plan_reference_counts_block_zero_one_plus_r_times():
+    """The dense oracle reproduces the blocked kernel's repeated block 0 with a log-count bias."""
+    model = longbird.convert(make_source("bert"), max_length=256, block_size=BLOCK, num_random_blocks=2,
+                             random_blocks="transformers")
+    reference = longbird.convert(make_source("bert"), max_length=256, block_size=BLOCK, num_random_blocks=2,
+                                 random_blocks="transformers", attn_implementation="reference")
+    input_ids, attention_mask = make_batch(200)
+    with torch.no_grad():
+        ours = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        oracle = reference(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    real = attention_mask.bool()
+    assert (ours - oracle)[real].abs().max() <= 1e-5
+    pattern = longbird.attention.bigbird_pattern(10, BLOCK, 4, 2, 0, 0, "transformers")
+    assert pattern.repeats_blocks and (pattern.block_counts()[:, 2:-2, 0] == 3).all()
+
+
+def test_export_of_the_seeded_plan_warns_in_one_line(tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="longbird.export"):
+        _exported_pair(tmp_path, "seeded")
+    (message,) = [record.getMessage() for record in caplog.records if record.name == "longbird.export"]
+    assert "random_blocks='seeded'" in message and "random_blocks='transformers'" in message and "\n" not in message
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="longbird.export"):
+        _exported_pair(tmp_path / "t", "transformers")
+    assert not [record for record in caplog.records if record.name == "longbird.export"]

@@ -7,6 +7,8 @@ from typing import Any
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
+from .attention.patterns import RANDOM_BLOCK_PLANS
+
 ATTENTIONS = ("full", "bigbird", "littlebird")
 QA_HEADS = ("conditional", "linear")
 ATTENTION_BACKENDS = ("auto", "blocked", "flex")
@@ -68,6 +70,10 @@ class LongBirdConfig(PreTrainedConfig):
     num_random_blocks: int = 3
     full_attention_max_length: int | None = None
     random_seed: int = 0
+    # "seeded": random blocks drawn per (layer, length) from random_seed, the same in training and inference.
+    # "transformers": random blocks = block 0 and full attention up to max(L, (5 + 2r)·b), which is what an exported
+    # transformers.BigBirdModel computes at inference (README, design notes).
+    random_blocks: str = "seeded"
     pack_size: int = 64
     bialibi_learnable: bool = True
     # Pack attention's output projection: "shared" with unpack attention (LittleBird §3.4: pack attention has its own
@@ -86,6 +92,13 @@ class LongBirdConfig(PreTrainedConfig):
         if self.full_attention_max_length is None:
             self.full_attention_max_length = self.source_max_positions
         super().__post_init__(**kwargs)
+
+    @property
+    def full_attention_threshold(self) -> int:
+        """Rows (real tokens) at or below this length use full attention; longer rows the sparse pattern."""
+        if self.random_blocks == "transformers":  # transformers' BigBirdModel: full up to (5 + 2r)·b tokens
+            return max(self.full_attention_max_length, (5 + 2 * self.num_random_blocks) * self.block_size)
+        return self.full_attention_max_length
 
     @property
     def has_lm_head(self) -> bool:
@@ -129,6 +142,8 @@ class LongBirdConfig(PreTrainedConfig):
                              "use 0 to disable pack attention or the paper's 64")
         if self.attention == "bigbird" and self.num_random_blocks < 0:
             raise ValueError(f"num_random_blocks must be >= 0; got {self.num_random_blocks}")
+        if self.random_blocks not in RANDOM_BLOCK_PLANS:
+            raise ValueError(f"random_blocks must be one of {RANDOM_BLOCK_PLANS}; got {self.random_blocks!r}")
         if self.pack_output_projection not in ("shared", "separate"):
             raise ValueError(f"pack_output_projection must be 'shared' or 'separate'; got {self.pack_output_projection!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from .heads import LongBirdForMaskedLM
 from .modeling import LongBirdModel, LongBirdPreTrainedModel
 
 EXPORT_FORMATS = ("hf-bigbird",)
+logger = logging.getLogger("longbird.export")
 
 
 def to_bigbird_config(config: LongBirdConfig) -> BigBirdConfig:
@@ -78,6 +80,13 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, format: str = "
     if format not in EXPORT_FORMATS:
         raise ValueError(f"unknown export format {format!r}; choose one of {EXPORT_FORMATS}")
     config = LongBirdConfig.from_pretrained(model_dir)
+    if config.attention == "bigbird" and config.random_blocks != "transformers":
+        logger.warning(
+            "this model uses random_blocks=%r: the exported BigBirdModel computes the same up to %d tokens but differs "
+            "above (transformers uses block 0 as every random block and full attention up to (5 + 2r)·b = %d tokens); "
+            "convert with random_blocks='transformers' for an export that computes what longbird computes",
+            config.random_blocks, config.full_attention_threshold,
+            (5 + 2 * config.num_random_blocks) * config.block_size)
     model_class = LongBirdForMaskedLM if config.has_lm_head else LongBirdModel
     exported = to_bigbird(model_class.from_pretrained(model_dir))
 

@@ -1,8 +1,8 @@
 """LongBirdModel (embeddings, layers, encoder); task heads live in heads.py. Module names mirror transformers' BERT so weights map one to one.
 
-Per call the encoder chooses its attention: full (SDPA) when the input is at or below
-`full_attention_max_length`, otherwise the configured sparse kernel on inputs right-padded to a block
-multiple (padding masked as keys and stripped from outputs). `attn_implementation="reference"` routes
+Per row the encoder chooses its attention (attention/rows.py): full (SDPA) when the row's real length is at or
+below `config.full_attention_threshold`, otherwise the configured sparse kernel over the row's own blocks, on inputs
+right-padded to a block multiple (padding masked as keys and stripped from outputs). `attn_implementation="reference"` routes
 every layer through the dense oracle with the same pattern materialised as a mask.
 """
 
@@ -22,6 +22,7 @@ from .attention import (bigbird_attention, bigbird_pattern, full_attention, pack
                         usw_attention, usw_attention_reference, usw_layout)
 from .attention.backend import SparseBackend, choose_backend
 from .attention.flex import bigbird_flex_attention, usw_flex_attention
+from .attention.rows import RowGroup, padded_length, plan_rows, run_groups
 from .config import LongBirdConfig
 from .positions.alibi import BiALiBi, alibi_slopes
 
@@ -81,21 +82,37 @@ class LongBirdSelfAttention(nn.Module):
         batch, _, length, _ = context.shape
         return context.transpose(1, 2).reshape(batch, length, -1)
 
-    def forward(self, hidden_states, key_mask, pattern=None, use_reference=False, workspace=None, backend=None):
+    def forward(self, hidden_states, key_mask, plan=None, use_reference=False, workspace=None, backend=None):
+        """`plan`: None (full attention for every row) or the call's row groups with this layer's patterns."""
         query, key, value = (self._heads(proj(hidden_states)) for proj in (self.query, self.key, self.value))
-        if use_reference:
-            mask = key_mask[:, None, None, :]
-            if pattern is not None:
-                mask = mask & pattern.materialize().to(key_mask.device)[None]
-            context = reference_attention(query, key, value, mask, dropout_p=self.attention_dropout())
-        elif pattern is not None:
-            context = (backend or SparseBackend()).run(
-                lambda: bigbird_flex_attention(query, key, value, key_mask, pattern, workspace=workspace),
-                lambda: bigbird_attention(query, key, value, key_mask, pattern, workspace, self.attention_dropout()),
-                query.device)
-        else:
-            context = full_attention(query, key, value, key_mask, self.attention_dropout())
-        return self._merge(context)
+        if plan is None:
+            attend = self._attend_reference if use_reference else self._attend_full
+            return self._merge(attend(query, key, value, key_mask, None))
+
+        def attend(q, k, v, mask, pattern):
+            if use_reference:
+                return self._attend_reference(q, k, v, mask, pattern)
+            if pattern is None:
+                return self._attend_full(q, k, v, mask, None)
+            return (backend or SparseBackend()).run(
+                lambda: bigbird_flex_attention(q, k, v, mask, pattern, workspace=workspace),
+                lambda: bigbird_attention(q, k, v, mask, pattern, workspace, self.attention_dropout()),
+                q.device)
+
+        groups, patterns = plan
+        return self._merge(run_groups(groups, patterns, query, key, value, key_mask, attend))
+
+    def _attend_full(self, query, key, value, key_mask, pattern):
+        return full_attention(query, key, value, key_mask, self.attention_dropout())
+
+    def _attend_reference(self, query, key, value, key_mask, pattern):
+        mask, bias = key_mask[:, None, None, :], None
+        if pattern is not None:
+            counts = pattern.materialize_counts().to(key_mask.device)[None]
+            mask = mask & (counts > 0)
+            # A key block counted k times (the transformers plan) weighs k·exp(s) in the softmax: bias log k.
+            bias = counts.clamp(min=1).float().log() if pattern.repeats_blocks else None
+        return reference_attention(query, key, value, mask, bias, dropout_p=self.attention_dropout())
 
 
 class LongBirdSelfOutput(nn.Module):
@@ -115,8 +132,8 @@ class LongBirdAttention(nn.Module):
         self.self = LongBirdSelfAttention(config)
         self.output = LongBirdSelfOutput(config)
 
-    def forward(self, hidden_states, key_mask, pattern=None, use_reference=False, workspace=None, backend=None):
-        return self.output(self.self(hidden_states, key_mask, pattern, use_reference, workspace, backend),
+    def forward(self, hidden_states, key_mask, plan=None, use_reference=False, workspace=None, backend=None):
+        return self.output(self.self(hidden_states, key_mask, plan, use_reference, workspace, backend),
                            hidden_states)
 
 
@@ -143,8 +160,8 @@ class LongBirdLayer(nn.Module):
         self.intermediate = LongBirdIntermediate(config)
         self.output = LongBirdOutput(config)
 
-    def forward(self, hidden_states, key_mask, pattern=None, use_reference=False, workspace=None, backend=None):
-        attended = self.attention(hidden_states, key_mask, pattern, use_reference, workspace, backend)
+    def forward(self, hidden_states, key_mask, plan=None, use_reference=False, workspace=None, backend=None):
+        attended = self.attention(hidden_states, key_mask, plan, use_reference, workspace, backend)
         return self.output(self.intermediate(attended), attended)
 
 
@@ -212,13 +229,15 @@ class LongBirdEncoder(nn.Module):
                                                 * config.initializer_range)
 
     def uses_sparse_attention(self, length: int) -> bool:
-        """Decided per call from the input length; the model is never switched permanently."""
-        return self.config.attention == "bigbird" and length > self.config.full_attention_max_length
+        """Whether a row of `length` real tokens takes the sparse pattern: decided per row, never per batch, and the
+        model is never switched permanently."""
+        return self.config.attention == "bigbird" and length > self.config.full_attention_threshold
 
     def _backend(self, hidden_states) -> SparseBackend:
         dropout = self.training and self.config.attention_probs_dropout_prob > 0
+        repeated = self.config.attention == "bigbird" and self.config.random_blocks == "transformers"
         return choose_backend(self.config.attention_backend, hidden_states.device, hidden_states.shape[1],
-                              self.config.block_size, attention_dropout=dropout)
+                              self.config.block_size, attention_dropout=dropout, repeated_blocks=repeated)
 
     def _call_layer(self, layer, *args, backend=None):
         if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
@@ -237,24 +256,25 @@ class LongBirdEncoder(nn.Module):
         length = hidden_states.shape[1]
         if config.attention == "littlebird":
             return self._forward_littlebird(hidden_states, key_mask, position_ids, use_reference, output_hidden_states)
-        sparse = self.uses_sparse_attention(length)
-        if sparse:
-            # Right-pad to a block multiple; padded keys are masked and padded rows stripped below.
-            padded = -(-length // config.block_size) * config.block_size
-            if padded != length:
-                hidden_states = nn.functional.pad(hidden_states, (0, 0, 0, padded - length))
-                key_mask = nn.functional.pad(key_mask, (0, padded - length), value=False)
+        # Per row: full or sparse, its block count, its last global block and its random plan (attention/rows.py).
+        groups = plan_rows(key_mask, config.block_size, config.full_attention_threshold) \
+            if config.attention == "bigbird" else [RowGroup(None, length, 0)]
+        sparse = any(group.sparse for group in groups)
+        padded = padded_length(groups, length)
+        if padded != length:  # right-pad to the longest row's block multiple; padded keys are masked, rows stripped
+            hidden_states = nn.functional.pad(hidden_states, (0, 0, 0, padded - length))
+            key_mask = nn.functional.pad(key_mask, (0, padded - length), value=False)
         all_hidden = [hidden_states[:, :length]] if output_hidden_states else None
         workspace = {}  # per-call scratch buffers shared by the layers (inference only)
         backend = self._backend(hidden_states) if sparse and not use_reference else None
         for index, layer in enumerate(self.layer):
-            pattern = None
+            plan = None
             if sparse:
-                pattern = bigbird_pattern(
-                    hidden_states.shape[1] // config.block_size, config.block_size, config.num_attention_heads,
-                    config.num_random_blocks, config.random_seed, index,
-                )
-            hidden_states = self._call_layer(layer, hidden_states, key_mask, pattern, use_reference, workspace,
+                plan = (groups, [bigbird_pattern(group.num_blocks, config.block_size, config.num_attention_heads,
+                                                 config.num_random_blocks, config.random_seed, index,
+                                                 config.random_blocks) if group.sparse else None
+                                 for group in groups])
+            hidden_states = self._call_layer(layer, hidden_states, key_mask, plan, use_reference, workspace,
                                              backend, backend=backend)
             if output_hidden_states:
                 all_hidden.append(hidden_states[:, :length])

@@ -54,9 +54,10 @@ class SparseBackend:
 
 
 def choose_backend(requested: str, device: torch.device, length: int, block_size: int,
-                   attention_dropout: bool = False) -> SparseBackend:
+                   attention_dropout: bool = False, repeated_blocks: bool = False) -> SparseBackend:
     """The backend for one call; `requested` is the config's attention_backend (or LONGBIRD_ATTENTION_BACKEND).
-    `attention_dropout`: the call applies attention dropout (training with attention_probs_dropout_prob > 0)."""
+    `attention_dropout`: the call applies attention dropout (training with attention_probs_dropout_prob > 0).
+    `repeated_blocks`: the pattern counts a key block more than once (random_blocks="transformers")."""
     requested = os.environ.get("LONGBIRD_ATTENTION_BACKEND", requested)
     if requested not in BACKENDS:
         raise ValueError(f"attention_backend must be one of {BACKENDS}; got {requested!r}")
@@ -66,6 +67,8 @@ def choose_backend(requested: str, device: torch.device, length: int, block_size
     unusable = _flex_unusable(device, grad, block_size)
     if attention_dropout:  # flex has no dropout on the probabilities; the blocked kernels apply it
         unusable = "attention dropout in training: flex_attention cannot apply it (attention_probs_dropout_prob > 0)"
+    if repeated_blocks:  # a BlockMask lists a key block once; the transformers plan counts block 0 1 + r times
+        unusable = "random_blocks='transformers' counts block 0 several times, which a flex BlockMask cannot"
     if requested == "flex":
         if unusable:
             raise ValueError(f"attention_backend='flex' cannot run here: {unusable}; use attention_backend='auto' "

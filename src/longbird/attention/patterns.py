@@ -4,6 +4,10 @@ Notation: b = block size, n = number of blocks, r = random blocks per query bloc
 Query blocks 0 and n-1 are global (attend to every key); every middle block i attends to the global
 blocks {0, n-1}, its window {i-1, i, i+1} and r random blocks drawn from the rest (BigBird ITC, Zaheer
 et al. 2020 §2; KoBigBird-large keeps the same pattern).
+
+Random-block plans (`RANDOM_BLOCK_PLANS`): "seeded" draws the r blocks per (layer, n) from a seeded generator, the
+same in training and inference; "transformers" is what `transformers.BigBirdModel` computes at inference (eval
+mode): every random block is block 0, so block 0 is counted 1 + r times in each middle block's softmax.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import torch
 
 WINDOW_BLOCKS = 3
 GLOBAL_BLOCKS = 2
+RANDOM_BLOCK_PLANS = ("seeded", "transformers")
 
 
 @dataclass(frozen=True, eq=False)  # identity hash: plans are cached by object
@@ -32,6 +37,11 @@ class BigBirdPattern:
     @property
     def num_heads(self) -> int:
         return self.random_blocks.shape[0]
+
+    @property
+    def repeats_blocks(self) -> bool:
+        """True when a key block is counted more than once (the transformers plan: random blocks = block 0)."""
+        return self.num_blocks > 2 and bool((self.random_blocks == 0).any())
 
     def middle_key_blocks(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Key-block indices (H, n-2, 5+r) of every middle query block, and a bool validity (H, n-2, 5+r).
@@ -56,24 +66,31 @@ class BigBirdPattern:
         valid = torch.cat([fixed_valid, random_valid], dim=-1)
         return indices, valid
 
+    def block_counts(self) -> torch.Tensor:
+        """(H, n, n) int: how many times each query block counts each key block (0 = not attended; > 1 only in the
+        transformers plan, where the blocked kernel gathers block 0 once per random slot)."""
+        n, heads = self.num_blocks, self.num_heads
+        counts = torch.zeros(heads, n, n, dtype=torch.int32)
+        counts[:, 0, :] = 1
+        counts[:, n - 1, :] = 1
+        if n > 2:
+            indices, valid = self.middle_key_blocks()
+            counts[:, 1:-1].scatter_add_(-1, indices, valid.to(torch.int32))
+        return counts
+
     def block_table(self) -> torch.Tensor:
         """The pattern at block level (H, n, n) bool, True = query block may attend key block: what the flex backend
         turns into a BlockMask, and what `materialize` expands to tokens."""
-        n, heads = self.num_blocks, self.num_heads
-        table = torch.zeros(heads, n, n, dtype=torch.bool)
-        table[:, 0, :] = True
-        table[:, n - 1, :] = True
-        if n > 2:
-            indices, valid = self.middle_key_blocks()
-            rows = torch.arange(1, n - 1)[None, :, None].expand_as(indices)
-            heads_index = torch.arange(heads)[:, None, None].expand_as(indices)
-            table[heads_index[valid], rows[valid], indices[valid]] = True
-        return table
+        return self.block_counts() > 0
 
     def materialize(self) -> torch.Tensor:
         """The pattern as a dense bool mask (H, n*b, n*b), True = query may attend key. For tests/reference."""
+        return self.materialize_counts() > 0
+
+    def materialize_counts(self) -> torch.Tensor:
+        """`block_counts` at token level (H, n*b, n*b): the multiplicity of each key in each query's softmax."""
         b = self.block_size
-        return self.block_table().repeat_interleave(b, dim=1).repeat_interleave(b, dim=2)
+        return self.block_counts().repeat_interleave(b, dim=1).repeat_interleave(b, dim=2)
 
 
 def _plan_seed(seed: int, layer: int, num_blocks: int) -> int:
@@ -83,13 +100,19 @@ def _plan_seed(seed: int, layer: int, num_blocks: int) -> int:
 
 @lru_cache(maxsize=256)
 def bigbird_pattern(
-    num_blocks: int, block_size: int, num_heads: int, num_random_blocks: int, seed: int, layer: int
+    num_blocks: int, block_size: int, num_heads: int, num_random_blocks: int, seed: int, layer: int,
+    plan: str = "seeded",
 ) -> BigBirdPattern:
-    """Draw the random blocks for (layer, length) once from a seeded generator; same plan in train and eval."""
+    """Draw the random blocks for (layer, length) once from a seeded generator; same plan in train and eval.
+    plan="transformers": every random block is block 0 (transformers' BigBird at inference)."""
+    if plan not in RANDOM_BLOCK_PLANS:
+        raise ValueError(f"random-block plan must be one of {RANDOM_BLOCK_PLANS}; got {plan!r}")
     n, r = num_blocks, num_random_blocks
     middle = max(n - 2, 0)
     if middle == 0 or r == 0:
         return BigBirdPattern(n, block_size, torch.full((num_heads, middle, r), -1, dtype=torch.long))
+    if plan == "transformers":
+        return BigBirdPattern(n, block_size, torch.zeros((num_heads, middle, r), dtype=torch.long))
     generator = torch.Generator().manual_seed(_plan_seed(seed, layer, n))
     keys = torch.rand(num_heads, middle, n, generator=generator)
     rows = torch.arange(1, n - 1)[:, None]

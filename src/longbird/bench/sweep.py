@@ -190,12 +190,14 @@ def _sparse_backend(model, length, backward, device) -> str | None:
     config = getattr(model, "config", None)
     if getattr(config, "model_type", None) != "longbird" or config.attention == "full":
         return None
-    if config.attention == "bigbird" and length <= config.full_attention_max_length:
+    if config.attention == "bigbird" and length <= config.full_attention_threshold:
         return "full (SDPA)"
     from ..attention.backend import choose_backend
 
+    repeated = config.attention == "bigbird" and config.random_blocks == "transformers"
     with torch.set_grad_enabled(backward):
-        return choose_backend(config.attention_backend, device, length, config.block_size).name
+        return choose_backend(config.attention_backend, device, length, config.block_size,
+                              repeated_blocks=repeated).name
 
 
 def _out_of_memory(error: Exception) -> bool:

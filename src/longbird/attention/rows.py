@@ -1,0 +1,78 @@
+"""Per-row attention plan for BigBird ITC: a document's output never depends on what it is batched with.
+
+Every decision is made from the row's own real length l_i (last real token + 1), never from the padded batch:
+full attention when l_i <= the full-attention threshold, else block-sparse over n_i = ceil(l_i / b) blocks, so the
+last global block is the row's last real block and the layer's random plan is drawn over the row's n_i blocks
+(random blocks never point into batch padding). Rows that share a decision (full, or the same n_i) form one group
+and run as one kernel call on the group's rows cut to the group's length; a batch of equal-length rows is a single
+group and costs what it did before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .patterns import BigBirdPattern
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    """Rows that attend alike. `rows`: batch indices (None = every row); `length`: tokens they are cut to (n·b when
+    sparse); `num_blocks`: 0 for full attention, else the rows' block count n_i."""
+
+    rows: torch.Tensor | None
+    length: int
+    num_blocks: int
+
+    @property
+    def sparse(self) -> bool:
+        return self.num_blocks > 0
+
+
+def real_lengths(key_mask: torch.Tensor) -> list[int]:
+    """Per row, the index of its last real token + 1 (0 for a row with no real token)."""
+    length = key_mask.shape[1]
+    last = length - key_mask.flip(-1).to(torch.int8).argmax(-1)
+    return torch.where(key_mask.any(-1), last, 0).tolist()
+
+
+def plan_rows(key_mask: torch.Tensor, block_size: int, full_max_length: int) -> list[RowGroup]:
+    """The batch's row groups (in order: full first, then by block count)."""
+    lengths = real_lengths(key_mask)
+    blocks = [0 if length <= full_max_length else -(-length // block_size) for length in lengths]
+    groups = []
+    for num_blocks in sorted(set(blocks)):
+        members = [row for row, value in enumerate(blocks) if value == num_blocks]
+        length = num_blocks * block_size if num_blocks else max(max(lengths[row] for row in members), 1)
+        rows = None if len(members) == len(lengths) else torch.tensor(members, device=key_mask.device)
+        groups.append(RowGroup(rows, length, num_blocks))
+    if len(groups) == 1 and not groups[0].sparse:
+        # Every row is short: one full-attention call over the whole (padded) batch, as without a plan.
+        return [RowGroup(None, key_mask.shape[1], 0)]
+    return groups
+
+
+def padded_length(groups: list[RowGroup], length: int) -> int:
+    """The batch length the layers run at: the input length, or the longest sparse group's n·b if longer."""
+    return max([length] + [group.length for group in groups])
+
+
+def run_groups(groups: list[RowGroup], patterns: list[BigBirdPattern | None], query, key, value, key_mask, attend):
+    """attend(query, key, value, key_mask, pattern) per group on its rows cut to its length, placed back into a
+    (B, H, l, d) output; positions past a row's group length (batch padding) are 0."""
+    length = query.shape[2]
+    if len(groups) == 1 and groups[0].rows is None and groups[0].length == length:
+        return attend(query, key, value, key_mask, patterns[0])
+    out = query.new_zeros(query.shape[:-1] + (value.shape[-1],))
+    for group, pattern in zip(groups, patterns):
+        def cut(x, group=group):
+            x = x if group.rows is None else x.index_select(0, group.rows)
+            return x[:, :, :group.length] if x.dim() == 4 else x[:, :group.length]
+
+        part = attend(cut(query), cut(key), cut(value), cut(key_mask), pattern)
+        part = F.pad(part, (0, 0, 0, length - group.length))
+        out = part if group.rows is None else out.index_copy(0, group.rows, part)
+    return out
