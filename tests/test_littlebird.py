@@ -40,6 +40,54 @@ def test_usw_kernel_equals_dense_reference(length, pack):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("pack", [0, 4])
+def test_usw_hand_written_backward_passes_gradcheck(pack):
+    """The custom backward (attention/littlebird.py, _USWAttention) against finite differences in float64, with a padded
+    row, a Padding-Insertion gap and pack tokens: every input, the three slopes and the pack distance."""
+    generator = torch.Generator().manual_seed(pack)
+    length = 40
+    q, k, v = (torch.randn(2, 2, length, 4, generator=generator, dtype=torch.float64).requires_grad_()
+               for _ in range(3))
+    pk, pv = (torch.randn(2, 2, pack, 4, generator=generator, dtype=torch.float64).requires_grad_() for _ in range(2))
+    key_mask = torch.ones(2, length, dtype=torch.bool)
+    key_mask[1, length - 5:] = False
+    positions = torch.arange(length).expand(2, -1).clone()
+    positions[1, 3:] += 11
+    bias = _bias(heads=2).double()
+    layout = usw_layout(key_mask, positions, BLOCK)
+    packed = (pk, pv) if pack else (None, None)
+
+    def run(*inputs):
+        q, k, v, alpha, beta, gamma, *pk_pv = inputs
+        slopes = type("Slopes", (), {"alpha": alpha, "beta": beta, "gamma": gamma,
+                                     "pack_distance": lambda self, b: (beta + gamma) / 2 * b})()
+        out = usw_attention(q, k, v, layout, slopes, *(pk_pv or packed))
+        return out[key_mask[:, None, :, None].expand_as(out)]  # real query rows
+
+    inputs = (q, k, v, bias.alpha, bias.beta, bias.gamma) + ((pk, pv) if pack else ())
+    assert torch.autograd.gradcheck(run, inputs, eps=1e-6, atol=1e-6)
+
+
+def test_usw_bf16_backward_stays_close_to_fp32():
+    generator = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 4, 128, 16, generator=generator) for _ in range(3))
+    pk, pv = (torch.randn(2, 4, 8, 16, generator=generator) for _ in range(2))
+    key_mask = torch.ones(2, 128, dtype=torch.bool)
+    key_mask[1, 100:] = False
+    layout = usw_layout(key_mask, torch.arange(128).expand(2, -1), BLOCK)
+    bias = _bias()
+    grad_out = torch.randn(2, 4, 128, 16, generator=generator)
+    grads = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        inputs = [x.to(dtype).requires_grad_() for x in (q, k, v, pk, pv)]
+        out = usw_attention(*inputs[:3], layout, bias, *inputs[3:])
+        assert out.dtype == dtype
+        grads[dtype] = torch.autograd.grad(out, inputs, grad_out.to(dtype))
+    for low, high in zip(grads[torch.bfloat16], grads[torch.float32]):
+        cosine = torch.nn.functional.cosine_similarity(low.float().flatten(), high.flatten(), dim=0)
+        assert low.dtype == torch.bfloat16 and cosine > 0.99
+
+
 def test_pack_kernel_equals_dense_reference():
     generator = torch.Generator().manual_seed(0)
     pq = torch.randn(2, 4, 4, 8, generator=generator, requires_grad=True)

@@ -148,7 +148,7 @@ def bench(
     lengths: list[int] = typer.Option([1024, 2048, 4096, 8192, 16384], "--length", help="Sequence lengths"),
     modes: list[str] = typer.Option(["forward", "forward+backward"], "--mode", help="forward and/or forward+backward"),
     dtypes: list[str] = typer.Option(["fp32"], "--dtype", help="fp32, bf16 and/or fp16"),
-    sizes: list[str] = typer.Option(["base"], "--size", help="base (12 x 768) and/or large (24 x 1024)"),
+    sizes: list[str] = typer.Option(["base"], "--size", help="small (12 x 384, e5-small), base (12 x 768) and/or large (24 x 1024)"),
     batches: list[str] = typer.Option(["1"], "--batch", help="Batch size, or max: the largest power of two that fits"),
     max_batch: int = typer.Option(64, help="Upper bound of the search for --batch max"),
     device: str = typer.Option("auto", help=DEVICE_HELP),

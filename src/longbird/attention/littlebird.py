@@ -10,7 +10,7 @@ left and right blocks (BiALiBi bias from position ids). Blocked and batched: key
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -60,6 +60,28 @@ class USWLayout:
     left: torch.Tensor
     right: torch.Tensor
     cls: torch.Tensor
+    derived: dict = field(default_factory=dict)  # per pack size s: what every layer of the call reuses
+
+    def mask_with_pack(self, s: int) -> torch.Tensor:
+        """(B, n, s + 4b) bool: the key mask with s always-visible packed keys in front."""
+        if not s:
+            return self.mask
+        key = ("mask", s)
+        if key not in self.derived:
+            self.derived[key] = torch.cat([self.mask.new_ones(*self.mask.shape[:2], s), self.mask], dim=-1)
+        return self.derived[key]
+
+    def bias_terms(self, s: int, dtype: torch.dtype) -> torch.Tensor:
+        """(B, n·b·(s + 4b), 4): per score, the coefficients of [α, β, γ, D_C] in D, so that the gradients of the four
+        slopes are one matrix product with dS (instead of four multiply-and-sum passes)."""
+        key = ("terms", s, dtype)
+        if key not in self.derived:
+            local = torch.stack([self.cls, self.left, self.right, torch.zeros_like(self.cls)], dim=-1)[:, 0]
+            pack = local.new_zeros(*local.shape[:3], s, 4)
+            pack[..., 3] = 1.0
+            terms = torch.cat([pack, local], dim=3)  # (B, n, b, s + 4b, 4)
+            self.derived[key] = terms.reshape(terms.shape[0], -1, 4).to(dtype)
+        return self.derived[key]
 
 
 def usw_layout(key_mask: torch.Tensor, positions: torch.Tensor, block_size: int) -> USWLayout:
@@ -88,6 +110,102 @@ def _concat(groups, dim, workspace, name):
     return torch.cat(groups, dim=dim) if out is None else torch.cat(groups, dim=dim, out=out)
 
 
+def _key_groups(k, v, pack_key, pack_value, n, workspace):
+    """Each query block's keys and values, [pack | global block 0 | left | own | right]: (B, H, n, s + 4b, d)."""
+    key_groups = [k[:, :, :1].expand(-1, -1, n, -1, -1), _neighbour_blocks(k, 2, 0.0)]
+    value_groups = [v[:, :, :1].expand(-1, -1, n, -1, -1), _neighbour_blocks(v, 2, 0.0)]
+    if pack_key is not None:
+        key_groups.insert(0, pack_key[:, :, None].expand(-1, -1, n, -1, -1))
+        value_groups.insert(0, pack_value[:, :, None].expand(-1, -1, n, -1, -1))
+    return _concat(key_groups, 3, workspace, "keys"), _concat(value_groups, 3, workspace, "values")
+
+
+def _upcast(x: torch.Tensor) -> torch.Tensor:
+    """fp32 for half-precision tensors (softmax and bias arithmetic), unchanged otherwise (fp32, fp64 in tests)."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def _biased_scores(q, keys, layout: USWLayout, alpha, beta, gamma, pack_bias, s: int) -> torch.Tensor:
+    """(B, H, n, b, s + 4b) fp32 scores − D, masked (in place on a fresh tensor; differentiable)."""
+    heads, dim = q.shape[1], q.shape[-1]
+    scores = _upcast(torch.matmul(q, keys.transpose(-1, -2)))
+    scores.mul_(1.0 / math.sqrt(dim))
+    # score − D with D = β·left + γ·right + α·cls (BiALiBi, LittleBird §3.1), in place: no (B, H, n, b, 4b) temps.
+    local = scores[..., s:]
+    for slope, term in ((beta, layout.left), (gamma, layout.right), (alpha, layout.cls)):
+        local.addcmul_(term.to(scores.dtype), slope.to(scores.dtype).view(1, heads, 1, 1, 1), value=-1.0)
+    if s:  # packed context: uniform distance (β+γ)/2·b (LittleBird §3.3, D_C)
+        scores[..., :s].sub_(pack_bias.to(scores.dtype).view(1, heads, 1, 1, 1))
+    return scores.masked_fill_(~layout.mask_with_pack(s)[:, None, :, None, :], torch.finfo(scores.dtype).min)
+
+
+def _scatter_key_grads(grouped: torch.Tensor, s: int, block: int):
+    """Gradients w.r.t. the grouped keys (B, H, n, s + 4b, d) -> (token keys (B, H, n, b, d), pack keys (B, H, s, d)):
+    every group slot is summed back into the key it was copied from."""
+    b = block
+    pack = grouped[:, :, :, :s].sum(2) if s else None
+    tokens = grouped[:, :, :, s + 2 * b:s + 3 * b].clone()  # own block
+    tokens[:, :, :-1] += grouped[:, :, 1:, s + b:s + 2 * b]  # block i-1 was query block i's left neighbour
+    tokens[:, :, 1:] += grouped[:, :, :-1, s + 3 * b:]  # block i+1 was query block i's right neighbour
+    tokens[:, :, 0] += grouped[:, :, :, s:s + b].sum(2)  # the global block 0, seen by every query block
+    return tokens, pack
+
+
+class _USWAttention(torch.autograd.Function):
+    """USW attention with a hand-written backward (LittleBird §3.3): forward saves q, k, v, the pack keys/values and
+    the output only, and backward recomputes the scores and probabilities block by block, as flash attention does. Autograd through the blocked forward would keep the fp32 score and probability blocks of every layer and
+    replay the gather copies in backward."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, pack_key, pack_value, alpha, beta, gamma, pack_bias, layout):
+        batch, heads, length, dim = query.shape
+        n = length // layout.block_size
+        s = 0 if pack_key is None else pack_key.shape[2]
+        q = query.view(batch, heads, n, layout.block_size, dim)
+        blocks = lambda x: x.view(batch, heads, n, layout.block_size, dim)  # noqa: E731
+        keys, values = _key_groups(blocks(key), blocks(value), pack_key, pack_value, n, None)
+        probs = torch.softmax(_biased_scores(q, keys, layout, alpha, beta, gamma, pack_bias, s), dim=-1)
+        out = torch.matmul(probs.to(values.dtype), values).view(batch, heads, length, dim)
+        ctx.layout, ctx.s = layout, s
+        ctx.save_for_backward(query, key, value, pack_key, pack_value, alpha, beta, gamma, pack_bias, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        query, key, value, pack_key, pack_value, alpha, beta, gamma, pack_bias, out = ctx.saved_tensors
+        layout, s = ctx.layout, ctx.s
+        batch, heads, length, dim = query.shape
+        b = layout.block_size
+        n = length // b
+        blocks = lambda x: x.reshape(batch, heads, n, b, dim)  # noqa: E731
+        q, grad_o = blocks(query), blocks(grad_out.to(query.dtype))
+        keys, values = _key_groups(blocks(key), blocks(value), pack_key, pack_value, n, None)
+        # The probabilities again, by the same fused softmax as forward (cheaper on CPU than exp(S − logsumexp)).
+        probs = torch.softmax(_biased_scores(q, keys, layout, alpha, beta, gamma, pack_bias, s), dim=-1)
+        grad_values = torch.matmul(probs.to(values.dtype).transpose(-1, -2), grad_o)  # (B, H, n, s + 4b, d)
+        grad_probs = _upcast(torch.matmul(grad_o, values.transpose(-1, -2)))
+        # softmax backward: dS = P ⊙ (dP − rowsum(dO ⊙ O)).
+        row_dot = (_upcast(grad_out) * _upcast(out)).sum(-1).view(batch, heads, n, b, 1)
+        grad_scores = grad_probs.sub_(row_dot).mul_(probs)  # fp32, the unscaled dS
+        del probs
+        # Slopes: S − D with D = α·cls + β·left + γ·right on token keys and D_C on packed keys, so d(slope) = −Σ dS·term.
+        if any(ctx.needs_input_grad[5:9]):
+            terms = layout.bias_terms(s, grad_scores.dtype)
+            per_slope = -torch.bmm(grad_scores.view(batch, heads, -1), terms).sum(0)  # (H, 4)
+            grad_slopes = [per_slope[:, i].to(t.dtype) if ctx.needs_input_grad[5 + i] else None
+                           for i, t in enumerate((alpha, beta, gamma))]
+            grad_pack_bias = per_slope[:, 3].to(pack_bias.dtype) if s and ctx.needs_input_grad[8] else None
+        else:
+            grad_slopes, grad_pack_bias = [None, None, None], None
+        grad_scores = grad_scores.mul_(1.0 / math.sqrt(dim)).to(query.dtype)
+        grad_query = torch.matmul(grad_scores, keys).view(batch, heads, length, dim)
+        grad_keys = torch.matmul(grad_scores.transpose(-1, -2), q)  # (B, H, n, s + 4b, d)
+        grad_key, grad_pack_key = _scatter_key_grads(grad_keys, s, b)
+        grad_value, grad_pack_value = _scatter_key_grads(grad_values, s, b)
+        return (grad_query, grad_key.view(batch, heads, length, dim), grad_value.view(batch, heads, length, dim),
+                grad_pack_key, grad_pack_value, *grad_slopes, grad_pack_bias, None)
+
+
 def usw_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -105,33 +223,26 @@ def usw_attention(
 
     Softmax and bias arithmetic run in fp32 whatever the input dtype. A query row with no allowed key (only
     possible in an all-padding row without pack tokens) gets an average of masked values, never used.
+    With autograd on (and no attention dropout) the hand-written backward of `_USWAttention` runs.
     """
     batch, heads, length, dim = query.shape
     b = layout.block_size
     n = length // b
-    blocks = lambda x: x.view(batch, heads, n, b, dim)  # noqa: E731
-    q, k, v = blocks(query), blocks(key), blocks(value)
-    key_groups = [k[:, :, :1].expand(-1, -1, n, -1, -1), _neighbour_blocks(k, 2, 0.0)]
-    value_groups = [v[:, :, :1].expand(-1, -1, n, -1, -1), _neighbour_blocks(v, 2, 0.0)]
     s = 0 if pack_key is None else pack_key.shape[2]
-    mask = layout.mask
-    if s:
-        key_groups.insert(0, pack_key[:, :, None].expand(-1, -1, n, -1, -1))
-        value_groups.insert(0, pack_value[:, :, None].expand(-1, -1, n, -1, -1))
-        mask = torch.cat([mask.new_ones(batch, n, s), mask], dim=-1)
-    keys = _concat(key_groups, 3, workspace, "keys")  # (B, H, n, s + 4b, d)
-    values = _concat(value_groups, 3, workspace, "values")
-
-    scores = torch.matmul(q, keys.transpose(-1, -2))  # (B, H, n, b, s + 4b)
-    scores = scores.float() if scores.dtype != torch.float32 else scores
-    scores.mul_(1.0 / math.sqrt(dim))
-    # score − D with D = β·left + γ·right + α·cls (BiALiBi, LittleBird §3.1), in place: no (B, H, n, b, 4b) temps.
-    local = scores[..., s:]
-    for slope, term in ((slopes.beta, layout.left), (slopes.gamma, layout.right), (slopes.alpha, layout.cls)):
-        local.addcmul_(term, slope.float().view(1, heads, 1, 1, 1), value=-1.0)
-    if s:  # packed context: uniform distance (β+γ)/2·b (LittleBird §3.3, D_C)
-        scores[..., :s].sub_(slopes.pack_distance(b).view(1, heads, 1, 1, 1))
-    scores.masked_fill_(~mask[:, None, :, None, :], torch.finfo(torch.float32).min)
+    if s == 0:
+        pack_key = pack_value = None
+    pack_bias = slopes.pack_distance(b) if s else None
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (query, key, value, pack_key, pack_value, slopes.alpha))
+    if needs_grad and not dropout_p:
+        with torch.autocast(query.device.type, enabled=False):  # dtypes are explicit inside
+            common = torch.promote_types(query.dtype, key.dtype)
+            cast = lambda x: None if x is None else x.to(common)  # noqa: E731
+            return _USWAttention.apply(cast(query), cast(key), cast(value), cast(pack_key), cast(pack_value),
+                                       slopes.alpha, slopes.beta, slopes.gamma, pack_bias, layout)
+    blocks = lambda x: x.view(batch, heads, n, b, dim)  # noqa: E731
+    keys, values = _key_groups(blocks(key), blocks(value), pack_key, pack_value, n, workspace)
+    scores = _biased_scores(blocks(query), keys, layout, slopes.alpha, slopes.beta, slopes.gamma, pack_bias, s)
     probs = torch.softmax(scores, dim=-1)
     if dropout_p:
         probs = F.dropout(probs, dropout_p)

@@ -10,6 +10,8 @@ BASE = dict(vocab_size=32000, hidden_size=768, num_hidden_layers=12, num_attenti
             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, type_vocab_size=2)
 SIZES = {
     "base": BASE,
+    # multilingual-e5-small's geometry (the embedded Korean source): 12 layers, hidden 384, 12 heads of 32, FFN 1536.
+    "small": dict(BASE, hidden_size=384, intermediate_size=1536),
     "large": dict(BASE, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
     "smoke": dict(BASE, num_hidden_layers=2, hidden_size=128, num_attention_heads=2, intermediate_size=256),
 }
