@@ -51,5 +51,7 @@ def test_not_yet_available_method_is_named():
 
 
 def test_source_path_without_config(tmp_path):
-    with pytest.raises(FileNotFoundError, match="not a local model directory with a config.json"):
+    with pytest.raises(FileNotFoundError, match="not a longbird or transformers model directory: .* \\(has no config.json\\)"):
         longbird.convert(tmp_path)
+    with pytest.raises(FileNotFoundError, match="not a longbird or transformers model directory: .* \\(does not exist\\)"):
+        longbird.convert(tmp_path / "missing")

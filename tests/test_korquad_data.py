@@ -49,7 +49,7 @@ def test_missing_fields_name_the_record(tmp_path):
 
     with pytest.raises(MalformedRecordError, match=r"57677.*missing field\(s\) \['answer'\]"):
         read_korquad_v2(_page_copy(tmp_path, drop_answer))
-    with pytest.raises(MalformedRecordError, match="missing field"):
+    with pytest.raises(ValueError, match="is a KorQuAD 1.0 / SQuAD file .* use --format korquad1"):
         read_korquad_v2(KORQUAD)  # the directory also holds the KorQuAD 1.0 file, which is not 2.x
     with pytest.raises(FileNotFoundError, match="does not exist"):
         read_korquad_v2(tmp_path / "absent.json")

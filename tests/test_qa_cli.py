@@ -58,7 +58,7 @@ def test_finetune_qa_saves_model_tokenizer_and_summary(tiny_qa):
 def test_finetune_qa_refuses_to_overwrite(tiny_qa, tiny_source):
     result = runner.invoke(app, ["finetune-qa", "--model", str(tiny_source), "--train", str(PAGES[0]),
                                  "--out", str(tiny_qa), "--max-steps", "1"])
-    assert result.exit_code != 0 and "already exists" in str(result.exception)
+    assert result.exit_code == 1 and "already exists" in result.output and len(result.output.strip().splitlines()) == 1
 
 
 def test_evaluate_writes_predictions_and_official_metrics(tiny_qa, tmp_path):
@@ -81,7 +81,8 @@ def test_answer_reads_an_html_page_and_reports_the_span(tiny_qa, tmp_path):
                                  "--question", "T-X의 초기 물량은 몇 대입니까?", "--json"])
     assert result.exit_code == 0, result.output
     answer = json.loads(result.output[result.output.index('{"answer"'):])
-    assert answer["answer"] == context[answer["start"]:answer["end"]] and answer["answer"]
+    assert answer["source_text"] == context[answer["start"]:answer["end"]] and answer["answer"]
+    assert "<" not in answer["answer"] and 0 <= answer["probability"] <= 1
     plain = tmp_path / "page.txt"
     plain.write_text("T-X 프로그램은 미국 공군의 고등훈련기 교체 사업이다. 초기 물량은 350대이다.", encoding="utf-8")
     result = runner.invoke(app, ["answer", "--model", str(tiny_qa), "--document", str(plain), "--question", "몇 대?"])

@@ -7,12 +7,62 @@ import platform
 from pathlib import Path
 from typing import Optional
 
+import click
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperGroup
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="longbird: long-context encoders from short ones.")
 console = Console()
+error_console = Console(stderr=True)
+
+
+class _OneLineErrors(TyperGroup):
+    """Every command's errors as one line on stderr and exit 1; `longbird --debug ...` re-raises (full traceback)."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as error:
+            if ctx.params.get("debug"):
+                raise
+            error_console.print(f"[red]error:[/] {one_line(error)}", highlight=False, markup=True, soft_wrap=True)
+            raise typer.Exit(1) from None
+
+
+def one_line(error: BaseException) -> str:
+    """The error as one line: our messages as they are; anything else prefixed by its type, with where to look."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    if isinstance(error, (ValueError, OSError, ImportError, KeyError)):
+        return text.strip("'\"") if isinstance(error, KeyError) else text
+    return f"{type(error).__name__}: {text} (longbird --debug ... shows the traceback)"
+
+
+app = typer.Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="longbird: long-context encoders from short ones.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        print(f"longbird {version('longbird')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    debug: bool = typer.Option(False, "--debug", help="Show the full traceback of an error"),
+    verbose: bool = typer.Option(False, "--verbose", help="Show library progress bars, load reports and raw logs"),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version"),
+):
+    """longbird: long-context encoders from short ones."""
+    if not verbose:
+        from .quiet import quiet_libraries
+
+        quiet_libraries()
 
 
 def _parse_options(options: list[str]) -> dict:
@@ -298,37 +348,49 @@ def answer(
     document: Path = typer.Option(..., help="Document: .html/.htm (preprocessed) or plain text"),
     question: str = typer.Option(..., help="The question"),
     window_length: Optional[int] = typer.Option(None, help="Window in tokens (default: the model length)"),
-    as_json: bool = typer.Option(False, "--json", help="Print the answer as JSON"),
+    as_json: bool = typer.Option(False, "--json", help="Print the answer as JSON (also when none is found)"),
     device: str = typer.Option("auto", help=DEVICE_HELP),
 ):
-    """Answer a question about a long document: prints the answer, its character span and score."""
-    from transformers.utils import logging as hf_logging
+    """Answer a question about a long document: the answer, its character span in the file and its probability.
 
-    from .heads import LongBirdForQuestionAnswering
-    from .qa import answer_question
-    from .workflows import check_tokenizer, load_on_device
+    Exit status 1 when no span qualifies (with --json the fields are null)."""
+    from .data.reading import read_text_file
+    from .sources import resolve_model_directory
 
-    hf_logging.disable_progress_bar()  # the answer is the output
+    if not question.strip():
+        raise ValueError("--question is empty; ask a question about the document")
     device = resolve_device(device)
+    config = json.loads((resolve_model_directory(model) / "config.json").read_text(encoding="utf-8"))
+    limit = config.get("max_position_embeddings")
+    if window_length is not None and limit and not 1 <= window_length <= limit:
+        raise ValueError(f"--window-length {window_length} is above the model's maximum length {limit}; use at most "
+                         f"{limit}")
+    # Read as bytes and decoded as is: offsets count characters of the file, \r of CRLF line ends included.
+    text = read_text_file(document, "document")
+    is_html = document.suffix.lower() in (".html", ".htm")
+    from .workflows import answer as answer_document
 
-    if not document.exists():
-        raise typer.BadParameter(f"document {document} does not exist")
-    text = document.read_text(encoding="utf-8")
     with console.status("loading the model"):
+        from .heads import LongBirdForQuestionAnswering
+        from .workflows import load_on_device
+
         qa_model, tokenizer = load_on_device(model, LongBirdForQuestionAnswering, device)
-        check_tokenizer(qa_model, tokenizer)
-    with console.status("reading the document"):
-        result = answer_question(qa_model, tokenizer, text, question, document.suffix.lower() in (".html", ".htm"),
-                                 window_length)
-    if result is None:
-        console.print("[yellow]no answer span found[/]")
-        raise typer.Exit(1)
+    with console.status(f"reading {document.name} ({len(text):,} characters)"):
+        record = answer_document(qa_model, document=text, question=question, tokenizer=tokenizer, is_html=is_html,
+                                 window_length=window_length)
     if as_json:
-        print(json.dumps({"answer": result.text, "start": result.start, "end": result.end, "score": result.score},
-                         ensure_ascii=False))
-        return
-    console.print(f"[bold]{result.text}[/]")
-    console.print(f"characters {result.start}..{result.end} of {document.name}, score {result.score:.3f}")
+        print(json.dumps(record, ensure_ascii=False))
+    elif record["answer"] is None:
+        console.print("[yellow]no answer span found[/]")
+    else:
+        console.print(f"[bold]answer:[/] {record['answer']}", highlight=False)
+        if is_html and record["source_text"] != record["answer"]:
+            console.print(f"source span: {record['source_text']}", highlight=False, markup=False)
+        probability = "" if record["probability"] is None else f", probability {record['probability']:.2f}"
+        console.print(f"characters {record['start']}..{record['end']} of {document.name}{probability} "
+                      f"(score {record['score']:.2f})", highlight=False)
+    if record["answer"] is None:
+        raise typer.Exit(1)
 
 
 @app.command("finetune-cls")

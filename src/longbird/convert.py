@@ -77,16 +77,13 @@ def _checkpoint_has_lm_head(path: Path, family: Family) -> bool:
 def load_source(source: str | os.PathLike | PreTrainedModel) -> PreTrainedModel:
     """An instantiated model is used as is; a local directory or a named embedded source (`minilm`,
     `multilingual-e5-small`; see longbird.sources) is loaded offline (never downloads)."""
-    from .sources import resolve_source
+    from .sources import resolve_model_directory
 
     if isinstance(source, PreTrainedModel):
         _family_of(source.config.model_type)
         return source
-    path = resolve_source(source)
+    path = resolve_model_directory(source)
     config_file = path / "config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(f"source {str(source)!r} is not a local model directory with a config.json nor a "
-                                f"named embedded source (minilm, multilingual-e5-small)")
     family = _family_of(json.loads(config_file.read_text())["model_type"])
     auto = AutoModelForMaskedLM if _checkpoint_has_lm_head(path, family) else AutoModel
     return auto.from_pretrained(path, local_files_only=True, dtype=torch.float32)

@@ -28,8 +28,10 @@ class Answer:
     text: str  # substring of the original context
     start: int  # character offsets in the original context
     end: int
-    score: float
+    score: float  # start logit + log P(end | start): how the best span is chosen across windows; higher is better
     window_index: int = 0
+    # P(start) · P(end | start) within the answer's window (the conditional head's two softmaxes); None for 'linear'
+    probability: float | None = None
 
 
 def decode_window(feature: QAFeature, start_top_index, end_top_logits, start_logits, top_k: int,
@@ -105,10 +107,15 @@ def predict_features(model, features: list[QAFeature], documents: dict[str, Proc
                     break
                 span = document.to_source_span(*_without_edge_spaces(document.text, feature.offsets[start][0],
                                                                      feature.offsets[end][1]))
-                if span is None:  # only tag tokens: try the next candidate
+                if span is None or not document.source[span[0]:span[1]].strip():  # only tags or spaces: next candidate
                     continue
+                probability = None
+                if model.config.qa_head == "conditional":  # score − start logit = log P(end | start)
+                    length = len(feature.input_ids)
+                    log_start = torch.log_softmax(start_logits[row, :length], -1)[start]
+                    probability = float(torch.exp(log_start + score - start_logits[row, start]))
                 best[feature.example_id] = Answer(document.source[span[0]:span[1]], span[0], span[1], score,
-                                                  feature.window_index)
+                                                  feature.window_index, probability)
                 break
     return best
 
@@ -133,3 +140,15 @@ def answer_question(model, tokenizer, document: str, question: str, is_html: boo
     row = {"id": "question", "question": question, "context": document, "is_html": is_html}
     return predict_rows(model, tokenizer, [row], max_length, doc_stride,
                         max_answer_tokens=max_answer_tokens).get("question")
+
+
+def answer_record(answer: Answer | None, is_html: bool) -> dict:
+    """The answer as a person reads it and a script parses it: `answer` (tags stripped for an HTML page),
+    `source_text` (the raw span), `start`/`end` (character offsets into the document as given), `score` and
+    `probability` (see `Answer`). Every field is None when no span was found."""
+    if answer is None:
+        return {"answer": None, "source_text": None, "start": None, "end": None, "score": None, "probability": None}
+    from .data.html import visible_text
+
+    return {"answer": visible_text(answer.text) if is_html else answer.text, "source_text": answer.text,
+            "start": answer.start, "end": answer.end, "score": answer.score, "probability": answer.probability}

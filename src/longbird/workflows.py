@@ -15,7 +15,7 @@ from datasets import Dataset
 from transformers import AutoConfig, AutoTokenizer, set_seed
 
 from .convert import convert
-from .sources import resolve_source
+from .sources import resolve_model_directory, resolve_source
 from .data.batching import PaddedBatches
 from .data.classification import document_windows, label_vocabulary, read_classification
 from .data.features import features_for_rows
@@ -55,8 +55,25 @@ def convert_to_directory(source, out: str | Path, preset: str = "kobigbird", max
     return model, tokenizer is not None
 
 
+TASK_COMMANDS = {"LongBirdForQuestionAnswering": ("question-answering", "finetune-qa"),
+                 "LongBirdForSequenceClassification": ("classification", "finetune-cls")}
+
+
+def require_trained_head(model_path, task_class) -> None:
+    """Inference needs a head that was trained and saved: loading a base model (or another task's model) into a task
+    class would give a randomly initialised head that answers without a word."""
+    path = resolve_model_directory(model_path)
+    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    task, command = TASK_COMMANDS[task_class.__name__]
+    saved = config.get("architectures") or ["(none)"]
+    if config.get("model_type") != "longbird" or task_class.__name__ not in saved:
+        raise ValueError(f"{path} has no trained {task} head (saved architecture: {', '.join(saved)}); fine-tune it "
+                         f"with `longbird {command}` first, or give a directory that `{command}` wrote")
+
+
 def load_on_device(model_path, task_class, device: str | None = None):
-    """(model, tokenizer) for inference, the model moved to `device` (None: where it was loaded, the CPU)."""
+    """(model, tokenizer) for inference with a trained head, the model moved to `device` (None: the CPU)."""
+    require_trained_head(model_path, task_class)
     model, tokenizer = load_task_model(model_path, task_class)
     return (model.to(device) if device else model), tokenizer
 
@@ -64,7 +81,7 @@ def load_on_device(model_path, task_class, device: str | None = None):
 def load_task_model(model_path: str | Path | None, task_class, preset: str = "kobigbird", max_length: int = 4096,
                     **overrides: Any):
     """(model, tokenizer) for a task: a longbird directory is loaded, anything else is converted."""
-    path = resolve_source(model_path)
+    path = resolve_model_directory(model_path)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     if AutoConfig.from_pretrained(path, local_files_only=True).model_type == "longbird":
         model = task_class.from_pretrained(path, **overrides)
@@ -253,3 +270,27 @@ def evaluate_cls(model_path, data, window_length: int | None = None, stride: int
         write_file_atomically(out / "predictions.json", json.dumps(predictions, ensure_ascii=False, indent=1))
         write_file_atomically(out / "metrics.json", json.dumps(metrics, indent=2))
     return {"metrics": metrics, "predictions": predictions}
+
+
+def answer(model, document: str, question: str, tokenizer=None, is_html: bool | None = None,
+           window_length: int | None = None, device: str | None = None) -> dict:
+    """Answer `question` about `document` (a long text or HTML page, as a string) with a fine-tuned longbird QA model:
+    a directory path, or a loaded model with its `tokenizer`. Returns `qa.answer_record`: the readable answer, the raw
+    span, character offsets into `document`, score and probability (all None when no span qualifies).
+    transformers 5 has no question-answering pipeline; this is longbird's."""
+    from .qa import answer_question, answer_record
+
+    if not question or not question.strip():
+        raise ValueError("the question is empty; ask a question about the document")
+    if isinstance(model, (str, Path)):
+        model, tokenizer = load_on_device(model, LongBirdForQuestionAnswering, device)
+    elif tokenizer is None:
+        raise ValueError("a loaded model needs its tokenizer: answer(model, document, question, tokenizer=...)")
+    check_tokenizer(model, tokenizer)
+    limit = model.config.max_position_embeddings
+    if window_length is not None and not 1 <= window_length <= limit:
+        raise ValueError(f"window_length {window_length} must lie in 1..{limit} (the model's maximum length)")
+    if is_html is None:
+        is_html = document.lstrip()[:1] == "<"
+    found = answer_question(model, tokenizer, document, question, is_html, window_length)
+    return answer_record(found, is_html)

@@ -13,19 +13,24 @@ from pathlib import Path
 from datasets import Dataset
 
 from ..data.korquad import MalformedRecordError
+from .reading import read_text_file
 
 
 def read_classification(path: str | Path, text_field: str = "text", label_field: str = "label") -> Dataset:
     """Read a .jsonl/.json or .csv file with one document per record; every record needs both fields."""
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"classification data file {path} does not exist")
-    if path.suffix in (".jsonl", ".json"):
-        dataset = Dataset.from_json(str(path))
-    elif path.suffix in (".csv", ".tsv"):
-        dataset = Dataset.from_csv(str(path), sep="\t" if path.suffix == ".tsv" else ",")
-    else:
+    if path.suffix not in (".jsonl", ".json", ".csv", ".tsv"):
         raise ValueError(f"unsupported classification file {path.name}: use .jsonl, .json, .csv or .tsv")
+    read_text_file(path, "classification data file")  # missing, empty, binary or non-UTF-8: named here
+    try:
+        if path.suffix in (".jsonl", ".json"):
+            dataset = Dataset.from_json(str(path))
+        else:
+            dataset = Dataset.from_csv(str(path), sep="\t" if path.suffix == ".tsv" else ",")
+    except Exception as error:  # pyarrow/pandas parse errors carry no file name
+        kind = "JSON Lines (one JSON object per line)" if path.suffix in (".jsonl", ".json") else path.suffix[1:].upper()
+        raise ValueError(f"classification data file {path} is not valid {kind}: "
+                         f"{str(error).splitlines()[0] if str(error) else type(error).__name__}") from None
     for field in (text_field, label_field):
         if field not in dataset.column_names:
             raise MalformedRecordError(f"{path.name} has no {field!r} field; its fields are {dataset.column_names}")

@@ -314,3 +314,12 @@ def add_tag_tokens(tokenizer, model=None) -> list[str]:
                 pieces = [p for p in pieces if p < old_size] or list(range(old_size))
                 table[tokenizer.convert_tokens_to_ids(token)] = table[pieces].mean(dim=0)
     return tokens
+
+
+def visible_text(fragment: str) -> str:
+    """What a reader sees of an HTML fragment (an answer span of a page): tags dropped, entities decoded, whitespace
+    collapsed."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MarkupResemblesLocatorWarning)
+        text = BeautifulSoup(fragment, "lxml").get_text(" ")
+    return " ".join(text.split())

