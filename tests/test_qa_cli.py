@@ -68,9 +68,20 @@ def test_evaluate_writes_predictions_and_official_metrics(tiny_qa, tmp_path):
     predictions = json.loads((tmp_path / "eval" / "predictions.json").read_text())
     metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     context = json.loads(PAGES[0].read_text(encoding="utf-8"))["data"][0]["context"]
-    assert set(predictions) == {"66678", "57677"} and set(metrics) == {"exact_match", "f1"}
+    assert set(predictions) == {"66678", "57677"} and {"exact_match", "f1"} <= set(metrics)
+    assert metrics["questions"] == 2 and metrics["model"] == str(tiny_qa) and metrics["data"] == str(PAGES[0])
     for text in predictions.values():
         assert text and text in context and "[p]" not in text
+    # An existing output needs --overwrite, and --overwrite replaces only what longbird wrote.
+    again = ["evaluate", "--model", str(tiny_qa), "--data", str(PAGES[0]), "--out", str(tmp_path / "eval")]
+    assert runner.invoke(app, again).exit_code == 1
+    assert runner.invoke(app, again + ["--overwrite"]).exit_code == 0
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    result = runner.invoke(app, again[:-1] + [str(foreign), "--overwrite"])
+    assert result.exit_code == 1 and "refusing to replace" in result.output and "did not write" in result.output
+    assert (foreign / "notes.txt").read_text() == "keep me" and sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
 
 
 def test_answer_reads_an_html_page_and_reports_the_span(tiny_qa, tmp_path):
@@ -117,8 +128,11 @@ def test_classification_finetune_and_evaluate(tiny_source, tmp_path):
                                  "--data", str(data), "--out", str(tmp_path / "cls-eval")])
     assert result.exit_code == 0, result.output
     metrics = json.loads((tmp_path / "cls-eval" / "metrics.json").read_text())
-    predictions = json.loads((tmp_path / "cls-eval" / "predictions.json").read_text())
-    assert len(predictions) == 10 and set(predictions) <= {"law", "bill"}
+    records = json.loads((tmp_path / "cls-eval" / "predictions.json").read_text())
+    predictions = [record["prediction"] for record in records]
+    assert len(predictions) == 10 and set(predictions) <= {"law", "bill"} and metrics["documents"] == 10
+    assert [record["gold"] for record in records] == ["law"] * 5 + ["bill"] * 5
+    assert all(sum(record["scores"].values()) == pytest.approx(1.0) for record in records)
     assert 0.0 <= metrics["macro_f1"] <= 1.0 and metrics["accuracy"] == pytest.approx(
         sum(p == g for p, g in zip(predictions, ["law"] * 5 + ["bill"] * 5)) / 10)
 

@@ -101,9 +101,12 @@ def test_atomic_outputs_get_ordinary_permissions(tmp_path):
     try:
         out = write_directory_atomically(tmp_path / "dir", lambda d: (d / "f").write_text("x"))
         path = write_file_atomically(tmp_path / "report.json", "{}")
+        saved = write_directory_atomically(tmp_path / "saved", lambda d: longbird.convert(
+            make_source("bert"), max_length=128, block_size=BLOCK).save_pretrained(d))
     finally:
         os.umask(umask)
     assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    assert stat.S_IMODE((saved / "model.safetensors").stat().st_mode) == 0o644  # safetensors alone writes 0600
     assert stat.S_IMODE(path.stat().st_mode) == 0o644 and path.read_text() == "{}"
 
 

@@ -86,7 +86,7 @@ def convert(
     max_length: int = typer.Option(4096, help="Target maximum length in tokens"),
     out: Path = typer.Option(..., help="Output directory"),
     set_: list[str] = typer.Option([], "--set", help="Config override KEY=VALUE, e.g. taper_schedule=power"),
-    overwrite: bool = typer.Option(False, help="Replace OUT if it exists"),
+    overwrite: bool = typer.Option(False, help="Replace OUT if longbird wrote it"),
 ):
     """Convert a BERT/RoBERTa/XLM-R/CamemBERT/ELECTRA encoder into a longbird model."""
     from .workflows import convert_to_directory
@@ -108,7 +108,7 @@ def export(
     model_dir: Path = typer.Argument(..., help="A saved longbird model directory"),
     format: str = typer.Option("hf-bigbird", "--format", help="Export format"),
     out: Path = typer.Option(..., help="Output directory"),
-    overwrite: bool = typer.Option(False, help="Replace OUT if it exists"),
+    overwrite: bool = typer.Option(False, help="Replace OUT if longbird wrote it"),
 ):
     """Export a BigBird+TAPER model to a plain transformers checkpoint."""
     from .export import export as export_model
@@ -299,7 +299,7 @@ def finetune_qa(
     fp16: bool = typer.Option(False, help="fp16 mixed precision (CUDA only)"),
     device: str = typer.Option("auto", help=TRAIN_DEVICE_HELP),
     train_word_embeddings: bool = typer.Option(False, help=WORD_EMBEDDINGS_HELP),
-    overwrite: bool = typer.Option(False, help="Replace OUT if it exists"),
+    overwrite: bool = typer.Option(False, help="Replace OUT if longbird wrote it"),
 ):
     """Fine-tune extractive QA on long documents (Trainer; `accelerate launch` for several GPUs)."""
     from .workflows import finetune_qa as run
@@ -326,6 +326,7 @@ def evaluate(
     split: Optional[str] = typer.Option(None, help="train or dev: one side of the fixed by-article split"),
     batch_size: int = typer.Option(4),
     device: str = typer.Option("auto", help=DEVICE_HELP),
+    overwrite: bool = typer.Option(False, help="Replace OUT if longbird wrote it"),
 ):
     """Predict and score with the official metric; writes predictions.json and metrics.json."""
     from .workflows import evaluate_cls, evaluate_qa
@@ -334,11 +335,12 @@ def evaluate(
     if task == "qa":
         result = evaluate_qa(model, [str(p) for p in data] if len(data) > 1 else data[0], data_format, window_length,
                              doc_stride, max_windows, batch_size, max_examples, out, progress=True, split=split,
-                             device=device)
+                             device=device, overwrite=overwrite)
     elif task == "classification":
-        result = evaluate_cls(model, data[0], window_length, doc_stride or 128, out=out, device=device)
+        result = evaluate_cls(model, data[0], window_length, doc_stride or 128, out=out, device=device,
+                              overwrite=overwrite)
     else:
-        raise typer.BadParameter(f"--task must be qa or classification; got {task!r}")
+        raise ValueError(f"--task must be qa or classification; got {task!r}")
     _print_metrics(f"{task} metrics (written to {out})", result["metrics"])
 
 
@@ -409,7 +411,7 @@ def finetune_cls(
     fp16: bool = typer.Option(False, help="fp16 mixed precision (CUDA only)"),
     device: str = typer.Option("auto", help=TRAIN_DEVICE_HELP),
     train_word_embeddings: bool = typer.Option(False, help=WORD_EMBEDDINGS_HELP),
-    overwrite: bool = typer.Option(False, help="Replace OUT if it exists"),
+    overwrite: bool = typer.Option(False, help="Replace OUT if longbird wrote it"),
 ):
     """Fine-tune long-document classification (windows of a long document share its label)."""
     from .workflows import finetune_cls as run

@@ -9,16 +9,27 @@ from pathlib import Path
 from typing import Callable
 
 
+# Every directory longbird writes holds this file: `overwrite` replaces only such directories, never a user's own.
+OUTPUT_MARKER = ".longbird-output"
+
+
 def write_directory_atomically(out: str | os.PathLike, write: Callable[[Path], None], overwrite: bool = False) -> Path:
-    """Call `write(tmp_dir)` on a sibling temporary directory, then rename it to `out`."""
+    """Call `write(tmp_dir)` on a sibling temporary directory, then rename it to `out`. An existing `out` is replaced
+    only with `overwrite` and only if longbird wrote it (it holds OUTPUT_MARKER)."""
     out = Path(out)
     if out.exists() and not overwrite:
         raise FileExistsError(f"output directory {out} already exists; pass overwrite=True (--overwrite) to replace it")
+    if out.exists() and not (out / OUTPUT_MARKER).is_file():
+        kind = "a file" if not out.is_dir() else "a directory longbird did not write (no .longbird-output marker)"
+        raise FileExistsError(f"refusing to replace {out}: it is {kind}; remove it yourself or choose another output")
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
         staging.chmod(_default_mode(0o777))  # mkdtemp makes 0700; the result should look like any new directory
         write(staging)
+        (staging / OUTPUT_MARKER).write_text("written by longbird; `--overwrite` may replace this directory\n")
+        for path in staging.rglob("*"):  # some writers (safetensors) create 0600 files; outputs are ordinary files
+            path.chmod(_default_mode(0o777 if path.is_dir() else 0o666))
         if out.exists():
             backup = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
             os.replace(out, backup / out.name)

@@ -7,6 +7,7 @@ Hugging Face encoder directory, which is converted first with `preset` and `max_
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from .data.classification import document_windows, label_vocabulary, read_classi
 from .data.features import features_for_rows
 from .data.html import add_tag_tokens
 from .data.korquad import read_korquad_v1_articles, read_korquad_v2, read_squad_paragraphs, split_by_title
-from .files import write_directory_atomically, write_file_atomically
+from .files import write_directory_atomically
 from .heads import LongBirdForQuestionAnswering, LongBirdForSequenceClassification
 from .metrics.classification import accuracy, macro_f1
 from .metrics.korquad import korquad_v1, korquad_v2, squad_v1
@@ -29,6 +30,7 @@ from .qa import predict_rows
 from .training.finetune import FinetuneSettings, qa_training_items, train
 
 # korquad1 and squad are the published paragraphs; korquad1-articles joins each article into one context
+logger = logging.getLogger(__name__)
 DATA_FORMATS = ("korquad2", "korquad1-articles", "korquad1", "squad")
 
 
@@ -174,9 +176,10 @@ def finetune_qa(model_path, train_data, out: str | Path, data_format: str = "kor
 def evaluate_qa(model_path, data, data_format: str = "korquad2", window_length: int | None = None,
                 doc_stride: int | None = None, max_windows: int | None = None, batch_size: int = 4,
                 max_examples: int | None = None, out: str | Path | None = None, progress: bool = False,
-                split: str | None = None, device: str | None = None) -> dict:
+                split: str | None = None, device: str | None = None, overwrite: bool = False) -> dict:
     """Predict every question and score with the official metric of the format. With `out`, writes
-    predictions.json ({id: text}) and metrics.json there (atomically)."""
+    predictions.json ({id: text}) and metrics.json (scores, number of questions, model, data) there atomically."""
+    _check_output(out, overwrite)
     rows, skipped = (data, 0) if isinstance(data, Dataset) else read_qa_data(data, data_format, split)
     rows = sample_questions(rows, max_examples)
     model, tokenizer = load_on_device(model_path, LongBirdForQuestionAnswering, device)
@@ -191,10 +194,32 @@ def evaluate_qa(model_path, data, data_format: str = "korquad2", window_length: 
         metrics = {"exact_match": metrics["exact_match"] * kept, "f1": metrics["f1"] * kept,
                    "skipped_questions": skipped}
     if out is not None:
-        out = Path(out)
-        write_file_atomically(out / "predictions.json", json.dumps(predictions, ensure_ascii=False, indent=1))
-        write_file_atomically(out / "metrics.json", json.dumps(metrics, indent=2))
+        record = {**metrics, "questions": len(rows), "model": str(model_path), "data": _describe_data(data),
+                  "format": data_format, "split": split, "window_length": window_length, "doc_stride": doc_stride,
+                  "max_windows": max_windows}
+        _write_outputs(out, overwrite, predictions, record)
     return {"metrics": metrics, "predictions": predictions, "answers": answers}
+
+
+def _describe_data(data) -> str | list[str]:
+    if isinstance(data, Dataset):
+        return f"in-memory dataset of {len(data)} rows"
+    return [str(item) for item in data] if isinstance(data, (list, tuple)) else str(data)
+
+
+def _check_output(out, overwrite: bool) -> None:
+    """Fail before the work, not after it, when the output directory may not be written."""
+    if out is not None and Path(out).exists() and not overwrite:
+        raise FileExistsError(f"output directory {out} already exists; pass --overwrite to replace it")
+
+
+def _write_outputs(out, overwrite: bool, predictions, metrics: dict) -> None:
+    def write(directory: Path) -> None:
+        (directory / "predictions.json").write_text(json.dumps(predictions, ensure_ascii=False, indent=1),
+                                                    encoding="utf-8")
+        (directory / "metrics.json").write_text(json.dumps(metrics, indent=2, ensure_ascii=False), encoding="utf-8")
+
+    write_directory_atomically(out, write, overwrite=overwrite)
 
 
 def score_predictions(predictions: dict[str, str], rows, data_format: str) -> dict[str, float]:
@@ -256,8 +281,11 @@ def predict_documents(model, tokenizer, texts, window_length: int | None = None,
 
 
 def evaluate_cls(model_path, data, window_length: int | None = None, stride: int = 128, text_field: str = "text",
-                 label_field: str = "label", out: str | Path | None = None, device: str | None = None) -> dict:
-    """Accuracy and macro-F1 of a saved classifier; with `out`, writes predictions.json and metrics.json."""
+                 label_field: str = "label", out: str | Path | None = None, device: str | None = None,
+                 overwrite: bool = False) -> dict:
+    """Accuracy and macro-F1 of a saved classifier; with `out`, writes predictions.json (per document: index, gold
+    label, predicted label, class probabilities) and metrics.json."""
+    _check_output(out, overwrite)
     rows = _classification_rows(data, text_field, label_field)
     model, tokenizer = load_on_device(model_path, LongBirdForSequenceClassification, device)
     check_tokenizer(model, tokenizer)
@@ -265,10 +293,17 @@ def evaluate_cls(model_path, data, window_length: int | None = None, stride: int
     predictions = [model.config.id2label[int(score.argmax())] for score in logits]
     golds = [str(label) for label in rows["label"]]
     metrics = {"accuracy": accuracy(predictions, golds), "macro_f1": macro_f1(predictions, golds)}
+    unseen = sorted(set(golds) - set(model.config.id2label.values()))
+    if unseen:  # such documents can never be right: the accuracy is bounded below 1 by them
+        logger.warning("test labels never seen in training (the model cannot predict them): %s", ", ".join(unseen))
+        metrics["unseen_labels"] = unseen
     if out is not None:
-        out = Path(out)
-        write_file_atomically(out / "predictions.json", json.dumps(predictions, ensure_ascii=False, indent=1))
-        write_file_atomically(out / "metrics.json", json.dumps(metrics, indent=2))
+        labels = [model.config.id2label[i] for i in range(len(model.config.id2label))]
+        records = [{"index": index, "gold": gold, "prediction": prediction,
+                    "scores": dict(zip(labels, torch.softmax(score.float(), -1).tolist()))}
+                   for index, (gold, prediction, score) in enumerate(zip(golds, predictions, logits))]
+        record = {**metrics, "documents": len(golds), "model": str(model_path), "data": _describe_data(data)}
+        _write_outputs(out, overwrite, records, record)
     return {"metrics": metrics, "predictions": predictions}
 
 
