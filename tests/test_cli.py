@@ -4,7 +4,7 @@ import json
 
 import torch
 from typer.testing import CliRunner
-from transformers import AutoModel, BertTokenizerFast, BigBirdModel
+from transformers import AutoModel, AutoTokenizer, BertTokenizerFast, BigBirdModel
 
 from longbird.cli import app
 from conftest import VOCAB, make_batch, make_source
@@ -39,6 +39,14 @@ def test_convert_then_export_end_to_end(tmp_path):
         diff = (hf(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
                 - model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state)
     assert diff[attention_mask.bool()].abs().max() <= 1e-5
+    # Saved tokenizers know the model's length; the exported config carries the tokenizer's special ids.
+    for directory in ("lb", "hf"):
+        tokenizer = AutoTokenizer.from_pretrained(tmp_path / directory)
+        assert tokenizer.model_max_length == 256
+        long_input = tokenizer(" ".join(["w7"] * 400), truncation=True)["input_ids"]
+        assert len(long_input) == 256
+    assert (hf.config.sep_token_id, hf.config.bos_token_id, hf.config.eos_token_id, hf.config.pad_token_id) == (
+        tokenizer.sep_token_id, tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id) == (3, 2, 3, 0)
 
 
 def test_convert_refuses_to_overwrite_and_reports_bad_options(tmp_path):

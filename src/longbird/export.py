@@ -89,18 +89,30 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, format: str = "
             (5 + 2 * config.num_random_blocks) * config.block_size)
     model_class = LongBirdForMaskedLM if config.has_lm_head else LongBirdModel
     exported = to_bigbird(model_class.from_pretrained(model_dir))
+    tokenizer = _load_tokenizer(Path(model_dir))
+    if tokenizer is not None:
+        # The tokenizer's special ids, not BigBirdConfig's defaults (sep 66, bos 1, eos 2: BigBird's own vocabulary).
+        bos = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
+        eos = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
+        for name, value in (("sep_token_id", tokenizer.sep_token_id), ("bos_token_id", bos), ("eos_token_id", eos),
+                            ("pad_token_id", tokenizer.pad_token_id)):
+            if value is not None:
+                setattr(exported.config, name, value)
+        tokenizer.model_max_length = config.max_position_embeddings  # else truncation=True cuts at the source's 512
 
     def write(directory: Path) -> None:
         exported.save_pretrained(directory)
-        _copy_tokenizer(Path(model_dir), directory)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(directory)
 
     return write_directory_atomically(out, write, overwrite=overwrite)
 
 
-def _copy_tokenizer(source: Path, directory: Path) -> None:
+def _load_tokenizer(source: Path):
+    """The tokenizer saved beside the model, or None (a model directory without tokenizer files is valid)."""
     try:
         from transformers import AutoTokenizer
 
-        AutoTokenizer.from_pretrained(source, local_files_only=True).save_pretrained(directory)
+        return AutoTokenizer.from_pretrained(source, local_files_only=True)
     except (OSError, ValueError, KeyError):
-        pass  # a model directory without tokenizer files is valid; nothing to copy
+        return None
