@@ -25,6 +25,7 @@ from .attention.flex import bigbird_flex_attention, usw_flex_attention
 from .attention.rows import RowGroup, padded_length, plan_rows, run_groups
 from .config import LongBirdConfig
 from .positions.alibi import BiALiBi, alibi_slopes
+from .tracing import graph_cannot_branch_on_data, real_tensors
 
 REFERENCE = "reference"
 
@@ -257,8 +258,14 @@ class LongBirdEncoder(nn.Module):
         if config.attention == "littlebird":
             return self._forward_littlebird(hidden_states, key_mask, position_ids, use_reference, output_hidden_states)
         # Per row: full or sparse, its block count, its last global block and its random plan (attention/rows.py).
-        groups = plan_rows(key_mask, config.block_size, config.full_attention_threshold) \
-            if config.attention == "bigbird" else [RowGroup(None, length, 0)]
+        if config.attention != "bigbird":
+            groups = [RowGroup(None, length, 0)]
+        elif graph_cannot_branch_on_data():  # export/jit cannot read row lengths: one decision from the input length
+            sparse_input = length > config.full_attention_threshold
+            blocks = -(-length // config.block_size) if sparse_input else 0
+            groups = [RowGroup(None, blocks * config.block_size if sparse_input else length, blocks)]
+        else:
+            groups = plan_rows(key_mask, config.block_size, config.full_attention_threshold)
         sparse = any(group.sparse for group in groups)
         padded = padded_length(groups, length)
         if padded != length:  # right-pad to the longest row's block multiple; padded keys are masked, rows stripped
@@ -270,10 +277,11 @@ class LongBirdEncoder(nn.Module):
         for index, layer in enumerate(self.layer):
             plan = None
             if sparse:
-                plan = (groups, [bigbird_pattern(group.num_blocks, config.block_size, config.num_attention_heads,
-                                                 config.num_random_blocks, config.random_seed, index,
-                                                 config.random_blocks) if group.sparse else None
-                                 for group in groups])
+                with real_tensors():  # the pattern cache must never hold a traced (fake) tensor
+                    plan = (groups, [bigbird_pattern(int(group.num_blocks), config.block_size,
+                                                     config.num_attention_heads, config.num_random_blocks,
+                                                     config.random_seed, index, config.random_blocks)
+                                     if group.sparse else None for group in groups])
             hidden_states = self._call_layer(layer, hidden_states, key_mask, plan, use_reference, workspace,
                                              backend, backend=backend)
             if output_hidden_states:

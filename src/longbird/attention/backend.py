@@ -67,6 +67,10 @@ def choose_backend(requested: str, device: torch.device, length: int, block_size
     unusable = _flex_unusable(device, grad, block_size)
     if attention_dropout:  # flex has no dropout on the probabilities; the blocked kernels apply it
         unusable = "attention dropout in training: flex_attention cannot apply it (attention_probs_dropout_prob > 0)"
+    from ..tracing import is_tracing
+
+    if is_tracing():  # export/compile/ONNX trace the blocked kernels as plain ops; compiled flex inside a trace does not
+        unusable = "the model is being traced (torch.export, torch.compile or ONNX): the blocked kernels are plain ops"
     if repeated_blocks:  # a BlockMask lists a key block once; the transformers plan counts block 0 1 + r times
         unusable = "random_blocks='transformers' counts block 0 several times, which a flex BlockMask cannot"
     if requested == "flex":

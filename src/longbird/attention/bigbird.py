@@ -29,9 +29,16 @@ def _gather_blocks(blocks, index, workspace, name):
     return blocks.index_select(1, index) if out is None else torch.index_select(blocks, 1, index, out=out)
 
 
-@lru_cache(maxsize=512)
 def _middle_key_blocks(pattern: BigBirdPattern, device: torch.device):
     """The pattern's block indices on the input's device, copied once per (layer plan, device)."""
+    from ..tracing import real_tensors
+
+    with real_tensors():  # cached: never a traced (fake) tensor
+        return _cached_middle_key_blocks(pattern, device)
+
+
+@lru_cache(maxsize=512)
+def _cached_middle_key_blocks(pattern: BigBirdPattern, device: torch.device):
     return tuple(tensor.to(device) for tensor in pattern.middle_key_blocks())
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..tracing import is_tracing
+
 
 def full_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor | None = None,
@@ -12,5 +14,7 @@ def full_attention(
 ) -> torch.Tensor:
     """query/key/value (b, h, n, d); key_mask (b, n) bool, True = real token. Returns (b, h, n, d).
     `dropout_p`: attention dropout on the probabilities (the caller passes 0 outside training)."""
-    attn_mask = None if key_mask is None or bool(key_mask.all()) else key_mask[:, None, None, :]
+    # Without padding SDPA runs unmasked (faster); a traced graph cannot branch on the mask's data, so it keeps it.
+    unmasked = key_mask is None or (not is_tracing() and bool(key_mask.all()))
+    attn_mask = None if unmasked else key_mask[:, None, None, :]
     return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p)
