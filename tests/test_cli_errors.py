@@ -106,3 +106,19 @@ def test_python_answer_function(tiny_qa):
     assert "<" not in record["answer"] and record["answer"].strip()
     with pytest.raises(ValueError, match="the question is empty"):
         answer(str(tiny_qa), context, " ")
+
+
+def test_training_on_the_dev_side_of_the_split_is_warned(tiny_source, tmp_path, caplog):
+    from longbird.training.finetune import FinetuneSettings
+    from longbird.workflows import finetune_qa
+
+    settings = FinetuneSettings(max_steps=1, batch_size=1, progress=False)
+    with caplog.at_level("WARNING", logger="longbird.workflows"):
+        finetune_qa(tiny_source, KORQUAD1, tmp_path / "all", data_format="korquad1", max_length=256, max_examples=2,
+                    settings=settings)
+    assert any("--split train" in record.getMessage() for record in caplog.records)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="longbird.workflows"):
+        finetune_qa(tiny_source, KORQUAD1, tmp_path / "train", data_format="korquad1", max_length=256, max_examples=2,
+                    settings=settings, split="train")
+    assert not any("--split train" in record.getMessage() for record in caplog.records)

@@ -149,6 +149,12 @@ def finetune_qa(model_path, train_data, out: str | Path, data_format: str = "kor
     if out.exists() and not overwrite:
         raise FileExistsError(f"output directory {out} already exists; pass --overwrite to replace it")
     rows = train_data if isinstance(train_data, Dataset) else read_qa_data(train_data, data_format, split)[0]
+    if split is None and not isinstance(train_data, Dataset) and len(rows):
+        dev_titles = set(split_by_title(rows)["dev"]["title"])
+        if dev_titles:  # the same file scored with `evaluate --split dev` would then score trained-on questions
+            logger.warning("training on all of %s: %d of its articles are the dev side of the by-article split that "
+                           "`evaluate --split dev` scores; pass --split train to hold them out", train_data,
+                           len(dev_titles))
     rows = sample_questions(rows, max_examples, settings.seed)
     overrides = {"qa_head": qa_head} if qa_head else {}  # a saved head is kept unless another is asked for
     set_seed(settings.seed)  # a new head's initialisation is part of the run
