@@ -228,11 +228,16 @@ def main() -> None:
         start = (from_reader(args.reader, preset, max_length, overrides, args.work) if args.reader is not None
                  else converted(args.source, preset, max_length, overrides, args.work))
         train_started = time.time()
+        if args.max_steps == 0:  # no article updates: read with the starting model (the reader as it is)
+            if args.reader is None:
+                raise SystemExit("--max-steps 0 needs --reader (a bare source has no QA head)")
+            run_dir, metrics = start, {"training_windows": 0, "train_loss": None, "log_history": []}
         settings = FinetuneSettings(learning_rate=args.learning_rate, epochs=args.epochs, max_steps=args.max_steps,
                                     batch_size=args.batch_size, bf16=args.bf16, progress=False, logging_steps=10)
-        metrics = finetune_qa(start, train, run_dir, data_format="korquad1-articles",
-                              window_length=window, doc_stride=stride, max_windows=max_windows,
-                              negative_fraction=args.negative_fraction, settings=settings, overwrite=True)
+        if args.max_steps != 0:
+            metrics = finetune_qa(start, train, run_dir, data_format="korquad1-articles",
+                                  window_length=window, doc_stride=stride, max_windows=max_windows,
+                                  negative_fraction=args.negative_fraction, settings=settings, overwrite=True)
         train_seconds = time.time() - train_started
         model, tokenizer = load_task_model(run_dir, LongBirdForQuestionAnswering)
         eval_started = time.time()
@@ -261,7 +266,9 @@ def _write(results: dict, out: Path, stem: str, started: float) -> None:
     s = results["settings"]
     sizes = results["dev_bucket_sizes"]
     source = SOURCE_LABELS.get(s.get("source", "minilm"), s.get("source"))
-    budget = f"{s['max_steps']} optimiser updates" if s.get("max_steps", -1) > 0 else f"{s['epochs']:g} epoch(s)"
+    steps = s.get("max_steps", -1)
+    budget = (f"{steps} optimiser updates" if steps > 0 else "no article updates (the reader as it is)" if steps == 0
+              else f"{s['epochs']:g} epoch(s)")
     start = f"the shared paragraph reader {s['reader']}" if s.get("reader") else "the bare source"
     lines = [f"Command: `{results['command']}`  ",
              f"Source {source}; every method starts from {start}; {results['train_questions']} training questions "
