@@ -395,6 +395,41 @@ def answer(
         raise typer.Exit(1)
 
 
+@app.command()
+def distill(
+    output_dir: Path = typer.Option(..., "--output-dir", help="Run directory: model/ (the student), checkpoints/"),
+    teacher: str = typer.Option("multilingual-e5-small", help="The short source model: a directory or a named "
+                                                              "embedded source"),
+    student: Optional[Path] = typer.Option(None, help="A longbird directory (default: the teacher converted with "
+                                                      "--preset and --max-length)"),
+    preset: str = typer.Option("littlebird", help="Preset when the student is converted: littlebird, kobigbird, full"),
+    max_length: int = typer.Option(4096, help="Student length when converted"),
+    corpus: list[Path] = typer.Option([], "--corpus", help="Text/JSONL files or directories (repeatable; default: the "
+                                                            "Korean texts shipped with longbird)"),
+    length: Optional[int] = typer.Option(None, help="Training window in tokens (default and maximum: the teacher's)"),
+    alpha: float = typer.Option(1.0, help="Weight of the soft-target KL (teachers with an MLM head)"),
+    beta: float = typer.Option(1.0, help="Weight of the attention KL"),
+    temperature: float = typer.Option(1.0, help="Soft-target temperature"),
+    learning_rate: float = typer.Option(1e-4), max_steps: int = typer.Option(100),
+    batch_size: int = typer.Option(4), seed: int = typer.Option(0),
+    save_steps: int = typer.Option(50, help="Checkpoint every N steps"),
+    logging_steps: int = typer.Option(10, help="Log the losses every N steps"),
+    resume: bool = typer.Option(False, help="Continue from the last checkpoint in OUTPUT_DIR/checkpoints"),
+    bf16: bool = typer.Option(False, help="bf16 mixed precision"),
+    gradient_checkpointing: bool = typer.Option(False, help="Recompute layers in backward"),
+    device: str = typer.Option("auto", help=TRAIN_DEVICE_HELP),
+    overwrite: bool = typer.Option(False, help="Replace OUTPUT_DIR/model if longbird wrote it"),
+):
+    """Distil the short source into a long student (LittleBird 3.4): attention KL per layer + soft targets."""
+    from .workflows import distill as run
+
+    settings = _settings(learning_rate, 1.0, max_steps, batch_size, seed, False, bf16, False, device, False)
+    settings.logging_steps = logging_steps
+    metrics = run(teacher, output_dir, student, preset, max_length, list(corpus) or None, length, settings,
+                  alpha, beta, temperature, save_steps, resume, gradient_checkpointing, overwrite)
+    _print_metrics(f"distilled student saved to {metrics['model_dir']}", metrics)
+
+
 @app.command("finetune-cls")
 def finetune_cls(
     train: Path = typer.Option(..., "--train", help="JSONL/CSV with a text and a label per document"),

@@ -113,7 +113,8 @@ class LongBirdSelfAttention(nn.Module):
             mask = mask & (counts > 0)
             # A key block counted k times (the transformers plan) weighs k·exp(s) in the softmax: bias log k.
             bias = counts.clamp(min=1).float().log() if pattern.repeats_blocks else None
-        return reference_attention(query, key, value, mask, bias, dropout_p=self.attention_dropout())
+        return reference_attention(query, key, value, mask, bias, dropout_p=self.attention_dropout(),
+                                   record_pack_keys=0)
 
 
 class LongBirdSelfOutput(nn.Module):

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 from datasets import Dataset
-from transformers import AutoConfig, AutoTokenizer, set_seed
+from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer, set_seed
 
 from .convert import convert
 from .sources import resolve_model_directory, resolve_source
@@ -335,3 +335,57 @@ def answer(model, document: str, question: str, tokenizer=None, is_html: bool | 
         is_html = document.lstrip()[:1] == "<"
     found = answer_question(model, tokenizer, document, question, is_html, window_length)
     return answer_record(found, is_html)
+
+
+def distill(teacher_source, output_dir: str | Path, student_path=None, preset: str = "littlebird",
+            max_length: int = 4096, corpus=None, length: int | None = None, settings: FinetuneSettings | None = None,
+            alpha: float = 1.0, beta: float = 1.0, temperature: float = 1.0, save_steps: int = 50,
+            resume: bool = False, gradient_checkpointing: bool = False, overwrite: bool = False) -> dict:
+    """Distil the short `teacher_source` into a long student (LittleBird §3.4, step 2) on short corpus windows.
+
+    The student is `student_path` (a longbird directory) or the teacher converted with `preset` and `max_length`.
+    Writes `output_dir`/model (student + tokenizer, atomically) and `output_dir`/distill.json; Trainer checkpoints go
+    to `output_dir`/checkpoints, from which `resume` continues."""
+    from .convert import convert
+    from .data.corpus import DEFAULT_CORPUS, corpus_documents, corpus_windows
+    from .training.distill import load_teacher, run_distillation
+
+    settings = settings or FinetuneSettings()
+    output_dir = Path(output_dir)
+    model_dir = output_dir / "model"
+    if model_dir.exists() and not overwrite:
+        raise FileExistsError(f"{model_dir} already exists; pass --overwrite to replace it")
+    teacher_dir = resolve_model_directory(teacher_source)
+    teacher = load_teacher(teacher_dir)
+    tokenizer = AutoTokenizer.from_pretrained(student_path or teacher_dir, local_files_only=True)
+    set_seed(settings.seed)
+    student = (AutoModelForMaskedLM.from_pretrained(student_path) if student_path and _has_lm_head(student_path)
+               else AutoModel.from_pretrained(student_path) if student_path
+               else convert(teacher, preset=preset, max_length=max_length))
+    source_length = student.config.source_max_positions
+    length = length or source_length
+    if length > source_length:
+        raise ValueError(f"--length {length} is above the teacher's {source_length} tokens: distillation reads short "
+                         f"inputs the teacher sees whole; use at most {source_length}")
+    windows = corpus_windows(corpus_documents(corpus or DEFAULT_CORPUS), tokenizer, length)
+    tokenizer.model_max_length = student.config.max_position_embeddings
+    metrics = run_distillation(student.train(), teacher, tokenizer, windows, output_dir, settings, alpha, beta,
+                               temperature, save_steps, resume, gradient_checkpointing)
+    summary = {"teacher": str(teacher_dir), "student": str(student_path) if student_path else f"{preset}-{max_length}",
+               "corpus": [str(p) for p in (corpus if isinstance(corpus, (list, tuple)) else [corpus or DEFAULT_CORPUS])],
+               "windows": len(windows), "length": length, "alpha": alpha, "beta": beta, "temperature": temperature,
+               "settings": vars(settings), "metrics": {k: v for k, v in metrics.items() if k != "log_history"},
+               "log_history": metrics["log_history"]}
+
+    def write(directory: Path) -> None:
+        student.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+        (directory / "longbird_distill.json").write_text(json.dumps(summary, indent=2, default=str))
+
+    write_directory_atomically(model_dir, write, overwrite=overwrite)
+    return {**metrics, "windows": len(windows), "model_dir": str(model_dir)}
+
+
+def _has_lm_head(path) -> bool:
+    config = json.loads((resolve_model_directory(path) / "config.json").read_text(encoding="utf-8"))
+    return config.get("lm_head_act") is not None

@@ -265,4 +265,5 @@ def usw_attention_reference(query, key, value, key_mask, positions, bias: BiALiB
         pack_distance = bias.pack_distance(block_size).view(1, heads, 1, 1).expand(batch, heads, length, s)
         distance = torch.cat([pack_distance, distance], dim=-1)
         key, value = torch.cat([pack_key, key], dim=2), torch.cat([pack_value, value], dim=2)
-    return reference_attention(query, key, value, mask[:, None], -distance)
+    s = 0 if pack_key is None else pack_key.shape[2]
+    return reference_attention(query, key, value, mask[:, None], -distance, record_pack_keys=s)

@@ -1,0 +1,160 @@
+"""Distillation from the short source model (LittleBird §3.4, step 2; following Sun et al. 2020, MobileBERT).
+
+Loss = α · T² · KL(teacher soft targets ‖ student) over real tokens, when both have an MLM head,
+     + β · mean over layers of KL(teacher attention ‖ student attention) per real query row and head.
+Inputs are short (≤ the teacher's L tokens), so the teacher reads them with full attention.
+
+Comparing the distributions: a LittleBird student's token queries see packed keys and a window of token keys, the
+teacher's see every token. Both are restricted to the token keys the student may attend and renormalised there; the
+probability mass the student puts on packed keys is reported (`pack_mass`), not penalised. With a student that is
+the teacher (preset "full", absolute positions) both sides are the same distribution and the loss is 0.
+The student runs its dense reference path (the only one that materialises attention probabilities; exact, and cheap
+at ≤ 512 tokens).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..attention.reference import AttentionRecord, recording_attention
+from .finetune import LongBirdTrainer
+
+REFERENCE = "reference"
+
+
+def attention_kl(teacher: tuple[torch.Tensor, ...], student: list[AttentionRecord], key_mask: torch.Tensor):
+    """(mean KL over layers, heads and real query rows; mean packed-key mass) of teacher maps (B, H, l, l) against the
+    student's records (probabilities over [pack keys | token keys], possibly padded to a block multiple)."""
+    if len(teacher) != len(student):
+        raise ValueError(f"teacher has {len(teacher)} attention layers, student {len(student)}; distillation needs "
+                         "the same depth")
+    length = key_mask.shape[1]
+    rows = key_mask[:, None, :].float()  # (B, 1, l) real query rows
+    losses, pack_mass = [], []
+    for target, record in zip(teacher, student):
+        s = record.pack_keys
+        probs = record.probs[:, :, :length].float()
+        allowed = record.allowed[..., :length, s:s + length].expand(*probs.shape[:3], length)
+        allowed = allowed & key_mask[:, None, None, :]
+        tokens = probs[..., s:s + length] * allowed
+        restricted = target.float() * allowed
+        restricted = restricted / restricted.sum(-1, keepdim=True).clamp_min(1e-30)
+        student_part = tokens / tokens.sum(-1, keepdim=True).clamp_min(1e-30)
+        kl = (torch.xlogy(restricted, restricted) - restricted * student_part.clamp_min(1e-30).log()).sum(-1)
+        losses.append((kl * rows).sum() / (rows.sum() * kl.shape[1]))
+        if s:
+            pack_mass.append((probs[..., :s].sum(-1) * rows).sum() / (rows.sum() * probs.shape[1]))
+    mass = torch.stack(pack_mass).mean() if pack_mass else torch.zeros(())
+    return torch.stack(losses).mean(), mass
+
+
+def soft_target_kl(teacher_logits, student_logits, key_mask, temperature: float) -> torch.Tensor:
+    """T² · KL(softmax(t/T) ‖ softmax(s/T)) averaged over real tokens (Hinton et al. 2015)."""
+    teacher_log = F.log_softmax(teacher_logits.float() / temperature, -1)
+    student_log = F.log_softmax(student_logits.float() / temperature, -1)
+    kl = (teacher_log.exp() * (teacher_log - student_log)).sum(-1)
+    real = key_mask.float()
+    return temperature ** 2 * (kl * real).sum() / real.sum()
+
+
+def distillation_loss(teacher, student, batch: dict, alpha: float = 1.0, beta: float = 1.0,
+                      temperature: float = 1.0) -> tuple[torch.Tensor, dict]:
+    """The loss of one batch and its parts (attention KL, soft-target KL, pack mass)."""
+    key_mask = batch["attention_mask"].bool()
+    inputs = {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+    with torch.no_grad():
+        taught = teacher(**inputs, output_attentions=True)
+    implementation = student.config._attn_implementation
+    student.config._attn_implementation = REFERENCE
+    try:
+        with recording_attention() as records:
+            learnt = student(**inputs)
+    finally:
+        student.config._attn_implementation = implementation
+    attention, pack_mass = attention_kl(taught.attentions, records, key_mask)
+    loss = beta * attention
+    parts = {"attention_kl": attention.detach(), "pack_mass": pack_mass.detach()}
+    teacher_logits, student_logits = getattr(taught, "logits", None), getattr(learnt, "logits", None)
+    if alpha and teacher_logits is not None and student_logits is not None:
+        soft = soft_target_kl(teacher_logits, student_logits, key_mask, temperature)
+        loss = loss + alpha * soft
+        parts["soft_target_kl"] = soft.detach()
+    return loss, parts
+
+
+class DistillationTrainer(LongBirdTrainer):
+    """Trainer whose loss is `distillation_loss` against a frozen teacher; logs the loss parts."""
+
+    def __init__(self, *args, teacher=None, alpha: float = 1.0, beta: float = 1.0, temperature: float = 1.0,
+                 **kwargs):
+        super().__init__(*args, **kwargs)
+        if teacher is None:
+            raise ValueError("DistillationTrainer needs a teacher model")
+        self.teacher = teacher.eval().requires_grad_(False)
+        self.alpha, self.beta, self.temperature = alpha, beta, temperature
+        self._parts: dict[str, list[float]] = {}
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        self.teacher.to(next(model.parameters()).device)
+        loss, parts = distillation_loss(self.teacher, model, inputs, self.alpha, self.beta, self.temperature)
+        for name, value in parts.items():
+            self._parts.setdefault(name, []).append(float(value))
+        return (loss, None) if return_outputs else loss
+
+    def log(self, logs: dict, *args, **kwargs):
+        for name, values in self._parts.items():
+            if values:
+                logs[name] = sum(values) / len(values)
+        self._parts = {}
+        super().log(logs, *args, **kwargs)
+
+
+def load_teacher(source):
+    """The short source model (with its MLM head when it has one), fp32, eager attention (the maps are needed)."""
+    from ..convert import load_source
+
+    teacher = load_source(source)
+    if hasattr(teacher, "set_attn_implementation"):
+        teacher.set_attn_implementation("eager")
+    else:  # pragma: no cover - older transformers
+        teacher.config._attn_implementation = "eager"
+    return teacher.eval()
+
+
+def run_distillation(student, teacher, tokenizer, windows: list[dict], output_dir, settings, alpha: float = 1.0,
+                     beta: float = 1.0, temperature: float = 1.0, save_steps: int = 50, resume: bool = False,
+                     gradient_checkpointing: bool = False) -> dict:
+    """Train `student` on corpus windows against `teacher` with Trainer; checkpoints every `save_steps` steps under
+    `output_dir`/checkpoints (atomic: Trainer writes each checkpoint directory then its state); `resume` continues from
+    the last one. Returns the training metrics; saving the final student is the caller's job."""
+    from pathlib import Path
+
+    from transformers import TrainingArguments
+
+    from .finetune import check_training_device, make_collator
+
+    check_training_device(settings)
+    checkpoints = Path(output_dir) / "checkpoints"
+    if resume and not any(checkpoints.glob("checkpoint-*")):
+        raise FileNotFoundError(f"--resume: no checkpoint under {checkpoints}; start without --resume")
+    student.get_input_embeddings().weight.requires_grad_(settings.train_word_embeddings)
+    if gradient_checkpointing:
+        student.gradient_checkpointing_enable()
+    arguments = TrainingArguments(
+        output_dir=str(checkpoints), per_device_train_batch_size=settings.batch_size,
+        gradient_accumulation_steps=settings.gradient_accumulation_steps, learning_rate=settings.learning_rate,
+        num_train_epochs=settings.epochs, max_steps=settings.max_steps, warmup_steps=settings.warmup_ratio,
+        weight_decay=settings.weight_decay, seed=settings.seed, bf16=settings.bf16, fp16=settings.fp16,
+        use_cpu=settings.device == "cpu" or not torch.cuda.is_available(), logging_steps=settings.logging_steps,
+        save_strategy="steps", save_steps=save_steps, save_total_limit=2, report_to=[],
+        remove_unused_columns=False, disable_tqdm=not settings.progress, dataloader_num_workers=0,
+    )
+    if settings.padding_insertion:  # the teacher reads the same ids; gaps would mean different inputs to the two
+        raise ValueError("Padding Insertion is not used in distillation here (teacher and student must read the same "
+                         "input); use it in `finetune-qa` / continued training")
+    trainer = DistillationTrainer(model=student, args=arguments, train_dataset=windows,
+                                  data_collator=make_collator(student, tokenizer, settings),
+                                  teacher=teacher, alpha=alpha, beta=beta, temperature=temperature)
+    result = trainer.train(resume_from_checkpoint=True if resume else None)
+    return {**result.metrics, "log_history": trainer.state.log_history}
