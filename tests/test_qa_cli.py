@@ -190,3 +190,25 @@ def test_device_and_precision_options_fail_clearly_without_a_gpu(tiny_qa, tiny_s
     result = runner.invoke(app, train + ["--device", "cuda:1"])
     assert result.exit_code != 0 and "CUDA_VISIBLE_DEVICES" in result.output
     assert not (tmp_path / "m").exists()
+
+
+def test_finetune_checkpoints_and_resume_reproduce_the_uninterrupted_losses(tiny_source, tmp_path):
+    """A run killed after step 2 (only its checkpoint-2 survives) resumes with --resume to the same final weights."""
+    import shutil
+
+    def run(out, extra):
+        return runner.invoke(app, ["finetune-qa", "--model", str(tiny_source), "--preset", "kobigbird", "--max-length",
+                                   "256", "--train", str(PAGES[0]), "--out", str(out), "--max-steps", "4",
+                                   "--batch-size", "2", "--save-steps", "2"] + extra)
+
+    straight = tmp_path / "straight"
+    assert run(straight, []).exit_code == 0
+    checkpoints = tmp_path / "straight.checkpoints"
+    assert (checkpoints / "checkpoint-2" / "tokenizer.json").is_file() and (checkpoints / "checkpoint-4").is_dir()
+    resumed = tmp_path / "resumed"
+    shutil.copytree(checkpoints / "checkpoint-2", tmp_path / "resumed.checkpoints" / "checkpoint-2")
+    result = run(resumed, ["--resume"])
+    assert result.exit_code == 0, result.output
+    a, b = (LongBirdForQuestionAnswering.from_pretrained(p) for p in (straight, resumed))
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        torch.testing.assert_close(x, y, atol=1e-6, rtol=1e-5, msg=lambda m: f"{name}: {m}")

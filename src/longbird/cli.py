@@ -243,12 +243,12 @@ def bench(
 
 
 def _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insertion, bf16, fp16=False, device="auto",
-              train_word_embeddings=False):
+              train_word_embeddings=False, save_steps=0, resume=False):
     from .training.finetune import FinetuneSettings, check_training_device
 
     settings = FinetuneSettings(learning_rate=learning_rate, epochs=epochs, max_steps=max_steps, batch_size=batch_size,
                                 seed=seed, padding_insertion=padding_insertion, bf16=bf16, fp16=fp16, device=device,
-                                train_word_embeddings=train_word_embeddings)
+                                train_word_embeddings=train_word_embeddings, save_steps=save_steps, resume=resume)
     try:
         check_training_device(settings)  # before any data is read or model converted
     except ValueError as error:
@@ -257,6 +257,8 @@ def _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insert
 
 
 TRAIN_DEVICE_HELP = "auto (CUDA when present), cpu or cuda; pick a GPU with CUDA_VISIBLE_DEVICES"
+SAVE_STEPS_HELP = "Checkpoint every N steps into OUT.checkpoints/ (0: none; Ctrl-C then keeps the model too)"
+RESUME_HELP = "Continue from the last checkpoint in OUT.checkpoints/ (same options as the interrupted run)"
 WORD_EMBEDDINGS_HELP = "Also train the word embeddings (frozen by default: with a 250K vocabulary they dominate a CPU step)"
 
 
@@ -299,6 +301,8 @@ def finetune_qa(
     fp16: bool = typer.Option(False, help="fp16 mixed precision (CUDA only)"),
     device: str = typer.Option("auto", help=TRAIN_DEVICE_HELP),
     train_word_embeddings: bool = typer.Option(False, help=WORD_EMBEDDINGS_HELP),
+    save_steps: int = typer.Option(0, help=SAVE_STEPS_HELP),
+    resume: bool = typer.Option(False, help=RESUME_HELP),
     overwrite: bool = typer.Option(False, help="Replace OUT if longbird wrote it"),
 ):
     """Fine-tune extractive QA on long documents (Trainer; `accelerate launch` for several GPUs)."""
@@ -307,7 +311,7 @@ def finetune_qa(
     metrics = run(model, [str(p) for p in train] if len(train) > 1 else train[0], out, data_format, preset,
                   max_length, window_length, doc_stride, max_windows, negative_fraction, max_examples,
                   _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insertion, bf16, fp16, device,
-                            train_word_embeddings),
+                            train_word_embeddings, save_steps, resume),
                   overwrite, qa_head, split)
     _print_metrics(f"fine-tuned QA model saved to {out}", metrics)
 
@@ -446,6 +450,8 @@ def finetune_cls(
     fp16: bool = typer.Option(False, help="fp16 mixed precision (CUDA only)"),
     device: str = typer.Option("auto", help=TRAIN_DEVICE_HELP),
     train_word_embeddings: bool = typer.Option(False, help=WORD_EMBEDDINGS_HELP),
+    save_steps: int = typer.Option(0, help=SAVE_STEPS_HELP),
+    resume: bool = typer.Option(False, help=RESUME_HELP),
     overwrite: bool = typer.Option(False, help="Replace OUT if longbird wrote it"),
 ):
     """Fine-tune long-document classification (windows of a long document share its label)."""
@@ -453,7 +459,7 @@ def finetune_cls(
 
     metrics = run(model, train, out, preset, max_length, window_length, stride, text_field, label_field,
                   _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insertion, bf16, fp16, device,
-                            train_word_embeddings),
+                            train_word_embeddings, save_steps, resume),
                   overwrite)
     _print_metrics(f"fine-tuned classifier saved to {out}", metrics)
 

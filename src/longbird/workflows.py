@@ -165,7 +165,8 @@ def finetune_qa(model_path, train_data, out: str | Path, data_format: str = "kor
     features = features_for_rows(tokenizer, rows, window_length, doc_stride, max_windows,
                                  token_types=model.config.type_vocab_size >= 2)
     items = qa_training_items(features, negative_fraction, settings.seed)
-    metrics = train(model, tokenizer, items, out.parent / f".{out.name}.work", settings)
+    metrics = train(model, tokenizer, items, out.parent / f".{out.name}.work", settings,
+                    checkpoint_dir=out.parent / f"{out.name}.checkpoints")
 
     def write(directory: Path) -> None:
         model.save_pretrained(directory)
@@ -262,7 +263,8 @@ def finetune_cls(model_path, train_data, out: str | Path, preset: str = "kobigbi
     window_length = window_length or model.config.max_position_embeddings
     items = [{**window, "labels": labels.index(str(row["label"]))}
              for row in rows for window in document_windows(tokenizer, row["text"], window_length, stride)]
-    metrics = train(model, tokenizer, items, out.parent / f".{out.name}.work", settings)
+    metrics = train(model, tokenizer, items, out.parent / f".{out.name}.work", settings,
+                    checkpoint_dir=out.parent / f"{out.name}.checkpoints")
 
     def write(directory: Path) -> None:
         model.save_pretrained(directory)

@@ -7,6 +7,7 @@ turn the same call into multi-GPU training. Padding Insertion is applied to trai
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 import shutil
 from contextlib import contextmanager
@@ -19,6 +20,9 @@ from transformers import Trainer, TrainingArguments
 from ..data.batching import PaddedBatches
 from ..data.features import QAFeature
 from .padding_insertion import PaddingInsertion, PaddingInsertionCollator, sentence_end_token_ids
+
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -46,6 +50,10 @@ class FinetuneSettings:
     train_word_embeddings: bool = False
     logging_steps: int = 20
     progress: bool = True
+    # Checkpoints every N optimiser steps (0: none) under OUT.checkpoints/, which `resume` continues from; kept after
+    # the run (they are what a learning curve is read from).
+    save_steps: int = 0
+    resume: bool = False
 
 
 def qa_training_items(features: list[QAFeature], negative_fraction: float = 1.0, seed: int = 0) -> list[dict]:
@@ -112,15 +120,23 @@ def check_training_device(settings: FinetuneSettings) -> None:
         raise ValueError("--fp16 and --bf16 exclude each other; pick one")
 
 
-def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: FinetuneSettings) -> dict:
-    """Fine-tune `model` on prepared items with Trainer (scratch space: `out_dir`/trainer, removed after). Returns
-    the training metrics. Saving the final model is the caller's job (atomically)."""
+def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: FinetuneSettings,
+          checkpoint_dir: str | Path | None = None) -> dict:
+    """Fine-tune `model` on prepared items with Trainer (scratch space: `out_dir`/trainer, removed after). With
+    `settings.save_steps`, checkpoints (model, tokenizer, optimiser, scheduler and RNG states) go to `checkpoint_dir`
+    and stay; `settings.resume` continues from the last of them. Returns the training metrics. Saving the final model
+    is the caller's job (atomically)."""
     check_training_device(settings)
     if not items:
         raise ValueError("no training items: every window was filtered out or the dataset is empty")
+    keep = settings.save_steps > 0 or settings.resume
+    if keep and checkpoint_dir is None:
+        raise ValueError("checkpoints need a checkpoint directory")
+    if settings.resume and not any(Path(checkpoint_dir).glob("checkpoint-*")):
+        raise FileNotFoundError(f"--resume: no checkpoint under {checkpoint_dir}; start without --resume")
     model.get_input_embeddings().weight.requires_grad_(settings.train_word_embeddings)
     arguments = TrainingArguments(
-        output_dir=str(Path(out_dir) / "trainer"),
+        output_dir=str(checkpoint_dir if keep else Path(out_dir) / "trainer"),
         per_device_train_batch_size=settings.batch_size,
         gradient_accumulation_steps=settings.gradient_accumulation_steps,
         learning_rate=settings.learning_rate,
@@ -133,18 +149,27 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
         fp16=settings.fp16,
         use_cpu=settings.device == "cpu" or not torch.cuda.is_available(),
         logging_steps=settings.logging_steps,
-        save_strategy="no",
+        save_strategy="steps" if settings.save_steps > 0 else "no",
+        save_steps=max(settings.save_steps, 1),
         report_to=[],
         remove_unused_columns=False,
         disable_tqdm=not settings.progress,
         dataloader_num_workers=0,
     )
-    trainer = LongBirdTrainer(model=model, args=arguments, train_dataset=items,
+    trainer = LongBirdTrainer(model=model, args=arguments, train_dataset=items, processing_class=tokenizer,
                               data_collator=make_collator(model, tokenizer, settings))
     try:
-        result = trainer.train()
+        result = trainer.train(resume_from_checkpoint=True if settings.resume else None)
+    except KeyboardInterrupt:
+        if checkpoint_dir is not None:  # Ctrl-C: keep the model as it is and say where
+            saved = Path(checkpoint_dir) / f"interrupted-step-{trainer.state.global_step}"
+            trainer.save_model(str(saved))
+            logger.warning("interrupted at step %d: the model so far is in %s%s", trainer.state.global_step, saved,
+                           "; --resume continues from the last periodic checkpoint" if keep else "")
+        raise
     finally:
-        shutil.rmtree(arguments.output_dir, ignore_errors=True)  # nothing is saved there (save_strategy="no")
-        with contextlib.suppress(OSError):
-            Path(arguments.output_dir).parent.rmdir()
+        if not keep:
+            shutil.rmtree(arguments.output_dir, ignore_errors=True)  # nothing is saved there (save_strategy="no")
+            with contextlib.suppress(OSError):
+                Path(arguments.output_dir).parent.rmdir()
     return {**result.metrics, "log_history": trainer.state.log_history}
