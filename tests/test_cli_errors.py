@@ -147,3 +147,23 @@ def test_transformers_pipelines_run_longbird_models(tiny_source, tmp_path):
                                str(classifier_dir), "--max-steps", "1"]).exit_code == 0
     (result,) = pipeline("text-classification", model=str(classifier_dir))("document 9 about law")
     assert result["label"] in {"law", "bill"} and 0.0 <= result["score"] <= 1.0
+
+
+def test_bf16_and_threads_options(tiny_qa, tmp_path):
+    import torch
+
+    document = tmp_path / "doc.txt"
+    document.write_text("T-X 프로그램은 미국 공군의 고등훈련기 교체 사업이다. 초기 물량은 350대이다.", encoding="utf-8")
+    args = ["answer", "--model", str(tiny_qa), "--document", str(document), "--question", "초기 물량은?", "--json"]
+    threads = torch.get_num_threads()
+    try:
+        result = runner.invoke(app, ["--threads", "1"] + args + ["--bf16"])
+        assert result.exit_code == 0, result.output
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+    record = json.loads(result.stdout)
+    assert document.read_text(encoding="utf-8")[record["start"]:record["end"]] == record["source_text"]
+    result = runner.invoke(app, ["evaluate", "--model", str(tiny_qa), "--data", str(PAGES[0]), "--out",
+                                 str(tmp_path / "e"), "--bf16"])
+    assert result.exit_code == 0, result.output
