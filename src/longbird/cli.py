@@ -461,6 +461,34 @@ def distill(
     _print_metrics(f"distilled student saved to {metrics['model_dir']}", metrics)
 
 
+@app.command()
+def pretrain(
+    output_dir: Path = typer.Option(..., "--output-dir", help="Run directory: model/ and checkpoints/"),
+    model: Optional[str] = typer.Option("multilingual-e5-small", help="A longbird directory (e.g. distill's model) or a "
+                                                                      "source to convert with --preset"),
+    preset: str = typer.Option("littlebird", help="Preset when MODEL is converted: " + PRESET_HELP),
+    max_length: int = typer.Option(4096, help="Model length when MODEL is converted"),
+    corpus: list[Path] = typer.Option([], "--corpus", help="Text/JSONL files or directories (repeatable; default: the "
+                                                            "Korean texts shipped with longbird)"),
+    length: int = typer.Option(2048, help="Training window in tokens (long inputs: 2048, 4096)"),
+    learning_rate: float = typer.Option(1e-4), max_steps: int = typer.Option(100),
+    batch_size: int = typer.Option(1), seed: int = typer.Option(0),
+    padding_insertion: bool = typer.Option(False, help="Padding Insertion on training batches (LittleBird 3.4)"),
+    save_steps: int = typer.Option(50, help=SAVE_STEPS_HELP),
+    resume: bool = typer.Option(False, help=RESUME_HELP),
+    bf16: bool = typer.Option(False, help="bf16 mixed precision"),
+    device: str = typer.Option("auto", help=TRAIN_DEVICE_HELP),
+    overwrite: bool = typer.Option(False, help="Replace OUTPUT_DIR/model if longbird wrote it"),
+):
+    """Continued long training with Recurring Span Selection (LittleBird 3.4 step 3); reports held-out RSS accuracy."""
+    from .workflows import pretrain as run
+
+    settings = _settings(learning_rate, 1.0, max_steps, batch_size, seed, padding_insertion, bf16, False, device,
+                         False, save_steps, resume)
+    metrics = run(model, output_dir, list(corpus) or None, length, preset, max_length, settings, overwrite=overwrite)
+    _print_metrics(f"pretrained model saved to {metrics['model_dir']}", metrics)
+
+
 @app.command("finetune-cls")
 def finetune_cls(
     train: Path = typer.Option(..., "--train", help="JSONL/CSV with a text and a label per document"),

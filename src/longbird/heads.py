@@ -1,5 +1,5 @@
-"""Task heads on LongBirdModel: masked LM, sequence classification, and extractive QA with a
-start-then-conditional-end head (LittleBird A.2)."""
+"""Task heads on LongBirdModel: masked LM, sequence classification, extractive QA with a
+start-then-conditional-end head (LittleBird A.2), and Recurring Span Selection for pretraining (training/rss.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from transformers.activations import ACT2FN
-from transformers.modeling_outputs import MaskedLMOutput, QuestionAnsweringModelOutput, SequenceClassifierOutput
+from transformers.modeling_outputs import (MaskedLMOutput, ModelOutput, QuestionAnsweringModelOutput,
+                                           SequenceClassifierOutput)
 
 from .config import LongBirdConfig
 from .modeling import LongBirdModel, LongBirdPreTrainedModel
@@ -203,3 +204,53 @@ def register_auto_classes() -> None:
                         (AutoModelForQuestionAnswering, LongBirdForQuestionAnswering),
                         (AutoModelForSequenceClassification, LongBirdForSequenceClassification)):
         auto.register(LongBirdConfig, model, exist_ok=True)
+
+
+@dataclass
+class SpanSelectionOutput(ModelOutput):
+    """Per `[QUESTION]` token (B, Q): `start_logits`/`end_logits` (B, Q, l), the end conditioned on the gold start in
+    training and on the best start otherwise; `predicted_start`/`predicted_end` (B, Q)."""
+
+    loss: torch.FloatTensor | None = None
+    start_logits: torch.FloatTensor | None = None
+    end_logits: torch.FloatTensor | None = None
+    predicted_start: torch.LongTensor | None = None
+    predicted_end: torch.LongTensor | None = None
+
+
+class LongBirdForSpanSelection(LongBirdPreTrainedModel):
+    """Recurring Span Selection head (Ram et al. 2021; LittleBird §4.1): from each `[QUESTION]` token q, start logits
+    (W_s h_q)·h_i, then end logits (W_e [h_q; h_start])·h_i given the start (start-then-conditional-end)."""
+
+    def __init__(self, config: LongBirdConfig):
+        super().__init__(config)
+        self.longbird = LongBirdModel(config)
+        self.start_query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.end_query = nn.Linear(2 * config.hidden_size, config.hidden_size)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, question_positions=None, start_positions=None, end_positions=None,
+                output_hidden_states=None, return_dict=None, **kwargs):
+        if question_positions is None:
+            raise ValueError("LongBirdForSpanSelection needs question_positions (B, Q): where the [QUESTION] tokens are")
+        hidden = self.longbird(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                               output_hidden_states=output_hidden_states).last_hidden_state
+        size = hidden.shape[-1]
+        gather = lambda index: hidden.gather(1, index.clamp(min=0)[..., None].expand(-1, -1, size))  # noqa: E731
+        questions = gather(question_positions)  # (B, Q, h)
+        mask = (attention_mask.bool() if attention_mask is not None
+                else torch.ones(hidden.shape[:2], dtype=torch.bool, device=hidden.device))
+        start_logits = _masked(self.start_query(questions) @ hidden.transpose(1, 2), mask[:, None])
+        predicted_start = start_logits.argmax(-1)
+        given = start_positions if start_positions is not None else predicted_start
+        end_query = self.end_query(torch.cat([questions, gather(given)], dim=-1))
+        positions = torch.arange(hidden.shape[1], device=hidden.device)
+        after = positions[None, None, :] >= given.clamp(min=0)[..., None]  # the end is not before the start
+        end_logits = _masked(end_query @ hidden.transpose(1, 2), mask[:, None] & after)
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            loss = (_mean_cross_entropy(start_logits.flatten(0, 1), start_positions.flatten())
+                    + _mean_cross_entropy(end_logits.flatten(0, 1), end_positions.flatten())) / 2
+        return SpanSelectionOutput(loss=loss, start_logits=start_logits, end_logits=end_logits,
+                                   predicted_start=predicted_start, predicted_end=end_logits.argmax(-1))

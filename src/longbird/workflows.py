@@ -391,3 +391,72 @@ def distill(teacher_source, output_dir: str | Path, student_path=None, preset: s
 def _has_lm_head(path) -> bool:
     config = json.loads((resolve_model_directory(path) / "config.json").read_text(encoding="utf-8"))
     return config.get("lm_head_act") is not None
+
+
+def rss_accuracy(model, items: list[dict], batch_size: int = 4) -> float:
+    """Exact match (%) of the selected span (start, then end given it) over every `[QUESTION]` of `items`."""
+    from .training.rss import IGNORE_INDEX, RSSCollator
+
+    collate = RSSCollator(model.config.pad_token_id or 0)
+    model.eval()
+    hits = total = 0
+    with torch.no_grad():
+        for first in range(0, len(items), batch_size):
+            batch = collate(items[first:first + batch_size])
+            out = model(input_ids=batch["input_ids"].to(model.device),
+                        attention_mask=batch["attention_mask"].to(model.device),
+                        question_positions=batch["question_positions"].to(model.device))
+            real = batch["start_positions"] != IGNORE_INDEX
+            hit = (out.predicted_start.cpu() == batch["start_positions"]) & (out.predicted_end.cpu() == batch["end_positions"])
+            hits += int((hit & real).sum())
+            total += int(real.sum())
+    return 100.0 * hits / max(total, 1)
+
+
+def pretrain(model_path, output_dir: str | Path, corpus=None, length: int = 512, preset: str = "littlebird",
+             max_length: int = 4096, settings: FinetuneSettings | None = None, held_out: float = 0.1,
+             overwrite: bool = False) -> dict:
+    """Continued training on long inputs with Recurring Span Selection (LittleBird §3.4 step 3, §4.1).
+
+    `model_path`: a longbird directory (e.g. `longbird distill`'s model) or a source converted with `preset`. Corpus
+    documents are split into training and held-out ones (`held_out`); RSS accuracy on the held-out windows is reported
+    before and after. Writes `output_dir`/model atomically; checkpoints go to `output_dir`/checkpoints."""
+    from .data.corpus import DEFAULT_CORPUS, corpus_documents
+    from .heads import LongBirdForSpanSelection
+    from .training.rss import RSSCollator, add_question_token, rss_examples
+
+    settings = settings or FinetuneSettings()
+    output_dir = Path(output_dir)
+    model_dir = output_dir / "model"
+    if model_dir.exists() and not overwrite:
+        raise FileExistsError(f"{model_dir} already exists; pass --overwrite to replace it")
+    set_seed(settings.seed)
+    model, tokenizer = load_task_model(model_path, LongBirdForSpanSelection, preset, max_length)
+    if length > model.config.max_position_embeddings:
+        raise ValueError(f"--length {length} is above the model's {model.config.max_position_embeddings} tokens")
+    add_question_token(tokenizer, model)
+    documents = corpus_documents(corpus or DEFAULT_CORPUS)
+    cut = max(1, int(round(len(documents) * held_out))) if len(documents) > 1 and held_out > 0 else 0
+    train_items = rss_examples(documents[cut:], tokenizer, length, settings.seed)
+    held_items = rss_examples(documents[:cut], tokenizer, length, settings.seed) if cut else []
+    before = rss_accuracy(model, held_items) if held_items else None
+    metrics = train(model.train(), tokenizer, train_items, output_dir / ".work", settings,
+                    checkpoint_dir=output_dir / "checkpoints",
+                    collator=RSSCollator(tokenizer.pad_token_id or 0))
+    after = rss_accuracy(model, held_items) if held_items else None
+    summary = {"model": str(model_path), "corpus": str(corpus or DEFAULT_CORPUS), "length": length,
+               "train_windows": len(train_items), "held_out_windows": len(held_items),
+               "held_out_rss_accuracy_before": before, "held_out_rss_accuracy_after": after,
+               "settings": vars(settings), "metrics": {k: v for k, v in metrics.items() if k != "log_history"},
+               "log_history": metrics["log_history"]}
+    tokenizer.model_max_length = model.config.max_position_embeddings
+
+    def write(directory: Path) -> None:
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+        (directory / "longbird_pretrain.json").write_text(json.dumps(summary, indent=2, default=str))
+
+    write_directory_atomically(model_dir, write, overwrite=overwrite)
+    return {**{k: v for k, v in metrics.items() if k != "log_history"}, "train_windows": len(train_items),
+            "held_out_windows": len(held_items), "rss_accuracy_before": before, "rss_accuracy_after": after,
+            "model_dir": str(model_dir)}

@@ -93,9 +93,10 @@ class LongBirdTrainer(Trainer):
             return super().predict(*args, **kwargs)
 
 
-def make_collator(model, tokenizer, settings: FinetuneSettings):
+def make_collator(model, tokenizer, settings: FinetuneSettings, collator=None):
+    """`collator` (default: PaddedBatches), wrapped in Padding Insertion when the settings ask for it."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    collator = PaddedBatches(pad)
+    collator = collator or PaddedBatches(pad)
     if not settings.padding_insertion:
         return collator
     config = model.config
@@ -121,7 +122,7 @@ def check_training_device(settings: FinetuneSettings) -> None:
 
 
 def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: FinetuneSettings,
-          checkpoint_dir: str | Path | None = None) -> dict:
+          checkpoint_dir: str | Path | None = None, collator=None) -> dict:
     """Fine-tune `model` on prepared items with Trainer (scratch space: `out_dir`/trainer, removed after). With
     `settings.save_steps`, checkpoints (model, tokenizer, optimiser, scheduler and RNG states) go to `checkpoint_dir`
     and stay; `settings.resume` continues from the last of them. Returns the training metrics. Saving the final model
@@ -157,7 +158,7 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
         dataloader_num_workers=0,
     )
     trainer = LongBirdTrainer(model=model, args=arguments, train_dataset=items, processing_class=tokenizer,
-                              data_collator=make_collator(model, tokenizer, settings))
+                              data_collator=make_collator(model, tokenizer, settings, collator))
     try:
         result = trainer.train(resume_from_checkpoint=True if settings.resume else None)
     except KeyboardInterrupt:
