@@ -32,7 +32,7 @@ def test_loss_is_zero_when_the_student_is_the_teacher(preset):
     student = longbird.convert(teacher, preset=preset, max_length=256, block_size=BLOCK)
     input_ids, attention_mask = make_batch(60, batch=2)
     loss, parts = distillation_loss(teacher, student, {"input_ids": input_ids, "attention_mask": attention_mask})
-    assert abs(float(loss)) < 1e-6 and float(parts["pack_mass"]) == 0.0
+    assert abs(loss.item()) < 1e-6 and float(parts["pack_mass"]) == 0.0
 
 
 def test_littlebird_loss_is_positive_and_one_step_lowers_it():
