@@ -95,6 +95,7 @@ def test_distill_command_runs_checkpoints_and_resumes_to_the_same_losses(tiny_so
     straight = tmp_path / "straight"
     result = runner.invoke(app, common + ["--output-dir", str(straight), "--max-steps", "4"])
     assert result.exit_code == 0, result.output
+    assert "{'loss'" not in result.output  # Trainer's raw metrics dicts are not printed (longbird --verbose does)
     model = longbird.LongBirdModel.from_pretrained(straight / "model")
     assert model.config.attention == "littlebird" and (straight / "checkpoints" / "checkpoint-4").is_dir()
     # A run killed after step 2 (kill -9: only its checkpoint-2 survives) resumes to the uninterrupted losses.

@@ -70,7 +70,11 @@ def _root(
         import torch
 
         torch.set_num_threads(threads)
-    if not verbose:
+    if verbose:
+        import os
+
+        os.environ["LONGBIRD_VERBOSE"] = "1"  # read by training's progress callback
+    else:
         from .quiet import quiet_libraries
 
         quiet_libraries()

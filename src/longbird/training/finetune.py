@@ -7,6 +7,7 @@ turn the same call into multi-GPU training. Padding Insertion is applied to trai
 from __future__ import annotations
 
 import contextlib
+import os
 import logging
 import random
 import shutil
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import Trainer, TrainingArguments
+from transformers import ProgressCallback, Trainer, TrainingArguments
 
 from ..data.batching import PaddedBatches
 from ..data.features import QAFeature
@@ -69,8 +70,23 @@ def qa_training_items(features: list[QAFeature], negative_fraction: float = 1.0,
     return items
 
 
+class QuietProgressCallback(ProgressCallback):
+    """The progress bar without the raw metrics dicts under it (the command prints its own summary); the loss history
+    is kept in the run's summary file. `longbird --verbose` (LONGBIRD_VERBOSE=1) keeps transformers' printing."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if os.environ.get("LONGBIRD_VERBOSE") == "1":
+            super().on_log(args, state, control, logs=logs, **kwargs)
+
+
 class LongBirdTrainer(Trainer):
-    """Trainer that switches a Padding Insertion collator off for evaluation and prediction."""
+    """Trainer that switches a Padding Insertion collator off for evaluation and prediction, with a quiet progress
+    bar."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.pop_callback(ProgressCallback) is not None:
+            self.add_callback(QuietProgressCallback)
 
     @contextmanager
     def _evaluation_collator(self):
