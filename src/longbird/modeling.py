@@ -22,7 +22,7 @@ from .attention import (bigbird_attention, bigbird_pattern, full_attention, pack
                         usw_attention, usw_attention_reference, usw_layout)
 from .attention.backend import SparseBackend, choose_backend
 from .attention.flex import bigbird_flex_attention, usw_flex_attention
-from .attention.rows import RowGroup, padded_length, plan_rows, run_groups
+from .attention.rows import RowGroup, padded_length, plan_batch, plan_rows, run_groups
 from .config import LongBirdConfig
 from .positions.alibi import BiALiBi, alibi_slopes
 from .tracing import graph_cannot_branch_on_data, real_tensors
@@ -262,9 +262,7 @@ class LongBirdEncoder(nn.Module):
         if config.attention != "bigbird":
             groups = [RowGroup(None, length, 0)]
         elif graph_cannot_branch_on_data():  # export/jit cannot read row lengths: one decision from the input length
-            sparse_input = length > config.full_attention_threshold
-            blocks = -(-length // config.block_size) if sparse_input else 0
-            groups = [RowGroup(None, blocks * config.block_size if sparse_input else length, blocks)]
+            groups = plan_batch(length, config.block_size, config.full_attention_threshold)
         else:
             groups = plan_rows(key_mask, config.block_size, config.full_attention_threshold)
         sparse = any(group.sparse for group in groups)

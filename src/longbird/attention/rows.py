@@ -39,6 +39,14 @@ def real_lengths(key_mask: torch.Tensor) -> list[int]:
     return torch.where(key_mask.any(-1), last, 0).tolist()
 
 
+def plan_batch(length: int, block_size: int, full_max_length: int) -> list[RowGroup]:
+    """One decision for the whole batch from its length (for traced graphs, which cannot read row lengths)."""
+    if length <= full_max_length:
+        return [RowGroup(None, length, 0)]
+    blocks = -(-length // block_size)
+    return [RowGroup(None, blocks * block_size, blocks)]
+
+
 def plan_rows(key_mask: torch.Tensor, block_size: int, full_max_length: int) -> list[RowGroup]:
     """The batch's row groups (in order: full first, then by block count)."""
     lengths = real_lengths(key_mask)
@@ -51,7 +59,7 @@ def plan_rows(key_mask: torch.Tensor, block_size: int, full_max_length: int) -> 
         groups.append(RowGroup(rows, length, num_blocks))
     if len(groups) == 1 and not groups[0].sparse:
         # Every row is short: one full-attention call over the whole (padded) batch, as without a plan.
-        return [RowGroup(None, key_mask.shape[1], 0)]
+        return plan_batch(key_mask.shape[1], block_size, key_mask.shape[1])
     return groups
 
 
