@@ -153,8 +153,9 @@ def _scatter_key_grads(grouped: torch.Tensor, s: int, block: int):
 
 class _USWAttention(torch.autograd.Function):
     """USW attention with a hand-written backward (LittleBird §3.3): forward saves q, k, v, the pack keys/values and
-    the output only, and backward recomputes the scores and probabilities block by block, as flash attention does. Autograd through the blocked forward would keep the fp32 score and probability blocks of every layer and
-    replay the gather copies in backward."""
+    the output only, and backward recomputes the scores and probabilities block by block, as flash attention does.
+    Autograd through the blocked forward would keep the fp32 score and probability blocks of every layer and replay
+    the gather copies in backward."""
 
     @staticmethod
     def forward(ctx, query, key, value, pack_key, pack_value, alpha, beta, gamma, pack_bias, layout):

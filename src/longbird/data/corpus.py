@@ -53,12 +53,17 @@ def corpus_documents(paths) -> list[str]:
     return documents
 
 
-def corpus_windows(documents: list[str], tokenizer, length: int) -> list[dict]:
-    """Every document cut into consecutive windows of at most `length` tokens including the special tokens."""
+def window_ends(tokenizer) -> tuple[int | None, int | None]:
+    """The ids that open and close a window: [CLS]/[SEP] (BERT) or <s>/</s> (RoBERTa-family), None where absent."""
     first = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
     last = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
-    specials = [token for token in (first, last) if token is not None]
-    room = length - len(specials)
+    return first, last
+
+
+def corpus_windows(documents: list[str], tokenizer, length: int) -> list[dict]:
+    """Every document cut into consecutive windows of at most `length` tokens including the special tokens."""
+    first, last = window_ends(tokenizer)
+    room = length - sum(token is not None for token in (first, last))
     if room < 1:
         raise ValueError(f"windows of {length} tokens leave no room for text")
     windows = []

@@ -18,9 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from ..attention.reference import AttentionRecord, recording_attention
+from ..modeling import REFERENCE
 from .finetune import LongBirdTrainer
-
-REFERENCE = "reference"
 
 
 def attention_kl(teacher: tuple[torch.Tensor, ...], student: list[AttentionRecord], key_mask: torch.Tensor):
@@ -125,36 +124,20 @@ def load_teacher(source):
 def run_distillation(student, teacher, tokenizer, windows: list[dict], output_dir, settings, alpha: float = 1.0,
                      beta: float = 1.0, temperature: float = 1.0, save_steps: int = 50, resume: bool = False,
                      gradient_checkpointing: bool = False) -> dict:
-    """Train `student` on corpus windows against `teacher` with Trainer; checkpoints every `save_steps` steps under
-    `output_dir`/checkpoints (atomic: Trainer writes each checkpoint directory then its state); `resume` continues from
-    the last one. Returns the training metrics; saving the final student is the caller's job."""
+    """Train `student` on corpus windows against `teacher` (`finetune.train` with DistillationTrainer); checkpoints
+    every `save_steps` steps under `output_dir`/checkpoints, from which `resume` continues. Returns the training
+    metrics; saving the final student is the caller's job."""
+    import dataclasses
     from pathlib import Path
 
-    from transformers import TrainingArguments
+    from .finetune import train
 
-    from .finetune import check_training_device, make_collator
-
-    check_training_device(settings)
-    checkpoints = Path(output_dir) / "checkpoints"
-    if resume and not any(checkpoints.glob("checkpoint-*")):
-        raise FileNotFoundError(f"--resume: no checkpoint under {checkpoints}; start without --resume")
-    student.get_input_embeddings().weight.requires_grad_(settings.train_word_embeddings)
-    if gradient_checkpointing:
-        student.gradient_checkpointing_enable()
-    arguments = TrainingArguments(
-        output_dir=str(checkpoints), per_device_train_batch_size=settings.batch_size,
-        gradient_accumulation_steps=settings.gradient_accumulation_steps, learning_rate=settings.learning_rate,
-        num_train_epochs=settings.epochs, max_steps=settings.max_steps, warmup_steps=settings.warmup_ratio,
-        weight_decay=settings.weight_decay, seed=settings.seed, bf16=settings.bf16, fp16=settings.fp16,
-        use_cpu=settings.device == "cpu" or not torch.cuda.is_available(), logging_steps=settings.logging_steps,
-        save_strategy="steps", save_steps=save_steps, save_total_limit=2, report_to=[],
-        remove_unused_columns=False, disable_tqdm=not settings.progress, dataloader_num_workers=0,
-    )
     if settings.padding_insertion:  # the teacher reads the same ids; gaps would mean different inputs to the two
         raise ValueError("Padding Insertion is not used in distillation here (teacher and student must read the same "
                          "input); use it in `finetune-qa` / continued training")
-    trainer = DistillationTrainer(model=student, args=arguments, train_dataset=windows,
-                                  data_collator=make_collator(student, tokenizer, settings),
-                                  teacher=teacher, alpha=alpha, beta=beta, temperature=temperature)
-    result = trainer.train(resume_from_checkpoint=True if resume else None)
-    return {**result.metrics, "log_history": trainer.state.log_history}
+    if gradient_checkpointing:
+        student.gradient_checkpointing_enable()
+    settings = dataclasses.replace(settings, save_steps=save_steps, resume=resume)
+    return train(student, tokenizer, windows, Path(output_dir) / ".work", settings,
+                 checkpoint_dir=Path(output_dir) / "checkpoints", trainer_class=DistillationTrainer,
+                 trainer_kwargs={"teacher": teacher, "alpha": alpha, "beta": beta, "temperature": temperature})

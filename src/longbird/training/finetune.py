@@ -138,7 +138,8 @@ def check_training_device(settings: FinetuneSettings) -> None:
 
 
 def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: FinetuneSettings,
-          checkpoint_dir: str | Path | None = None, collator=None) -> dict:
+          checkpoint_dir: str | Path | None = None, collator=None, trainer_class=None,
+          trainer_kwargs: dict | None = None) -> dict:
     """Fine-tune `model` on prepared items with Trainer (scratch space: `out_dir`/trainer, removed after). With
     `settings.save_steps`, checkpoints (model, tokenizer, optimiser, scheduler and RNG states) go to `checkpoint_dir`
     and stay; `settings.resume` continues from the last of them. Returns the training metrics. Saving the final model
@@ -173,8 +174,9 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
         disable_tqdm=not settings.progress,
         dataloader_num_workers=0,
     )
-    trainer = LongBirdTrainer(model=model, args=arguments, train_dataset=items, processing_class=tokenizer,
-                              data_collator=make_collator(model, tokenizer, settings, collator))
+    trainer = (trainer_class or LongBirdTrainer)(
+        model=model, args=arguments, train_dataset=items, processing_class=tokenizer,
+        data_collator=make_collator(model, tokenizer, settings, collator), **(trainer_kwargs or {}))
     try:
         result = trainer.train(resume_from_checkpoint=True if settings.resume else None)
     except KeyboardInterrupt:

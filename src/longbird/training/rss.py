@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..data.corpus import window_ends
+
 QUESTION_TOKEN = "[QUESTION]"
 MAX_SPAN_TOKENS = 10
 SPAN_GROUPS_PER_512 = 30
@@ -143,16 +145,16 @@ def rss_examples(documents: list[str], tokenizer, length: int, seed: int = 0) ->
     """Corpus documents -> RSS training items of at most `length` tokens (windows with no recurring span dropped)."""
     question_id = add_question_token(tokenizer)
     rng = random.Random(seed)
-    first = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
-    last = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
-    room = length - 2
+    first, last = window_ends(tokenizer)
+    opening, closing = [t for t in (first,) if t is not None], [t for t in (last,) if t is not None]
+    room = length - len(opening) - len(closing)
     items = []
     for document in documents:
         encoding = tokenizer(document, add_special_tokens=False, verbose=False)
         ids, word_ids = encoding["input_ids"], encoding.word_ids()
         for start in range(0, len(ids), room):
-            window_ids = [first] + ids[start:start + room] + [last]
-            window_words = [None] + word_ids[start:start + room] + [None]
+            window_ids = opening + ids[start:start + room] + closing
+            window_words = [None] * len(opening) + word_ids[start:start + room] + [None] * len(closing)
             example = rss_example(window_ids, window_words, tokenizer, question_id, rng)
             if example is not None:
                 items.append({"input_ids": example.input_ids, "attention_mask": [1] * len(example.input_ids),
