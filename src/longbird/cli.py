@@ -23,7 +23,7 @@ class _OneLineErrors(TyperGroup):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort, typer.Exit, typer.Abort):
             raise
         except Exception as error:
             if ctx.params.get("debug"):
@@ -208,6 +208,7 @@ DEVICE_HELP = "cpu, cuda or cuda:N (default auto: CUDA when present)"
 
 @app.command()
 def bench(
+    ctx: typer.Context,
     models: list[str] = typer.Option(["littlebird", "kobigbird", "full", "hf-bigbird", "hf-longformer", "sdpa-roberta"],
                                      "--model", help="Presets and baselines to compare (repeat the option)"),
     lengths: list[int] = typer.Option([1024, 2048, 4096, 8192, 16384], "--length", help="Sequence lengths"),
@@ -222,7 +223,8 @@ def bench(
     max_seconds: float = typer.Option(60.0, help="Skip a model at longer lengths once a call takes longer"),
     max_memory_gib: float = typer.Option(16.0, help="Skip a model when its projected peak memory passes this"),
     out: Path = typer.Option(Path("benchmarks/results"), help="Directory for JSON, markdown and PNG plots"),
-    smoke: bool = typer.Option(False, help="Tiny model (2 layers, 128 hidden) for a quick check, e.g. in CI"),
+    smoke: bool = typer.Option(False, help="Quick check, under a minute: tiny model (2 layers, 128 hidden), lengths "
+                                           "512 and 1024, one timed call (unless --length/--repeats are given)"),
     name: str = typer.Option("", help="File stem of the results (default: bench, or bench_smoke with --smoke)"),
 ):
     """Latency and peak memory vs length for longbird presets and transformers baselines, with plots."""
@@ -235,6 +237,11 @@ def bench(
     from .bench.sweep import SweepSettings, run_sweep
     from .files import write_file_atomically
 
+    if smoke:  # a quick check: shorter lengths and one timed call, unless the user chose them
+        if ctx.get_parameter_source("lengths").name == "DEFAULT":
+            lengths = [512, 1024]
+        if ctx.get_parameter_source("repeats").name == "DEFAULT":
+            repeats = 1
     try:
         settings = SweepSettings(models=list(models), lengths=list(lengths), modes=list(modes), dtypes=list(dtypes),
                                  repeats=repeats, max_seconds=max_seconds, max_memory_gib=max_memory_gib,

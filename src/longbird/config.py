@@ -152,3 +152,9 @@ class LongBirdConfig(PreTrainedConfig):
             raise ValueError(f"qa_head must be one of {QA_HEADS}; got {self.qa_head!r}")
         if self.qa_top_k < 1:
             raise ValueError(f"qa_top_k must be >= 1; got {self.qa_top_k}")
+
+
+
+# The Auto classes learn model_type "longbird" once the model classes exist: config -> modeling -> heads, each
+# imported at the end of the one before (every name they import from here exists by now); heads registers.
+from . import modeling  # noqa: E402,F401

@@ -254,3 +254,6 @@ class LongBirdForSpanSelection(LongBirdPreTrainedModel):
                     + _mean_cross_entropy(end_logits.flatten(0, 1), end_positions.flatten())) / 2
         return SpanSelectionOutput(loss=loss, start_logits=start_logits, end_logits=end_logits,
                                    predicted_start=predicted_start, predicted_end=end_logits.argmax(-1))
+
+
+register_auto_classes()  # model_type "longbird" for AutoConfig/AutoModel*; see longbird._auto_registration

@@ -418,3 +418,6 @@ class LongBirdPooler(nn.Module):
 
     def forward(self, hidden_states):
         return self.activation(self.dense(hidden_states[:, 0]))
+
+
+from . import heads  # noqa: E402,F401  (registers the Auto classes; see the end of config.py)

@@ -1,0 +1,86 @@
+"""Issue 11 item 7: `import longbird` loads neither torch nor transformers (so `--help` answers at once; timed by
+benchmarks/cli_startup.py, not here), the Auto classes still learn model_type "longbird" in any import order, every
+`--help` exits 0, and `bench --smoke` picks its quick defaults only where the user chose nothing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from longbird.cli import app
+
+
+def _python(code: str) -> str:
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+def test_import_longbird_loads_no_heavy_library():
+    out = _python("import sys, longbird; print(longbird.__version__, "
+                  "sorted(m for m in ('torch', 'transformers', 'datasets') if m in sys.modules))")
+    assert out.endswith("[]"), out
+
+
+def test_cli_help_loads_no_heavy_library():
+    out = _python("import sys\nfrom typer.testing import CliRunner\nfrom longbird.cli import app\n"
+                  "result = CliRunner().invoke(app, ['convert', '--help'])\n"
+                  "print(result.exit_code, 'torch' in sys.modules, 'transformers' in sys.modules)")
+    assert out == "0 False False", out
+
+
+@pytest.mark.parametrize("first, then", [
+    ("import longbird", "from transformers import AutoConfig"),  # the hook registers after transformers loads
+    ("from transformers import AutoConfig", "import longbird"),  # transformers already there: registers at once
+    ("from longbird.modeling import LongBirdModel", "from transformers import AutoConfig"),
+    ("from longbird.heads import LongBirdForQuestionAnswering", "from transformers import AutoConfig"),
+    ("import longbird.data.reading", "from transformers import AutoConfig"),
+])
+def test_auto_classes_know_longbird_in_any_import_order(first, then):
+    out = _python(f"{first}\n{then}\nfrom transformers import AutoConfig, AutoModelForQuestionAnswering\n"
+                  "config = AutoConfig.for_model('longbird', num_hidden_layers=1, hidden_size=32, "
+                  "num_attention_heads=2, intermediate_size=64, vocab_size=50, max_position_embeddings=128, "
+                  "source_max_positions=64, block_size=16)\n"
+                  "print(type(config).__name__, type(AutoModelForQuestionAnswering.from_config(config)).__name__)")
+    assert out == "LongBirdConfig LongBirdForQuestionAnswering", out
+
+
+def test_lazy_public_names():
+    import longbird
+    import longbird.convert  # noqa: F401  (the submodule import must not replace the function)
+    from longbird.workflows import answer
+
+    assert callable(longbird.convert) and longbird.convert.__module__ == "longbird.convert"
+    assert longbird.answer is answer and "LongBirdModel" in dir(longbird)
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        longbird.nothing
+
+
+@pytest.mark.parametrize("command", ["convert", "bench", "answer", "evaluate", "finetune-qa", "distill", "pretrain"])
+def test_every_help_exits_zero(command):
+    result = CliRunner().invoke(app, [command, "--help"])
+    assert result.exit_code == 0 and "Usage: " in result.output and "error" not in result.output, result.output
+
+
+def test_bench_smoke_quick_defaults_yield_to_the_users_choice(monkeypatch, tmp_path):
+    import longbird.bench.sweep as sweep
+
+    seen = []
+
+    def fake_sweep(settings, progress, checkpoint):
+        seen.append((settings.lengths, settings.repeats, settings.sizes))
+        return {"rows": []}
+
+    monkeypatch.setattr(sweep, "run_sweep", fake_sweep)
+    monkeypatch.setattr("longbird.bench.report.write_report", lambda report, out, command, stem: [])
+    monkeypatch.setattr("longbird.bench.report.markdown", lambda report, command: "")
+    runner = CliRunner()
+    assert runner.invoke(app, ["bench", "--smoke", "--out", str(tmp_path)]).exit_code == 0
+    assert runner.invoke(app, ["bench", "--smoke", "--length", "256", "--repeats", "2", "--out", str(tmp_path)]).exit_code == 0
+    assert runner.invoke(app, ["bench", "--out", str(tmp_path)]).exit_code == 0
+    assert seen[0] == ([512, 1024], 1, ["smoke"])
+    assert seen[1] == ([256], 2, ["smoke"])
+    assert seen[2][:2] == ([1024, 2048, 4096, 8192, 16384], 3)
