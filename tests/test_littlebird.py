@@ -41,9 +41,13 @@ def test_usw_kernel_equals_dense_reference(length, pack):
 
 
 @pytest.mark.parametrize("pack", [0, 4])
-def test_usw_hand_written_backward_passes_gradcheck(pack):
+@pytest.mark.parametrize("heads_at_a_time", ["all", "one"])
+def test_usw_hand_written_backward_passes_gradcheck(pack, heads_at_a_time, monkeypatch):
     """The custom backward (attention/littlebird.py, _USWAttention) against finite differences in float64, with a padded
-    row, a Padding-Insertion gap and pack tokens: every input, the three slopes and the pack distance."""
+    row, a Padding-Insertion gap and pack tokens: every input, the three slopes and the pack distance; with all heads
+    in one chunk and one head per chunk (`_head_chunks`, as at long lengths)."""
+    if heads_at_a_time == "one":
+        monkeypatch.setattr("longbird.attention.littlebird._CHUNK_ELEMENTS", 1)
     generator = torch.Generator().manual_seed(pack)
     length = 40
     q, k, v = (torch.randn(2, 2, length, 4, generator=generator, dtype=torch.float64).requires_grad_()

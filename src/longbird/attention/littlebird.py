@@ -151,22 +151,40 @@ def _scatter_key_grads(grouped: torch.Tensor, s: int, block: int):
     return tokens, pack
 
 
+# Heads are independent: the hand-written forward and backward run a few heads at a time so that the grouped keys,
+# scores and probabilities of one layer (each (B, H, n, b, s + 4b), 63 MiB per tensor at base size and 4096 tokens)
+# never exist for all heads at once; about this many score elements per chunk (16 MiB in fp32).
+_CHUNK_ELEMENTS = 1 << 22
+
+
+def _head_chunks(heads: int, per_head: int):
+    step = max(1, min(heads, _CHUNK_ELEMENTS // max(per_head, 1)))
+    return [slice(start, min(start + step, heads)) for start in range(0, heads, step)]
+
+
 class _USWAttention(torch.autograd.Function):
     """USW attention with a hand-written backward (LittleBird §3.3): forward saves q, k, v, the pack keys/values and
-    the output only, and backward recomputes the scores and probabilities block by block, as flash attention does.
-    Autograd through the blocked forward would keep the fp32 score and probability blocks of every layer and replay
-    the gather copies in backward."""
+    the output only, and backward recomputes the scores and probabilities block by block, as flash attention does,
+    a few heads at a time (`_head_chunks`). Autograd through the blocked forward would keep the fp32 score and
+    probability blocks of every layer and replay the gather copies in backward."""
 
     @staticmethod
     def forward(ctx, query, key, value, pack_key, pack_value, alpha, beta, gamma, pack_bias, layout):
         batch, heads, length, dim = query.shape
-        n = length // layout.block_size
+        b = layout.block_size
+        n = length // b
         s = 0 if pack_key is None else pack_key.shape[2]
-        q = query.view(batch, heads, n, layout.block_size, dim)
-        blocks = lambda x: x.view(batch, heads, n, layout.block_size, dim)  # noqa: E731
-        keys, values = _key_groups(blocks(key), blocks(value), pack_key, pack_value, n, None)
-        probs = torch.softmax(_biased_scores(q, keys, layout, alpha, beta, gamma, pack_bias, s), dim=-1)
-        out = torch.matmul(probs.to(values.dtype), values).view(batch, heads, length, dim)
+        # (B, l, H, d) in memory: merging the heads for the output projection is then a view, not a second copy
+        # that autograd would keep beside this one (as SDPA's output is laid out).
+        out = query.new_empty(batch, length, heads, dim).transpose(1, 2)
+        for h in _head_chunks(heads, batch * length * (s + 4 * b)):
+            blocks = lambda x: x[:, h].reshape(batch, -1, n, b, dim)  # noqa: E731
+            keys, values = _key_groups(blocks(key), blocks(value), _heads_of(pack_key, h), _heads_of(pack_value, h),
+                                       n, None)
+            probs = torch.softmax(_biased_scores(blocks(query), keys, layout, alpha[h], beta[h], gamma[h],
+                                                 _heads_of(pack_bias, h), s), dim=-1)
+            del keys
+            out[:, h] = torch.matmul(probs.to(values.dtype), values).view(batch, -1, length, dim)
         ctx.layout, ctx.s = layout, s
         ctx.save_for_backward(query, key, value, pack_key, pack_value, alpha, beta, gamma, pack_bias, out)
         return out
@@ -178,33 +196,62 @@ class _USWAttention(torch.autograd.Function):
         batch, heads, length, dim = query.shape
         b = layout.block_size
         n = length // b
-        blocks = lambda x: x.reshape(batch, heads, n, b, dim)  # noqa: E731
-        q, grad_o = blocks(query), blocks(grad_out.to(query.dtype))
-        keys, values = _key_groups(blocks(key), blocks(value), pack_key, pack_value, n, None)
-        # The probabilities again, by the same fused softmax as forward (cheaper on CPU than exp(S − logsumexp)).
-        probs = torch.softmax(_biased_scores(q, keys, layout, alpha, beta, gamma, pack_bias, s), dim=-1)
-        grad_values = torch.matmul(probs.to(values.dtype).transpose(-1, -2), grad_o)  # (B, H, n, s + 4b, d)
-        grad_probs = _upcast(torch.matmul(grad_o, values.transpose(-1, -2)))
-        # softmax backward: dS = P ⊙ (dP − rowsum(dO ⊙ O)).
-        row_dot = (_upcast(grad_out) * _upcast(out)).sum(-1).view(batch, heads, n, b, 1)
-        grad_scores = grad_probs.sub_(row_dot).mul_(probs)  # fp32, the unscaled dS
-        del probs
-        # Slopes: S − D with D = α·cls + β·left + γ·right on token keys and D_C on packed keys, so d(slope) = −Σ dS·term.
-        if any(ctx.needs_input_grad[5:9]):
-            terms = layout.bias_terms(s, grad_scores.dtype)
-            per_slope = -torch.bmm(grad_scores.view(batch, heads, -1), terms).sum(0)  # (H, 4)
+        grad_out = grad_out.to(query.dtype)
+        # softmax backward needs rowsum(dO ⊙ O) per query: (B, H, l) -> per block below.
+        row_dot_all = (_upcast(grad_out) * _upcast(out)).sum(-1)
+        grad_query, grad_key, grad_value = (torch.empty_like(query) for _ in range(3))
+        grad_pack_key = grad_pack_value = None
+        if s:
+            grad_pack_key, grad_pack_value = torch.empty_like(pack_key), torch.empty_like(pack_value)
+        slopes_needed = any(ctx.needs_input_grad[5:9])
+        per_slope = torch.zeros(heads, 4, dtype=torch.promote_types(_upcast(query).dtype, torch.float32),
+                                device=query.device) if slopes_needed else None
+        terms = layout.bias_terms(s, per_slope.dtype) if slopes_needed else None
+        for h in _head_chunks(heads, batch * length * (s + 4 * b)):
+            blocks = lambda x: x[:, h].reshape(batch, -1, n, b, dim)  # noqa: E731
+            q, grad_o = blocks(query), blocks(grad_out)
+            chunk = q.shape[1]
+            keys, values = _key_groups(blocks(key), blocks(value), _heads_of(pack_key, h), _heads_of(pack_value, h),
+                                       n, None)
+            # The probabilities again, by the same fused softmax as forward (cheaper on CPU than exp(S − logsumexp)).
+            probs = torch.softmax(_biased_scores(q, keys, layout, alpha[h], beta[h], gamma[h],
+                                                 _heads_of(pack_bias, h), s), dim=-1)
+            grad_values = torch.matmul(probs.to(values.dtype).transpose(-1, -2), grad_o)  # (B, h, n, s + 4b, d)
+            tokens, packed = _scatter_key_grads(grad_values, s, b)
+            grad_value[:, h] = tokens.view(batch, chunk, length, dim)
+            if s:
+                grad_pack_value[:, h] = packed
+            del grad_values, tokens, packed
+            grad_probs = _upcast(torch.matmul(grad_o, values.transpose(-1, -2)))
+            del values
+            # softmax backward: dS = P ⊙ (dP − rowsum(dO ⊙ O)).
+            grad_scores = grad_probs.sub_(row_dot_all[:, h].reshape(batch, chunk, n, b, 1)).mul_(probs)  # unscaled
+            del probs
+            if slopes_needed:
+                # S − D with D = α·cls + β·left + γ·right on token keys and D_C on packed keys: d(slope) = −Σ dS·term.
+                per_slope[h] = -torch.bmm(grad_scores.view(batch, chunk, -1), terms).sum(0)
+            grad_scores = grad_scores.mul_(1.0 / math.sqrt(dim)).to(query.dtype)
+            grad_query[:, h] = torch.matmul(grad_scores, keys).view(batch, chunk, length, dim)
+            del keys
+            tokens, packed = _scatter_key_grads(torch.matmul(grad_scores.transpose(-1, -2), q), s, b)
+            grad_key[:, h] = tokens.view(batch, chunk, length, dim)
+            if s:
+                grad_pack_key[:, h] = packed
+            del grad_scores, tokens, packed
+        if slopes_needed:
             grad_slopes = [per_slope[:, i].to(t.dtype) if ctx.needs_input_grad[5 + i] else None
                            for i, t in enumerate((alpha, beta, gamma))]
             grad_pack_bias = per_slope[:, 3].to(pack_bias.dtype) if s and ctx.needs_input_grad[8] else None
         else:
             grad_slopes, grad_pack_bias = [None, None, None], None
-        grad_scores = grad_scores.mul_(1.0 / math.sqrt(dim)).to(query.dtype)
-        grad_query = torch.matmul(grad_scores, keys).view(batch, heads, length, dim)
-        grad_keys = torch.matmul(grad_scores.transpose(-1, -2), q)  # (B, H, n, s + 4b, d)
-        grad_key, grad_pack_key = _scatter_key_grads(grad_keys, s, b)
-        grad_value, grad_pack_value = _scatter_key_grads(grad_values, s, b)
-        return (grad_query, grad_key.view(batch, heads, length, dim), grad_value.view(batch, heads, length, dim),
-                grad_pack_key, grad_pack_value, *grad_slopes, grad_pack_bias, None)
+        return (grad_query, grad_key, grad_value, grad_pack_key, grad_pack_value, *grad_slopes, grad_pack_bias, None)
+
+
+def _heads_of(x: torch.Tensor | None, heads: slice) -> torch.Tensor | None:
+    """Heads `heads` of a per-head tensor ((B, H, ...) pack keys/values or (H,) pack bias); None stays None."""
+    if x is None:
+        return None
+    return x[heads] if x.dim() == 1 else x[:, heads]
 
 
 def usw_attention(
