@@ -46,8 +46,8 @@ def test_unknown_preset_and_option():
 
 
 def test_not_yet_available_method_is_named():
-    with pytest.raises(ValueError, match="position='tape' is not implemented"):
-        longbird.convert(make_source("bert"), max_length=128, block_size=BLOCK, position="tape")
+    with pytest.raises(ValueError, match="position='tape' with attention='littlebird' is not implemented"):
+        longbird.convert(make_source("bert"), preset="littlebird", max_length=128, block_size=BLOCK, position="tape")
 
 
 def test_source_path_without_config(tmp_path):

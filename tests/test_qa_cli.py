@@ -43,7 +43,7 @@ def tiny_qa(tiny_source, tmp_path_factory):
     return out
 
 
-def test_finetune_qa_saves_model_tokenizer_and_summary(tiny_qa):
+def test_finetune_qa_saves_model_tokenizer_and_summary(tiny_qa, tiny_source):
     config = json.loads((tiny_qa / "config.json").read_text())
     assert config["model_type"] == "longbird" and config["qa_head"] == "conditional"
     tokenizer = AutoTokenizer.from_pretrained(tiny_qa)
@@ -52,6 +52,11 @@ def test_finetune_qa_saves_model_tokenizer_and_summary(tiny_qa):
     check_tokenizer(model, tokenizer)
     summary = json.loads((tiny_qa / "longbird_finetune.json").read_text())
     assert summary["train_examples"] == 3 and 0 < summary["training_windows"] < summary["windows"]
+    # what made the model: data, format, split, source, and the loss of every logged step
+    assert summary["data"] == [str(PAGES[0]), str(PAGES[1])] and summary["format"] == "korquad2"
+    assert summary["split"] is None and summary["task"] == "qa"
+    assert summary["source_model"]["model"] == str(tiny_source) and summary["source_model"]["preset_if_converted"] == "kobigbird"
+    assert summary["settings"]["max_steps"] == 3 and any("train_loss" in entry for entry in summary["log_history"])
     assert not any(p.name.startswith(".") for p in tiny_qa.parent.iterdir())  # no work or partial dirs left
 
 
@@ -124,6 +129,10 @@ def test_classification_finetune_and_evaluate(tiny_source, tmp_path):
     assert result.exit_code == 0, result.output
     config = json.loads((tmp_path / "cls" / "config.json").read_text())
     assert config["id2label"] == {"0": "bill", "1": "law"}
+    summary = json.loads((tmp_path / "cls" / "longbird_finetune.json").read_text())
+    assert summary["task"] == "classification" and summary["data"] == str(data) and summary["labels"] == ["bill", "law"]
+    assert summary["source_model"]["model"] == str(tiny_source) and summary["documents"] == 10
+    assert summary["settings"]["max_steps"] == 2 and summary["log_history"][-1]["step"] == 2
     result = runner.invoke(app, ["evaluate", "--task", "classification", "--model", str(tmp_path / "cls"),
                                  "--data", str(data), "--out", str(tmp_path / "cls-eval")])
     assert result.exit_code == 0, result.output

@@ -1,11 +1,9 @@
 """Issue 10 item 5: what training keeps for backward, and that keeping less changes no gradient.
 
-Two savings run whenever autograd records (and the layer is not already checkpointed or traced):
-- the feed-forward activation act(W1 A) is saved as a reference to its input and recomputed in backward
-  (modeling._ActivationSavedAsInput), every preset;
-- LittleBird's pack attention recomputes its keys/values of every token in backward (torch.utils.checkpoint).
-Setting a layer's `gradient_checkpointing` flag without checkpointing the encoder switches both off: that is the
-comparison below. The memory they save is measured by `longbird bench` (benchmarks/results), not here.
+Whenever autograd records (and the layer is not already checkpointed or traced), the feed-forward activation
+act(W1 A) is saved as a reference to its input and recomputed in backward (modeling._ActivationSavedAsInput), in
+every preset. Setting a layer's `gradient_checkpointing` flag without checkpointing the encoder switches it off:
+that is the comparison below. The memory it saves is measured by `longbird bench` (benchmarks/results), not here.
 """
 
 from __future__ import annotations
@@ -51,9 +49,9 @@ def test_recomputing_activations_changes_no_gradient(preset, autocast):
         torch.testing.assert_close(grad, without[name], atol=1e-6, rtol=1e-5, msg=name)
 
 
-def test_recomputed_pack_attention_replays_its_dropout():
-    """Pack attention under checkpoint with attention and hidden dropout on: the recomputation restores the RNG
-    state, so the gradients equal those of the run that kept everything (same seed)."""
+def test_recomputed_activations_with_dropout_on():
+    """Attention and hidden dropout on (LittleBird, pack tokens): the recomputed activation sits between no dropout
+    masks, so with the same seed the gradients equal those of the run that kept everything."""
     model = _model("littlebird", dropout=0.1)
     batch = make_batch(2 * 64 + 9)
     out, with_savings = _gradients(model, *batch, savings=True, seed=7)

@@ -265,12 +265,13 @@ def bench(
 
 
 def _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insertion, bf16, fp16=False, device="auto",
-              train_word_embeddings=False, save_steps=0, resume=False):
+              train_word_embeddings=False, save_steps=0, resume=False, logging_steps=20):
     from .training.finetune import FinetuneSettings, check_training_device
 
     settings = FinetuneSettings(learning_rate=learning_rate, epochs=epochs, max_steps=max_steps, batch_size=batch_size,
                                 seed=seed, padding_insertion=padding_insertion, bf16=bf16, fp16=fp16, device=device,
-                                train_word_embeddings=train_word_embeddings, save_steps=save_steps, resume=resume)
+                                train_word_embeddings=train_word_embeddings, save_steps=save_steps, resume=resume,
+                                logging_steps=logging_steps)
     try:
         check_training_device(settings)  # before any data is read or model converted
     except ValueError as error:
@@ -324,6 +325,7 @@ def finetune_qa(
     device: str = typer.Option("auto", help=TRAIN_DEVICE_HELP),
     train_word_embeddings: bool = typer.Option(False, help=WORD_EMBEDDINGS_HELP),
     save_steps: int = typer.Option(0, help=SAVE_STEPS_HELP),
+    logging_steps: int = typer.Option(20, help="Log the training loss every N steps (kept in longbird_finetune.json)"),
     resume: bool = typer.Option(False, help=RESUME_HELP),
     overwrite: bool = typer.Option(False, help="Replace OUT if longbird wrote it"),
 ):
@@ -333,7 +335,7 @@ def finetune_qa(
     metrics = run(model, [str(p) for p in train] if len(train) > 1 else train[0], out, data_format, preset,
                   max_length, window_length, doc_stride, max_windows, negative_fraction, max_examples,
                   _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insertion, bf16, fp16, device,
-                            train_word_embeddings, save_steps, resume),
+                            train_word_embeddings, save_steps, resume, logging_steps),
                   overwrite, qa_head, split)
     _print_metrics(f"fine-tuned QA model saved to {out}", metrics)
 
@@ -517,6 +519,7 @@ def finetune_cls(
     device: str = typer.Option("auto", help=TRAIN_DEVICE_HELP),
     train_word_embeddings: bool = typer.Option(False, help=WORD_EMBEDDINGS_HELP),
     save_steps: int = typer.Option(0, help=SAVE_STEPS_HELP),
+    logging_steps: int = typer.Option(20, help="Log the training loss every N steps (kept in longbird_finetune.json)"),
     resume: bool = typer.Option(False, help=RESUME_HELP),
     overwrite: bool = typer.Option(False, help="Replace OUT if longbird wrote it"),
 ):
@@ -525,7 +528,7 @@ def finetune_cls(
 
     metrics = run(model, train, out, preset, max_length, window_length, stride, text_field, label_field,
                   _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insertion, bf16, fp16, device,
-                            train_word_embeddings, save_steps, resume),
+                            train_word_embeddings, save_steps, resume, logging_steps),
                   overwrite)
     _print_metrics(f"fine-tuned classifier saved to {out}", metrics)
 

@@ -15,13 +15,16 @@ ATTENTION_BACKENDS = ("auto", "blocked", "flex")
 POSITIONS = ("absolute", "bialibi", "tape")
 POSITION_EXTENSIONS = ("taper", "copy")
 # Methods whose kernels land in later issues; the config names them so errors can say so.
-NOT_YET_AVAILABLE = {"attention": set(), "position": {"tape"}}
+NOT_YET_AVAILABLE = {"attention": set(), "position": set()}
+TAPE_INITS = ("rope", "identity")
 
 # Paper systems as presets (design.md §3): only the two choices and their knobs, never architecture sizes.
 PRESETS: dict[str, dict[str, Any]] = {
     "kobigbird": {"attention": "bigbird", "position": "absolute", "position_extension": "taper", "min_type_vocab_size": 2},
     "full": {"attention": "full", "position": "absolute", "position_extension": "taper"},
     "littlebird": {"attention": "littlebird", "position": "bialibi"},
+    # TAPE on full attention; a converted source starts as itself (identity states over its position table).
+    "tape": {"attention": "full", "position": "tape", "tape_init": "identity", "position_extension": "taper"},
 }
 
 
@@ -76,6 +79,11 @@ class LongBirdConfig(PreTrainedConfig):
     random_blocks: str = "seeded"
     pack_size: int = 64
     bialibi_learnable: bool = True
+    # TAPE (position="tape"): "identity" states (e = 1) keep a converted source's absolute position table and equal
+    # the source at init; "rope" states (angles p·θ_f) replace the table, for models trained from scratch.
+    tape_init: str = "identity"
+    tape_channels: int | None = None  # I, the feed-forward side's channels (default 4 x heads)
+    tape_rope_base: float | int = 10000.0
     # Pack attention's output projection: "shared" with unpack attention (LittleBird §3.4: pack attention has its own
     # Q/K/V only; the paper's model sizes fit exactly three extra h x h matrices per layer) or "separate".
     pack_output_projection: str = "shared"
@@ -91,6 +99,8 @@ class LongBirdConfig(PreTrainedConfig):
             self.embedding_size = self.hidden_size
         if self.full_attention_max_length is None:
             self.full_attention_max_length = self.source_max_positions
+        if self.tape_channels is None:
+            self.tape_channels = 4 * self.num_attention_heads  # TAPE's default I = 4H
         super().__post_init__(**kwargs)
 
     @property
@@ -99,6 +109,11 @@ class LongBirdConfig(PreTrainedConfig):
         if self.random_blocks == "transformers":  # transformers' BigBirdModel: full up to (5 + 2r)·b tokens
             return max(self.full_attention_max_length, (5 + 2 * self.num_random_blocks) * self.block_size)
         return self.full_attention_max_length
+
+    @property
+    def uses_position_table(self) -> bool:
+        """A learned absolute position table: absolute positions, and TAPE over a converted source (identity init)."""
+        return self.position == "absolute" or (self.position == "tape" and self.tape_init == "identity")
 
     @property
     def has_lm_head(self) -> bool:
@@ -124,11 +139,20 @@ class LongBirdConfig(PreTrainedConfig):
                 f"max_position_embeddings ({self.max_position_embeddings}) is below the source length "
                 f"({self.source_max_positions}); use max_length >= {self.source_max_positions}"
             )
-        if (self.attention == "littlebird") != (self.position == "bialibi"):
+        if self.position == "bialibi" and self.attention != "littlebird" or (
+                self.attention == "littlebird" and self.position not in ("bialibi", "tape")):
             raise ValueError(
                 f"attention='littlebird' and position='bialibi' go together (the USW kernel computes the BiALiBi "
                 f"bias); got attention={self.attention!r}, position={self.position!r}"
             )
+        if self.position == "tape":
+            if self.tape_init not in TAPE_INITS:
+                raise ValueError(f"tape_init must be one of {TAPE_INITS}; got {self.tape_init!r}")
+            if (self.hidden_size // self.num_attention_heads) % 2:
+                raise ValueError(f"TAPE needs an even head dimension; got {self.hidden_size // self.num_attention_heads}")
+            if self.attention == "littlebird":
+                raise ValueError("position='tape' with attention='littlebird' is not implemented in this version of "
+                                 "longbird (issue 13); use attention='full' or 'bigbird' with TAPE")
         if self.attention in ("bigbird", "littlebird") and (
             self.block_size < 1 or self.max_position_embeddings % self.block_size != 0
         ):

@@ -147,7 +147,7 @@ def convert(
     state = {name: tensor for name, tensor in base_state.items()
              if name not in _REBUILT and not name.endswith(("position_ids", "token_type_ids"))}
 
-    if config.position == "absolute":
+    if config.uses_position_table:
         # Positions: longbird id p = source usable row p; rows >= L extended by TAPER / copy (design.md §4).
         offset = source.config.pad_token_id + 1 if family.roberta_offset else 0
         usable = base_state["embeddings.position_embeddings.weight"][offset: offset + config.source_max_positions]
@@ -183,8 +183,8 @@ def convert(
     else:
         model = LongBirdModel(config)
     missing, unexpected = model.load_state_dict(state, strict=False)
-    # New parameters with no source counterpart keep their initialisation (ALiBi slopes, pack vectors).
-    new = {name for name in missing if ".bialibi." in name or name.endswith("pack_embeddings")}
+    # New parameters with no source counterpart keep their initialisation (ALiBi slopes, pack vectors, TAPE maps).
+    new = {name for name in missing if ".bialibi." in name or name.endswith("pack_embeddings") or ".tape_" in name}
     tied = {"lm_head.decoder.weight"} if config.tie_word_embeddings else set()
     if set(missing) - tied - new or unexpected:
         raise RuntimeError(f"conversion left missing={sorted(set(missing) - tied - new)} unexpected={sorted(unexpected)}; "

@@ -24,7 +24,9 @@ from .attention.backend import SparseBackend, choose_backend
 from .attention.flex import bigbird_flex_attention, usw_flex_attention
 from .attention.rows import RowGroup, padded_length, plan_batch, plan_rows, run_groups
 from .config import LongBirdConfig
+from .positions import tape as tape_states
 from .positions.alibi import BiALiBi, alibi_slopes
+from .positions.tape import TapeFeedForward
 from .tracing import graph_cannot_branch_on_data, is_tracing, real_tensors
 
 REFERENCE = "reference"
@@ -45,7 +47,7 @@ class LongBirdEmbeddings(nn.Module):
         self.word_embeddings = nn.Embedding(config.vocab_size, width, padding_idx=config.pad_token_id)
         # Relative methods (BiALiBi) carry positions in attention: no absolute table.
         self.position_embeddings = (
-            nn.Embedding(config.max_position_embeddings, width) if config.position == "absolute" else None
+            nn.Embedding(config.max_position_embeddings, width) if config.uses_position_table else None
         )
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, width)
         self.LayerNorm = nn.LayerNorm(width, eps=config.layer_norm_eps)
@@ -69,6 +71,8 @@ class LongBirdSelfAttention(nn.Module):
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = float(config.attention_probs_dropout_prob)
+        if config.position == "tape":  # W_post: heads -> heads, zero at init (TAPE, attention side)
+            self.tape_post = nn.Parameter(torch.zeros(self.num_heads, self.num_heads))
 
     def attention_dropout(self) -> float:
         """The attention dropout of this call: the config's probability in training, 0 in eval."""
@@ -83,12 +87,25 @@ class LongBirdSelfAttention(nn.Module):
         batch, _, length, _ = context.shape
         return context.transpose(1, 2).reshape(batch, length, -1)
 
-    def forward(self, hidden_states, key_mask, plan=None, use_reference=False, workspace=None, backend=None):
-        """`plan`: None (full attention for every row) or the call's row groups with this layer's patterns."""
+    def forward(self, hidden_states, key_mask, plan=None, use_reference=False, workspace=None, backend=None,
+                tape=None):
+        """`plan`: None (full attention for every row) or the call's row groups with this layer's patterns.
+        `tape`: TAPE position states (B, H, l, d/2, 2) or None; with them, returns (context, updated states)."""
         query, key, value = (self._heads(proj(hidden_states)) for proj in (self.query, self.key, self.value))
+        if tape is not None:  # TAPE: q ⊙ e_i, k ⊙ e_j, and the states ride beside V through the kernel
+            query, key = tape_states.rotate(query, tape), tape_states.rotate(key, tape)
+            value = tape_states.with_states(value, tape)
+        context = self._attend(query, key, value, key_mask, plan, use_reference, workspace, backend)
+        if tape is None:
+            return self._merge(context)
+        context, attended = tape_states.split_states(context, self.head_dim)
+        # e_i ← e_i + Σ_h' W_post[h, h'] Σ_j a^{h'}_ij e_j^{h'} (TAPE, attention side)
+        return self._merge(context), tape + tape_states.mix_heads(self.tape_post, attended.to(tape.dtype))
+
+    def _attend(self, query, key, value, key_mask, plan, use_reference, workspace, backend):
         if plan is None:
             attend = self._attend_reference if use_reference else self._attend_full
-            return self._merge(attend(query, key, value, key_mask, None))
+            return attend(query, key, value, key_mask, None)
 
         def attend(q, k, v, mask, pattern):
             if use_reference:
@@ -101,7 +118,7 @@ class LongBirdSelfAttention(nn.Module):
                 q.device)
 
         groups, patterns = plan
-        return self._merge(run_groups(groups, patterns, query, key, value, key_mask, attend))
+        return run_groups(groups, patterns, query, key, value, key_mask, attend)
 
     def _attend_full(self, query, key, value, key_mask, pattern):
         return full_attention(query, key, value, key_mask, self.attention_dropout())
@@ -134,9 +151,13 @@ class LongBirdAttention(nn.Module):
         self.self = LongBirdSelfAttention(config)
         self.output = LongBirdSelfOutput(config)
 
-    def forward(self, hidden_states, key_mask, plan=None, use_reference=False, workspace=None, backend=None):
-        return self.output(self.self(hidden_states, key_mask, plan, use_reference, workspace, backend),
-                           hidden_states)
+    def forward(self, hidden_states, key_mask, plan=None, use_reference=False, workspace=None, backend=None,
+                tape=None):
+        if tape is None:
+            return self.output(self.self(hidden_states, key_mask, plan, use_reference, workspace, backend),
+                               hidden_states)
+        context, tape = self.self(hidden_states, key_mask, plan, use_reference, workspace, backend, tape)
+        return self.output(context, hidden_states), tape
 
 
 class LongBirdIntermediate(nn.Module):
@@ -205,10 +226,18 @@ class LongBirdLayer(nn.Module):
         self.intermediate = LongBirdIntermediate(config)
         self.output = LongBirdOutput(config)
         self.gradient_checkpointing = False  # set with the model's by gradient_checkpointing_enable()
+        if config.position == "tape":
+            self.tape_ffn = TapeFeedForward(config.hidden_size, config.num_attention_heads, config.tape_channels,
+                                            config.hidden_act)
 
-    def forward(self, hidden_states, key_mask, plan=None, use_reference=False, workspace=None, backend=None):
-        attended = self.attention(hidden_states, key_mask, plan, use_reference, workspace, backend)
-        return feed_forward(self, attended)
+    def forward(self, hidden_states, key_mask, plan=None, use_reference=False, workspace=None, backend=None,
+                tape=None):
+        """Returns the hidden states, or (hidden states, TAPE states) when `tape` states are given."""
+        if tape is None:
+            return feed_forward(self, self.attention(hidden_states, key_mask, plan, use_reference, workspace, backend))
+        attended, tape = self.attention(hidden_states, key_mask, plan, use_reference, workspace, backend, tape)
+        hidden_states = feed_forward(self, attended)
+        return hidden_states, self.tape_ffn(tape, hidden_states)  # TAPE, feed-forward side (m_i: the layer output)
 
 
 class LittleBirdLayer(nn.Module):
@@ -235,15 +264,7 @@ class LittleBirdLayer(nn.Module):
         unpack = self.attention.self
         pack_key = pack_value = None
         if self.pack_attention is not None:
-            if (torch.is_grad_enabled() and not use_reference and not is_tracing()
-                    and not (self.gradient_checkpointing and self.training)):
-                # Recompute the pack keys/values of every token in backward instead of keeping them (2 x l x h per
-                # layer, as much as unpack attention's own K and V): +2 l·h² MACs per layer for 1/3 less saved
-                # attention state (issue 10).
-                context = torch.utils.checkpoint.checkpoint(self._pack_context, pack, hidden_states, key_mask,
-                                                           use_reference, use_reentrant=False)
-            else:
-                context = self._pack_context(pack, hidden_states, key_mask, use_reference)
+            context = self._pack_context(pack, hidden_states, key_mask, use_reference)
             out = self.pack_attention.output
             pack = out.LayerNorm(out.dropout(context) + pack)  # P = LN(C_p + P)
             pack_key, pack_value = unpack._heads(unpack.key(context)), unpack._heads(unpack.value(context))
@@ -296,6 +317,8 @@ class LongBirdEncoder(nn.Module):
     def _backend(self, hidden_states) -> SparseBackend:
         dropout = self.training and self.config.attention_probs_dropout_prob > 0
         repeated = self.config.attention == "bigbird" and self.config.random_blocks == "transformers"
+        if self.config.position == "tape":
+            return SparseBackend("blocked", "TAPE: the position states ride beside V, wider than the flex path takes")
         return choose_backend(self.config.attention_backend, hidden_states.device, hidden_states.shape[1],
                               self.config.block_size, attention_dropout=dropout, repeated_blocks=repeated)
 
@@ -331,6 +354,12 @@ class LongBirdEncoder(nn.Module):
         all_hidden = [hidden_states[:, :length]] if output_hidden_states else None
         workspace = {}  # per-call scratch buffers shared by the layers (inference only)
         backend = self._backend(hidden_states) if sparse and not use_reference else None
+        tape = None
+        if config.position == "tape":  # (B, H, l, d/2, 2) states from the position ids (padding: identity states)
+            positions = nn.functional.pad(position_ids, (0, padded - length)) if padded != length else position_ids
+            tape = tape_states.initial_states(positions, config.num_attention_heads,
+                                              config.hidden_size // config.num_attention_heads, config.tape_init,
+                                              config.tape_rope_base)
         for index, layer in enumerate(self.layer):
             plan = None
             if sparse:
@@ -339,8 +368,12 @@ class LongBirdEncoder(nn.Module):
                                                      config.num_attention_heads, config.num_random_blocks,
                                                      config.random_seed, index, config.random_blocks)
                                      if group.sparse else None for group in groups])
-            hidden_states = self._call_layer(layer, hidden_states, key_mask, plan, use_reference, workspace,
-                                             backend, backend=backend)
+            if tape is None:
+                hidden_states = self._call_layer(layer, hidden_states, key_mask, plan, use_reference, workspace,
+                                                 backend, backend=backend)
+            else:
+                hidden_states, tape = self._call_layer(layer, hidden_states, key_mask, plan, use_reference,
+                                                       workspace, backend, tape, backend=backend)
             if output_hidden_states:
                 all_hidden.append(hidden_states[:, :length])
         return hidden_states[:, :length], all_hidden
@@ -387,6 +420,11 @@ class LongBirdPreTrainedModel(PreTrainedModel):
                 parameter.copy_(slopes)
         elif isinstance(module, LongBirdEncoder) and hasattr(module, "pack_embeddings"):
             module.pack_embeddings.normal_(0.0, self.config.initializer_range)
+        elif isinstance(module, TapeFeedForward):  # W1 zero: the states are unchanged at init (TAPE)
+            module.tape_ffn_in.zero_()
+            module.tape_ffn_out.normal_(0.0, module.tape_ffn_out.shape[1] ** -0.5)
+        elif isinstance(module, LongBirdSelfAttention) and hasattr(module, "tape_post"):
+            module.tape_post.zero_()
 
 
 class LongBirdModel(LongBirdPreTrainedModel):
@@ -427,7 +465,7 @@ class LongBirdModel(LongBirdPreTrainedModel):
             if position_ids.min() < 0:
                 raise ValueError(f"position_ids must be >= 0; got {int(position_ids.min())}")
             # A learned table has `limit` rows; relative methods (BiALiBi) accept any gap (Padding Insertion).
-            if self.config.position == "absolute" and position_ids.max() >= limit:
+            if self.config.uses_position_table and position_ids.max() >= limit:
                 raise ValueError(f"position_ids must lie in 0..{limit - 1} for absolute positions; "
                                  f"got max {int(position_ids.max())}")
         return shape

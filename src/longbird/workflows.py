@@ -27,7 +27,7 @@ from .heads import LongBirdForQuestionAnswering, LongBirdForSequenceClassificati
 from .metrics.classification import accuracy, macro_f1
 from .metrics.korquad import korquad_v1, korquad_v2, squad_v1
 from .qa import predict_rows
-from .training.finetune import FinetuneSettings, qa_training_items, train
+from .training.finetune import FinetuneSettings, is_main_process, qa_training_items, train, world_size
 
 # korquad1 and squad are the published paragraphs; korquad1-articles joins each article into one context
 logger = logging.getLogger(__name__)
@@ -53,7 +53,8 @@ def convert_to_directory(source, out: str | Path, preset: str = "kobigbird", max
         if tokenizer is not None:
             tokenizer.save_pretrained(directory)
 
-    write_directory_atomically(out, write, overwrite=overwrite)
+    if is_main_process():  # under torchrun every process trains, the first one writes
+        write_directory_atomically(out, write, overwrite=overwrite)
     return model, tokenizer is not None
 
 
@@ -171,12 +172,16 @@ def finetune_qa(model_path, train_data, out: str | Path, data_format: str = "kor
     def write(directory: Path) -> None:
         model.save_pretrained(directory)
         tokenizer.save_pretrained(directory)
-        summary = {"train_examples": len(rows), "windows": len(features), "training_windows": len(items),
+        summary = {"task": "qa", "data": _data_record(train_data), "format": data_format, "split": split,
+                   "source_model": _model_record(model_path, preset, max_length),
+                   "train_examples": len(rows), "windows": len(features), "training_windows": len(items),
                    "window_length": window_length, "doc_stride": doc_stride, "settings": vars(settings),
-                   "metrics": {k: v for k, v in metrics.items() if k != "log_history"}}
+                   "processes": world_size(), "metrics": {k: v for k, v in metrics.items() if k != "log_history"},
+                   "log_history": metrics["log_history"]}
         (directory / "longbird_finetune.json").write_text(json.dumps(summary, indent=2, default=str))
 
-    write_directory_atomically(out, write, overwrite=overwrite)
+    if is_main_process():  # under torchrun every process trains, the first one writes
+        write_directory_atomically(out, write, overwrite=overwrite)
     return {**metrics, "windows": len(features), "training_windows": len(items)}
 
 
@@ -226,7 +231,8 @@ def _write_outputs(out, overwrite: bool, predictions, metrics: dict) -> None:
                                                     encoding="utf-8")
         (directory / "metrics.json").write_text(json.dumps(metrics, indent=2, ensure_ascii=False), encoding="utf-8")
 
-    write_directory_atomically(out, write, overwrite=overwrite)
+    if is_main_process():  # under torchrun every process trains, the first one writes
+        write_directory_atomically(out, write, overwrite=overwrite)
 
 
 def score_predictions(predictions: dict[str, str], rows, data_format: str) -> dict[str, float]:
@@ -269,9 +275,33 @@ def finetune_cls(model_path, train_data, out: str | Path, preset: str = "kobigbi
     def write(directory: Path) -> None:
         model.save_pretrained(directory)
         tokenizer.save_pretrained(directory)
+        summary = {"task": "classification", "data": _data_record(train_data), "text_field": text_field,
+                   "label_field": label_field, "labels": labels,
+                   "source_model": _model_record(model_path, preset, max_length), "documents": len(rows),
+                   "windows": len(items), "window_length": window_length, "stride": stride,
+                   "settings": vars(settings), "processes": world_size(),
+               "metrics": {k: v for k, v in metrics.items() if k != "log_history"},
+                   "log_history": metrics["log_history"]}
+        (directory / "longbird_finetune.json").write_text(json.dumps(summary, indent=2, default=str))
 
-    write_directory_atomically(out, write, overwrite=overwrite)
+    if is_main_process():  # under torchrun every process trains, the first one writes
+        write_directory_atomically(out, write, overwrite=overwrite)
     return {**metrics, "documents": len(rows), "windows": len(items)}
+
+
+def _data_record(data) -> list[str] | str:
+    """What a run read, for its summary file: the path(s) given, or "in-memory dataset"."""
+    if isinstance(data, (str, Path)):
+        return str(data)
+    if isinstance(data, (list, tuple)):
+        return [str(item) for item in data]
+    return "in-memory dataset"
+
+
+def _model_record(model_path, preset: str, max_length: int) -> dict:
+    """The model a run started from: a directory or named source, and the conversion used if it was converted."""
+    return {"model": str(model_path) if model_path is not None else "minilm (default)", "preset_if_converted": preset,
+            "max_length_if_converted": max_length}
 
 
 @torch.no_grad()
@@ -376,7 +406,8 @@ def distill(teacher_source, output_dir: str | Path, student_path=None, preset: s
     summary = {"teacher": str(teacher_dir), "student": str(student_path) if student_path else f"{preset}-{max_length}",
                "corpus": [str(p) for p in (corpus if isinstance(corpus, (list, tuple)) else [corpus or DEFAULT_CORPUS])],
                "windows": len(windows), "length": length, "alpha": alpha, "beta": beta, "temperature": temperature,
-               "settings": vars(settings), "metrics": {k: v for k, v in metrics.items() if k != "log_history"},
+               "settings": vars(settings), "processes": world_size(),
+               "metrics": {k: v for k, v in metrics.items() if k != "log_history"},
                "log_history": metrics["log_history"]}
 
     def write(directory: Path) -> None:
@@ -384,7 +415,8 @@ def distill(teacher_source, output_dir: str | Path, student_path=None, preset: s
         tokenizer.save_pretrained(directory)
         (directory / "longbird_distill.json").write_text(json.dumps(summary, indent=2, default=str))
 
-    write_directory_atomically(model_dir, write, overwrite=overwrite)
+    if is_main_process():  # under torchrun every process trains, the first one writes
+        write_directory_atomically(model_dir, write, overwrite=overwrite)
     return {**metrics, "windows": len(windows), "model_dir": str(model_dir)}
 
 
@@ -447,7 +479,8 @@ def pretrain(model_path, output_dir: str | Path, corpus=None, length: int = 512,
     summary = {"model": str(model_path), "corpus": str(corpus or DEFAULT_CORPUS), "length": length,
                "train_windows": len(train_items), "held_out_windows": len(held_items),
                "held_out_rss_accuracy_before": before, "held_out_rss_accuracy_after": after,
-               "settings": vars(settings), "metrics": {k: v for k, v in metrics.items() if k != "log_history"},
+               "settings": vars(settings), "processes": world_size(),
+               "metrics": {k: v for k, v in metrics.items() if k != "log_history"},
                "log_history": metrics["log_history"]}
     tokenizer.model_max_length = model.config.max_position_embeddings
 
@@ -456,7 +489,8 @@ def pretrain(model_path, output_dir: str | Path, corpus=None, length: int = 512,
         tokenizer.save_pretrained(directory)
         (directory / "longbird_pretrain.json").write_text(json.dumps(summary, indent=2, default=str))
 
-    write_directory_atomically(model_dir, write, overwrite=overwrite)
+    if is_main_process():  # under torchrun every process trains, the first one writes
+        write_directory_atomically(model_dir, write, overwrite=overwrite)
     return {**{k: v for k, v in metrics.items() if k != "log_history"}, "train_windows": len(train_items),
             "held_out_windows": len(held_items), "rss_accuracy_before": before, "rss_accuracy_after": after,
             "model_dir": str(model_dir)}

@@ -54,10 +54,12 @@ def bigbird_attention(
     """query/key/value (b, h, l, d) with l = n * block; key_mask (b, l) bool, True = real token.
     `dropout_p`: attention dropout on the probabilities (0 outside training).
 
-    Returns (b, h, l, d). The caller pads l to a block multiple (padding is masked as keys).
+    Returns (b, h, l, d_v): value may be wider than query/key (TAPE carries its position states beside V).
+    The caller pads l to a block multiple (padding is masked as keys).
     `workspace`: an optional dict, owned by one forward call, in which inference reuses gather buffers.
     """
     batch, heads, length, dim = query.shape
+    value_dim = value.shape[-1]
     n, block = pattern.num_blocks, pattern.block_size
     if length != n * block:
         raise ValueError(f"bigbird_attention expects length = num_blocks * block_size = {n * block}; got {length}")
@@ -76,14 +78,14 @@ def bigbird_attention(
     # One index_select over (head, block) pairs: much faster than advanced indexing on CPU.
     flat = (torch.arange(heads, device=query.device)[:, None, None] * n + indices).reshape(-1)
     key_blocks = _gather_blocks(key.reshape(batch, heads * n, block, dim), flat, workspace, "key")
-    value_blocks = _gather_blocks(value.reshape(batch, heads * n, block, dim), flat, workspace, "value")
+    value_blocks = _gather_blocks(value.reshape(batch, heads * n, block, value_dim), flat, workspace, "value")
     mask_blocks = key_mask.view(batch, n, block)[:, indices] & valid[None, :, :, :, None]  # (b, h, n-2, m, blk)
     middle_query = query.view(batch, heads, n, block, dim)[:, :, 1:-1]  # (b, h, n-2, blk, d)
     rows = heads * (n - 2)
     middle_out = _masked_attention(
         middle_query.reshape(batch, rows, block, dim),
         key_blocks.view(batch, rows, m * block, dim),
-        value_blocks.view(batch, rows, m * block, dim),
+        value_blocks.view(batch, rows, m * block, value_dim),
         mask_blocks.reshape(batch, rows, 1, m * block), dropout_p,
-    ).reshape(batch, heads, (n - 2) * block, dim)  # CUDA SDPA may return a non-contiguous layout
+    ).reshape(batch, heads, (n - 2) * block, value_dim)  # CUDA SDPA may return a non-contiguous layout
     return torch.cat([global_out[:, :, :block], middle_out, global_out[:, :, block:]], dim=2)

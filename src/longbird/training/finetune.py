@@ -137,6 +137,19 @@ def check_training_device(settings: FinetuneSettings) -> None:
         raise ValueError("--fp16 and --bf16 exclude each other; pick one")
 
 
+def is_main_process() -> bool:
+    """False in every process but the first of a `torchrun` / `accelerate launch` run: only the first writes the
+    outputs (all of them train; Trainer saves checkpoints from the first only)."""
+    return not (torch.distributed.is_available() and torch.distributed.is_initialized()) or \
+        torch.distributed.get_rank() == 0
+
+
+def world_size() -> int:
+    """Processes training together (1 without torchrun / accelerate launch); recorded in the run's summary."""
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    return torch.distributed.get_world_size() if distributed else 1
+
+
 def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: FinetuneSettings,
           checkpoint_dir: str | Path | None = None, collator=None, trainer_class=None,
           trainer_kwargs: dict | None = None) -> dict:

@@ -1,0 +1,72 @@
+"""Issue 12 item 3: the training commands run under `torchrun --nproc_per_node 2` on this CPU (gloo), through
+Trainer/accelerate, and two processes with batch 1 each reach what one process reaches with batch 2: the same
+logged losses and the same final weights. Only the first process writes the output directory.
+
+Dropout is off in the tiny source (each process would draw its own masks); the data order is the same because
+accelerate shards one seeded sampler: step k of both runs sees the same two windows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import AutoTokenizer, BertConfig, BertModel
+
+from longbird.heads import LongBirdForSequenceClassification
+from longbird.convert import default_source
+from test_qa_cli import _law_and_bill_documents
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or shutil.which("torchrun", path=os.path.dirname(
+    sys.executable)) is None, reason="torch.distributed / torchrun not available")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def source_without_dropout(tmp_path_factory):
+    path = tmp_path_factory.mktemp("source")
+    tokenizer = AutoTokenizer.from_pretrained(default_source(), local_files_only=True)
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                         attention_probs_dropout_prob=0.0)).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _finetune(command_prefix, source, data, out, batch_size):
+    args = ["finetune-cls", "--model", str(source), "--max-length", "128", "--window-length", "128", "--stride", "32", "--train",
+            str(data), "--out", str(out), "--max-steps", "3", "--batch-size", str(batch_size), "--learning-rate",
+            "1e-3", "--device", "cpu", "--logging-steps", "1"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    result = subprocess.run([*command_prefix, *args], capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return json.loads((out / "longbird_finetune.json").read_text())
+
+
+def test_two_processes_equal_one_process_with_twice_the_batch(source_without_dropout, tmp_path):
+    data = _law_and_bill_documents(tmp_path / "docs.jsonl")
+    one = _finetune([sys.executable, "-m", "longbird.cli"], source_without_dropout, data, tmp_path / "one", 2)
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    two = _finetune([torchrun, "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port",
+                     str(_free_port()), "-m", "longbird.cli"], source_without_dropout, data, tmp_path / "two", 1)
+    losses = lambda summary: [entry["loss"] for entry in summary["log_history"] if "loss" in entry]  # noqa: E731
+    assert one["processes"] == 1 and two["processes"] == 2
+    assert len(losses(one)) == 3 and len(losses(two)) == 3
+    assert losses(two) == pytest.approx(losses(one), rel=1e-4)
+    assert two["metrics"]["train_loss"] == pytest.approx(one["metrics"]["train_loss"], rel=1e-4)
+    a, b = (LongBirdForSequenceClassification.from_pretrained(tmp_path / name) for name in ("one", "two"))
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith((".one", ".two"))) == []  # no leftovers

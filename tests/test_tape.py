@@ -1,0 +1,159 @@
+"""TAPE (issue 13, positions/tape.py): identity init equals the source, relative-position invariance and
+permutation/rotation equivariance with non-zero TAPE weights, every kernel against the dense reference, batch
+independence, and the configuration errors."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+import longbird
+from longbird.config import LongBirdConfig
+from longbird.modeling import LongBirdModel
+from longbird.positions import tape
+from conftest import BLOCK, SOURCE_LENGTH, assert_same_outputs_and_gradients, make_batch, make_source
+
+KERNELS = {"full": {}, "bigbird": {"block_size": BLOCK, "num_random_blocks": 2}}
+
+
+def _perturb_tape(model, seed=0):
+    """Non-zero TAPE weights in every layer (at init they are zero, which would make the tests below trivial)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "tape_" in name:
+                parameter.copy_(0.3 * torch.randn(parameter.shape, generator=generator))
+    return model
+
+
+def _rope_model(attention="full", seed=0):
+    torch.manual_seed(seed)
+    config = LongBirdConfig(vocab_size=99, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+                            intermediate_size=64, max_position_embeddings=256, source_max_positions=SOURCE_LENGTH,
+                            attention=attention, position="tape", tape_init="rope", hidden_dropout_prob=0.0,
+                            initializer_range=0.2,  # logits large enough that positions matter visibly
+                            **KERNELS[attention])
+    return _perturb_tape(LongBirdModel(config).eval(), seed)
+
+
+@pytest.mark.parametrize("attention", list(KERNELS))
+@pytest.mark.parametrize("source_name", ["bert", "roberta", "electra"])
+def test_identity_init_equals_the_source(attention, source_name):
+    source = make_source(source_name)
+    model = longbird.convert(source, preset="tape", max_length=256, attention=attention, **KERNELS[attention])
+    assert model.config.position == "tape" and model.config.tape_init == "identity"
+    assert sum(p.numel() for n, p in model.named_parameters() if "tape_" in n) > 0
+    input_ids, attention_mask = make_batch(SOURCE_LENGTH - 3)
+    if source_name != "bert":
+        input_ids = input_ids.clamp(min=3)
+    with torch.no_grad():
+        ours = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        theirs = source(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    real = attention_mask.bool()
+    torch.testing.assert_close(ours[real], theirs[real], atol=1e-5, rtol=1e-4)
+
+
+def test_rotation_by_states_gives_relative_logits():
+    """Re⟨q ⊙ e_i, k ⊙ e_j⟩ with rope states depends on i − j only, and a rotation common to all states cancels."""
+    generator = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 2, 6, 8, generator=generator, dtype=torch.float64) for _ in range(2))
+    positions = torch.arange(6)[None]
+    logits = lambda states: tape.rotate(q, states) @ tape.rotate(k, states).transpose(-1, -2)  # noqa: E731
+    base = logits(tape.initial_states(positions, 2, 8, "rope", dtype=torch.float64))
+    shifted = logits(tape.initial_states(positions + 1000, 2, 8, "rope", dtype=torch.float64))
+    torch.testing.assert_close(base, shifted)
+    states = torch.randn(1, 2, 6, 4, 2, generator=generator, dtype=torch.float64)  # any states, not only rope
+    angle = torch.rand(4, generator=generator, dtype=torch.float64) * 2 * math.pi  # one unit complex per pair
+    unit = torch.stack([angle.cos(), angle.sin()], -1)
+    rotated = torch.stack([states[..., 0] * unit[:, 0] - states[..., 1] * unit[:, 1],
+                           states[..., 0] * unit[:, 1] + states[..., 1] * unit[:, 0]], -1)
+    torch.testing.assert_close(logits(states), logits(rotated))
+    # identity states leave q and k exactly as they are
+    identity = tape.initial_states(positions, 2, 8, "identity", dtype=torch.float64)
+    assert torch.equal(tape.rotate(q, identity), q)
+
+
+@pytest.mark.parametrize("attention", list(KERNELS))
+def test_shifting_every_position_id_changes_nothing(attention):
+    """rope init, non-zero TAPE weights in every layer: position ids + c give the same outputs (relative positions
+    only), at a length where bigbird runs its sparse kernel."""
+    model = _rope_model(attention)
+    input_ids, attention_mask = make_batch(150)
+    positions = torch.arange(150).expand(2, -1)
+    with torch.no_grad():
+        base = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).last_hidden_state
+        for shift in (1, 37, 5000):
+            moved = model(input_ids=input_ids, attention_mask=attention_mask,
+                          position_ids=positions + shift).last_hidden_state
+            real = attention_mask.bool()
+            torch.testing.assert_close(moved[real], base[real], atol=1e-4, rtol=1e-4)
+    assert (base[0] - model(input_ids=input_ids, attention_mask=attention_mask,
+                             position_ids=positions.flip(-1)).last_hidden_state[0].detach()).abs().max() > 1e-3
+
+
+def test_layer_updates_are_permutation_and_rotation_equivariant():
+    """One full-attention layer: permuting tokens (with their states) permutes the hidden outputs and the updated
+    states; rotating every state by one unit complex per pair rotates the updated states and leaves hidden alone."""
+    model = _rope_model("full")
+    layer = model.encoder.layer[0]
+    generator = torch.Generator().manual_seed(1)
+    hidden = torch.randn(1, 12, 32, generator=generator)
+    states = torch.randn(1, 4, 12, 4, 2, generator=generator)
+    mask = torch.ones(1, 12, dtype=torch.bool)
+    with torch.no_grad():
+        out, new_states = layer(hidden, mask, None, False, {}, None, states)
+        order = torch.randperm(12, generator=generator)
+        out_p, states_p = layer(hidden[:, order], mask, None, False, {}, None, states[:, :, order])
+        torch.testing.assert_close(out_p, out[:, order], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(states_p, new_states[:, :, order], atol=1e-5, rtol=1e-5)
+        angle = torch.rand(4, generator=generator) * 2 * math.pi
+        c, s = angle.cos(), angle.sin()
+        rotate = lambda e: torch.stack([e[..., 0] * c - e[..., 1] * s, e[..., 0] * s + e[..., 1] * c], -1)  # noqa
+        out_r, states_r = layer(hidden, mask, None, False, {}, None, rotate(states))
+        torch.testing.assert_close(out_r, out, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(states_r, rotate(new_states), atol=1e-5, rtol=1e-5)
+    assert (new_states - states).abs().max() > 1e-3  # the updates are not zero
+
+
+@pytest.mark.parametrize("attention", list(KERNELS))
+@pytest.mark.parametrize("length", [9, 64, 65, 150])
+def test_kernels_with_tape_equal_the_dense_reference(attention, length):
+    model = longbird.convert(make_source("bert"), preset="tape", max_length=256, attention=attention,
+                             **KERNELS[attention])
+    _perturb_tape(model)
+    reference = copy.deepcopy(model)
+    reference.config._attn_implementation = "reference"
+    assert_same_outputs_and_gradients(model.train(), reference.train(), *make_batch(length))
+    assert any(p.grad is not None and p.grad.abs().max() > 0 for n, p in model.named_parameters() if "tape_post" in n)
+    assert any(p.grad is not None and p.grad.abs().max() > 0 for n, p in model.named_parameters() if "tape_ffn_in" in n)
+
+
+@pytest.mark.parametrize("attention", list(KERNELS))
+def test_each_row_equals_the_row_alone(attention):
+    model = _rope_model(attention)
+    lengths = [9, 65, 150, 149]
+    input_ids = torch.randint(5, 99, (len(lengths), max(lengths)), generator=torch.Generator().manual_seed(2))
+    attention_mask = torch.zeros_like(input_ids)
+    for row, length in enumerate(lengths):
+        attention_mask[row, :length] = 1
+    with torch.no_grad():
+        batched = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        for row, length in enumerate(lengths):
+            alone = model(input_ids=input_ids[row:row + 1, :length]).last_hidden_state
+            torch.testing.assert_close(batched[row, :length], alone[0], atol=1e-6, rtol=1e-5)
+
+
+def test_tape_configuration_errors():
+    source = make_source("bert")
+    with pytest.raises(ValueError, match="tape_init must be one of"):
+        longbird.convert(source, preset="tape", max_length=128, tape_init="sinusoid")
+    with pytest.raises(ValueError, match="attention=.littlebird. is not implemented"):
+        longbird.convert(source, preset="tape", max_length=128, attention="littlebird", block_size=BLOCK)
+    with pytest.raises(Exception, match="even head dimension"):
+        LongBirdConfig(position="tape", attention="full", hidden_size=36, num_attention_heads=4)
+    rope = LongBirdConfig(position="tape", attention="full", tape_init="rope")
+    assert not rope.uses_position_table and LongBirdConfig(position="tape", attention="full").uses_position_table
+    assert rope.tape_channels == 4 * rope.num_attention_heads
