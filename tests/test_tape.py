@@ -157,3 +157,76 @@ def test_tape_configuration_errors():
     rope = LongBirdConfig(position="tape", attention="full", tape_init="rope")
     assert not rope.uses_position_table and LongBirdConfig(position="tape", attention="full").uses_position_table
     assert rope.tape_channels == 4 * rope.num_attention_heads
+
+
+@pytest.mark.parametrize("layer_norms", [False, True])
+def test_peft_trains_exactly_tape_layer_norms_and_the_head(layer_norms):
+    from longbird.heads import LongBirdForQuestionAnswering, LongBirdForSequenceClassification
+    from longbird.training.peft import tape_peft
+
+    source = make_source("bert")
+    base = longbird.convert(source, preset="tape", max_length=256, attention="bigbird", **KERNELS["bigbird"])
+    model = LongBirdForQuestionAnswering(base.config)
+    model.longbird.load_state_dict(base.state_dict())
+    _perturb_tape(model)
+    trainable = tape_peft(model, layer_norms=layer_norms)
+    for name, parameter in model.named_parameters():
+        expected = "tape_" in name or not name.startswith("longbird.") or (layer_norms and "LayerNorm" in name)
+        assert parameter.requires_grad == expected, name
+    assert {n for n, p in model.named_parameters() if p.requires_grad} == set(trainable)
+    # both TAPE updates receive gradients (the attention side's W_post too), frozen weights none
+    input_ids, attention_mask = make_batch(150)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, start_positions=torch.tensor([3, 5]),
+                end_positions=torch.tensor([4, 9]))
+    out.loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    assert all(grads[n] is None for n, p in model.named_parameters() if not p.requires_grad)
+    for part in ("attention.self.tape_post", "tape_ffn.tape_ffn_in", "tape_ffn.tape_ffn_out", "tape_ffn.tape_ffn_gate"):
+        assert any(part in n and grads[n] is not None and grads[n].abs().max() > 0 for n in grads), part
+    # a bare model: only TAPE (and LayerNorms) train; a model without TAPE is refused
+    assert all("tape_" in n or "LayerNorm" in n for n in tape_peft(copy.deepcopy(base), layer_norms=True))
+    with pytest.raises(ValueError, match="--preset tape"):
+        tape_peft(LongBirdForSequenceClassification(longbird.convert(source, max_length=256, block_size=BLOCK).config))
+
+
+def test_peft_cli_checkpoint_holds_only_what_was_trained_and_round_trips(tmp_path):
+    """finetune-qa --preset tape --peft tape: OUT holds the TAPE maps, the QA head and the added tag-token rows, not
+    the model; `evaluate`/`answer` load it back into the full model (base converted again), equal to training's."""
+    import json
+
+    from safetensors.torch import load_file
+    from typer.testing import CliRunner
+
+    from longbird.cli import app
+    from longbird.heads import LongBirdForQuestionAnswering
+    from longbird.training.peft import load_tape_peft
+    from longbird.workflows import load_on_device
+    from test_qa_cli import PAGES, tiny_source  # noqa: F401
+
+    source = tiny_source.__wrapped__(type("Factory", (), {"mktemp": lambda self, name: tmp_path / name})())
+    out = tmp_path / "qa-peft"
+    result = CliRunner().invoke(app, ["finetune-qa", "--model", str(source), "--preset", "tape", "--max-length", "128",
+                                      "--train", str(PAGES[0]), "--out", str(out), "--max-steps", "2",
+                                      "--batch-size", "2", "--peft", "tape", "--learning-rate", "1e-2"])
+    assert result.exit_code == 0, result.output
+    assert not (out / "model.safetensors").exists() and (out / "tape_peft.safetensors").is_file()
+    saved = load_file(str(out / "tape_peft.safetensors"))
+    assert all("tape_" in name or name.startswith("qa_") or name == "added_word_embeddings" for name in saved), sorted(saved)
+    assert any("tape_post" in name for name in saved) and any("tape_ffn_in" in name for name in saved)
+    record = json.loads((out / "longbird_peft.json").read_text())
+    assert record["base"]["model"] == str(source.resolve()) and record["base"]["preset"] == "tape"
+    model, tokenizer = load_on_device(out, LongBirdForQuestionAnswering)
+    assert len(tokenizer) == model.get_input_embeddings().weight.shape[0]
+    with torch.no_grad():  # the trained TAPE maps are back (they were zero/random before training)
+        restored = dict(model.named_parameters())
+        for name, tensor in saved.items():
+            if name != "added_word_embeddings":
+                torch.testing.assert_close(restored[name], tensor)
+        assert any(restored[n].abs().max() > 0 for n in restored if "tape_ffn_in" in n)
+    reloaded = load_tape_peft(out, LongBirdForQuestionAnswering)
+    ids = torch.tensor([tokenizer("질문 [SEP] 문서", truncation=True)["input_ids"]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).start_logits, reloaded(input_ids=ids).start_logits)
+    bad = CliRunner().invoke(app, ["finetune-qa", "--model", str(source), "--train", str(PAGES[0]), "--out",
+                                   str(tmp_path / "x"), "--peft", "lora"])
+    assert bad.exit_code != 0 and "--peft must be 'tape'" in bad.output

@@ -45,7 +45,8 @@ app = typer.Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=True
                   help="longbird: long-context encoders from short ones.")
 
 
-PRESET_HELP = "kobigbird (BigBird ITC + TAPER), littlebird (BiALiBi + USW + pack), full (dense, for comparison)"
+PRESET_HELP = ("kobigbird (BigBird ITC + TAPER), littlebird (BiALiBi + USW + pack), tape (full attention + TAPE "
+               "position states), full (dense, for comparison)")
 
 
 def _version(value: bool) -> None:
@@ -265,13 +266,15 @@ def bench(
 
 
 def _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insertion, bf16, fp16=False, device="auto",
-              train_word_embeddings=False, save_steps=0, resume=False, logging_steps=20):
+              train_word_embeddings=False, save_steps=0, resume=False, logging_steps=20, peft=None):
     from .training.finetune import FinetuneSettings, check_training_device
 
     settings = FinetuneSettings(learning_rate=learning_rate, epochs=epochs, max_steps=max_steps, batch_size=batch_size,
                                 seed=seed, padding_insertion=padding_insertion, bf16=bf16, fp16=fp16, device=device,
                                 train_word_embeddings=train_word_embeddings, save_steps=save_steps, resume=resume,
-                                logging_steps=logging_steps)
+                                logging_steps=logging_steps, peft=peft)
+    if peft not in (None, "tape"):
+        raise typer.BadParameter(f"--peft must be 'tape' (or left out); got {peft!r}")
     try:
         check_training_device(settings)  # before any data is read or model converted
     except ValueError as error:
@@ -326,6 +329,8 @@ def finetune_qa(
     train_word_embeddings: bool = typer.Option(False, help=WORD_EMBEDDINGS_HELP),
     save_steps: int = typer.Option(0, help=SAVE_STEPS_HELP),
     logging_steps: int = typer.Option(20, help="Log the training loss every N steps (kept in longbird_finetune.json)"),
+    peft: Optional[str] = typer.Option(None, help="tape: train only the TAPE maps and the task head of a TAPE model "
+                                                  "(--preset tape); OUT then holds only what was trained"),
     resume: bool = typer.Option(False, help=RESUME_HELP),
     overwrite: bool = typer.Option(False, help="Replace OUT if longbird wrote it"),
 ):
@@ -335,7 +340,7 @@ def finetune_qa(
     metrics = run(model, [str(p) for p in train] if len(train) > 1 else train[0], out, data_format, preset,
                   max_length, window_length, doc_stride, max_windows, negative_fraction, max_examples,
                   _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insertion, bf16, fp16, device,
-                            train_word_embeddings, save_steps, resume, logging_steps),
+                            train_word_embeddings, save_steps, resume, logging_steps, peft),
                   overwrite, qa_head, split)
     _print_metrics(f"fine-tuned QA model saved to {out}", metrics)
 
@@ -520,6 +525,8 @@ def finetune_cls(
     train_word_embeddings: bool = typer.Option(False, help=WORD_EMBEDDINGS_HELP),
     save_steps: int = typer.Option(0, help=SAVE_STEPS_HELP),
     logging_steps: int = typer.Option(20, help="Log the training loss every N steps (kept in longbird_finetune.json)"),
+    peft: Optional[str] = typer.Option(None, help="tape: train only the TAPE maps and the task head of a TAPE model "
+                                                  "(--preset tape); OUT then holds only what was trained"),
     resume: bool = typer.Option(False, help=RESUME_HELP),
     overwrite: bool = typer.Option(False, help="Replace OUT if longbird wrote it"),
 ):
@@ -528,7 +535,7 @@ def finetune_cls(
 
     metrics = run(model, train, out, preset, max_length, window_length, stride, text_field, label_field,
                   _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insertion, bf16, fp16, device,
-                            train_word_embeddings, save_steps, resume, logging_steps),
+                            train_word_embeddings, save_steps, resume, logging_steps, peft),
                   overwrite)
     _print_metrics(f"fine-tuned classifier saved to {out}", metrics)
 

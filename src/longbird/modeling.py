@@ -176,6 +176,12 @@ class LongBirdOutput(LongBirdSelfOutput):
         self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
 
 
+def enable_checkpointing(model: PreTrainedModel) -> None:
+    """Recompute every layer in backward: `activation_checkpointing_enable()` where transformers has it (5.2x; the
+    old name `gradient_checkpointing_enable` warns there), else the old name (transformers 5.17 on the GPU machine)."""
+    (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+
+
 class _ActivationSavedAsInput:
     """Saved-tensor hooks for X = LN(W2 act(W1 A) + A): W2's backward needs act(W1 A) (l x 4h per layer, the largest
     activation autograd keeps), but the activation's own backward keeps its input W1 A anyway, so act(W1 A) is saved
@@ -225,7 +231,7 @@ class LongBirdLayer(nn.Module):
         self.attention = LongBirdAttention(config)
         self.intermediate = LongBirdIntermediate(config)
         self.output = LongBirdOutput(config)
-        self.gradient_checkpointing = False  # set with the model's by gradient_checkpointing_enable()
+        self.gradient_checkpointing = False  # set with the model's by enable_checkpointing()
         if config.position == "tape":
             self.tape_ffn = TapeFeedForward(config.hidden_size, config.num_attention_heads, config.tape_channels,
                                             config.hidden_act)
@@ -255,7 +261,7 @@ class LittleBirdLayer(nn.Module):
         self.bialibi = BiALiBi(config.num_attention_heads, learnable=config.bialibi_learnable)
         self.intermediate = LongBirdIntermediate(config)
         self.output = LongBirdOutput(config)
-        self.gradient_checkpointing = False  # set with the model's by gradient_checkpointing_enable()
+        self.gradient_checkpointing = False  # set with the model's by enable_checkpointing()
 
     def forward(self, hidden_states, key_mask, positions, pack, layout=None, workspace=None, backend=None,
                 use_reference=False):

@@ -28,6 +28,7 @@ from .metrics.classification import accuracy, macro_f1
 from .metrics.korquad import korquad_v1, korquad_v2, squad_v1
 from .qa import predict_rows
 from .training.finetune import FinetuneSettings, is_main_process, qa_training_items, train, world_size
+from .training.peft import base_record, is_tape_peft, load_tape_peft, save_tape_peft
 
 # korquad1 and squad are the published paragraphs; korquad1-articles joins each article into one context
 logger = logging.getLogger(__name__)
@@ -86,6 +87,9 @@ def load_task_model(model_path: str | Path | None, task_class, preset: str = "ko
     """(model, tokenizer) for a task: a longbird directory is loaded, anything else is converted."""
     path = resolve_model_directory(model_path)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if is_tape_peft(path):  # a PEFT directory holds what was trained and where its base is
+        model = load_tape_peft(path, task_class)
+        return model, _fit_tokenizer(tokenizer, model)
     if AutoConfig.from_pretrained(path, local_files_only=True).model_type == "longbird":
         model = task_class.from_pretrained(path, **overrides)
         return model, _fit_tokenizer(tokenizer, model)
@@ -170,7 +174,7 @@ def finetune_qa(model_path, train_data, out: str | Path, data_format: str = "kor
                     checkpoint_dir=out.parent / f"{out.name}.checkpoints")
 
     def write(directory: Path) -> None:
-        model.save_pretrained(directory)
+        _save_trained(model, directory, settings, model_path, preset, max_length)
         tokenizer.save_pretrained(directory)
         summary = {"task": "qa", "data": _data_record(train_data), "format": data_format, "split": split,
                    "source_model": _model_record(model_path, preset, max_length),
@@ -273,7 +277,7 @@ def finetune_cls(model_path, train_data, out: str | Path, preset: str = "kobigbi
                     checkpoint_dir=out.parent / f"{out.name}.checkpoints")
 
     def write(directory: Path) -> None:
-        model.save_pretrained(directory)
+        _save_trained(model, directory, settings, model_path, preset, max_length)
         tokenizer.save_pretrained(directory)
         summary = {"task": "classification", "data": _data_record(train_data), "text_field": text_field,
                    "label_field": label_field, "labels": labels,
@@ -287,6 +291,14 @@ def finetune_cls(model_path, train_data, out: str | Path, preset: str = "kobigbi
     if is_main_process():  # under torchrun every process trains, the first one writes
         write_directory_atomically(out, write, overwrite=overwrite)
     return {**metrics, "documents": len(rows), "windows": len(items)}
+
+
+def _save_trained(model, directory: Path, settings: FinetuneSettings, model_path, preset: str, max_length: int):
+    """The whole model, or with --peft tape only what was trained and a reference to the base (training/peft.py)."""
+    if settings.peft == "tape":
+        save_tape_peft(model, directory, base_record(model_path, preset, max_length))
+    else:
+        model.save_pretrained(directory)
 
 
 def _data_record(data) -> list[str] | str:

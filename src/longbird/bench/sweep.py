@@ -108,7 +108,9 @@ def run_sweep(settings: SweepSettings, progress: Callable[[str], None] = lambda 
 def _prepared(model, device, dtype, mode, settings):
     model = model.to(device=device, dtype=dtype)
     if mode != "forward" and settings.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        from ..modeling import enable_checkpointing
+
+        enable_checkpointing(model)
         model.train()  # checkpointing is active in training mode only (dropout is 0 in every benchmark size)
     return model
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..attention.reference import AttentionRecord, recording_attention
-from ..modeling import REFERENCE
+from ..modeling import REFERENCE, enable_checkpointing
 from .finetune import LongBirdTrainer
 
 
@@ -136,7 +136,7 @@ def run_distillation(student, teacher, tokenizer, windows: list[dict], output_di
         raise ValueError("Padding Insertion is not used in distillation here (teacher and student must read the same "
                          "input); use it in `finetune-qa` / continued training")
     if gradient_checkpointing:
-        student.gradient_checkpointing_enable()
+        enable_checkpointing(student)
     settings = dataclasses.replace(settings, save_steps=save_steps, resume=resume)
     return train(student, tokenizer, windows, Path(output_dir) / ".work", settings,
                  checkpoint_dir=Path(output_dir) / "checkpoints", trainer_class=DistillationTrainer,

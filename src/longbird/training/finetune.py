@@ -50,6 +50,8 @@ class FinetuneSettings:
     # (96M of 118M parameters) dominate a CPU step: they are frozen unless asked for.
     train_word_embeddings: bool = False
     logging_steps: int = 20
+    # "tape": parameter-efficient fine-tuning of a TAPE model (training/peft.py: TAPE maps + task head only).
+    peft: str | None = None
     progress: bool = True
     # Checkpoints every N optimiser steps (0: none) under OUT.checkpoints/, which `resume` continues from; kept after
     # the run (they are what a learning curve is read from).
@@ -166,6 +168,12 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
     if settings.resume and not any(Path(checkpoint_dir).glob("checkpoint-*")):
         raise FileNotFoundError(f"--resume: no checkpoint under {checkpoint_dir}; start without --resume")
     model.get_input_embeddings().weight.requires_grad_(settings.train_word_embeddings)
+    if settings.peft == "tape":
+        from .peft import tape_peft
+
+        tape_peft(model)
+    elif settings.peft is not None:
+        raise ValueError(f"--peft must be 'tape' (or left out); got {settings.peft!r}")
     arguments = TrainingArguments(
         output_dir=str(checkpoint_dir if keep else Path(out_dir) / "trainer"),
         per_device_train_batch_size=settings.batch_size,

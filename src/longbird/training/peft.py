@@ -1,0 +1,122 @@
+"""TAPE as parameter-efficient fine-tuning (TAPE §4; issue 13 item 4): train only the position-state maps.
+
+`tape_peft(model)` freezes every parameter except the TAPE ones (names with `tape_`: the attention side's W_post
+and the feed-forward side's W_x, W1, W2, so both updates train — the official PEFT script leaves the attention side
+frozen through a name mismatch), optionally the LayerNorms, and the task head (QA, classification, span selection,
+MLM transform) — never a parameter the head shares with the base model, such as tied word embeddings.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+def tape_peft(model: nn.Module, layer_norms: bool = False) -> list[str]:
+    """Freeze all but the TAPE parameters (+ LayerNorms if `layer_norms`) and the task head; returns the names of
+    the parameters left trainable. Raises if the model has no TAPE parameters (position != "tape")."""
+    prefix = getattr(model, "base_model_prefix", "")
+    base = getattr(model, prefix, model) if prefix else model  # a bare LongBirdModel is all base
+    base_parameters = {id(p) for p in base.parameters()}
+    trainable = []
+    for name, parameter in model.named_parameters():
+        in_base = id(parameter) in base_parameters
+        keep = "tape_" in name or (layer_norms and "LayerNorm" in name) or not in_base
+        parameter.requires_grad_(keep)
+        if keep:
+            trainable.append(name)
+    if not any("tape_" in name for name in trainable):
+        position = getattr(getattr(model, "config", None), "position", None)
+        raise ValueError(f"--peft tape needs a model with TAPE position states (position='tape'); this model has "
+                         f"position={position!r}: convert with --preset tape")
+    return trainable
+
+
+PEFT_RECORD = "longbird_peft.json"
+PEFT_WEIGHTS = "tape_peft.safetensors"
+
+
+def base_record(model_path, preset: str, max_length: int) -> dict:
+    """How to rebuild the frozen base: a named embedded source by name (found again on any machine), a directory by
+    its absolute path; with the conversion that turned it into the model (used when it is not a longbird model)."""
+    from ..sources import NAMED_SOURCES
+
+    name = "minilm" if model_path is None else str(model_path)
+    model = name if name in NAMED_SOURCES else str(Path(name).resolve())
+    return {"model": model, "preset": preset, "max_length": max_length}
+
+
+def save_tape_peft(model: nn.Module, directory: str | Path, base: dict) -> None:
+    """Write only what PEFT trained (every parameter with requires_grad) and the word-embedding rows added beyond the
+    base vocabulary (tag tokens, [QUESTION]), with the config and a reference to the base (`base_record`)."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    trained = {name: parameter.detach().contiguous().cpu() for name, parameter in model.named_parameters()
+               if parameter.requires_grad}
+    base_vocab = _base_vocab_size(base)
+    embeddings = model.get_input_embeddings().weight
+    if embeddings.shape[0] > base_vocab:
+        trained["added_word_embeddings"] = embeddings[base_vocab:].detach().contiguous().cpu()
+    save_file(trained, str(directory / PEFT_WEIGHTS))
+    model.config.architectures = [type(model).__name__]
+    model.config.save_pretrained(directory)
+    record = {"peft": "tape", "base": {**base, "vocab_size": base_vocab}, "trained": sorted(trained)}
+    (directory / PEFT_RECORD).write_text(json.dumps(record, indent=2), encoding="utf-8")
+
+
+def is_tape_peft(directory: str | Path) -> bool:
+    return (Path(directory) / PEFT_RECORD).is_file()
+
+
+def load_tape_peft(directory: str | Path, task_class):
+    """The full model of a PEFT directory: its base rebuilt (converted again when it is a source model, loaded when
+    it is a longbird one), then the trained parameters and added embedding rows put back."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    from ..convert import convert
+    from ..modeling import LongBirdModel
+    from ..sources import resolve_model_directory
+
+    directory = Path(directory)
+    record = json.loads((directory / PEFT_RECORD).read_text(encoding="utf-8"))
+    base = record["base"]
+    base_path = resolve_model_directory(base["model"])
+    config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    model = task_class(config)
+    if AutoConfig.from_pretrained(base_path, local_files_only=True).model_type == "longbird":
+        frozen = LongBirdModel.from_pretrained(base_path)
+    else:
+        frozen = convert(base_path, preset=base["preset"], max_length=base["max_length"])
+    frozen = getattr(frozen, "longbird", frozen)
+    state = frozen.state_dict()
+    word = "embeddings.word_embeddings.weight"
+    table = model.longbird.state_dict()[word].clone()
+    table[: state[word].shape[0]] = state[word]
+    state[word] = table
+    missing, unexpected = model.longbird.load_state_dict(state, strict=False)
+    saved = load_file(str(directory / PEFT_WEIGHTS))
+    added = saved.pop("added_word_embeddings", None)
+    with torch.no_grad():
+        if added is not None:
+            model.get_input_embeddings().weight[base["vocab_size"]:] = added
+        for name, parameter in model.named_parameters():
+            if name in saved:
+                parameter.copy_(saved.pop(name))
+    not_restored = {f"longbird.{name}" for name in missing} - set(record["trained"])
+    if unexpected or saved or not_restored:
+        raise ValueError(f"{directory}: the PEFT checkpoint does not fit its base {base['model']} (not restored: "
+                         f"{sorted(not_restored)[:5]}, unexpected: {sorted(unexpected)[:5]}, unused: {sorted(saved)[:5]})")
+    return model.eval()
+
+
+def _base_vocab_size(base: dict) -> int:
+    from transformers import AutoConfig
+
+    from ..sources import resolve_model_directory
+
+    return AutoConfig.from_pretrained(resolve_model_directory(base["model"]), local_files_only=True).vocab_size
