@@ -17,11 +17,9 @@ import sys
 
 import pytest
 import torch
-from transformers import AutoTokenizer, BertConfig, BertModel
 
 from longbird.heads import LongBirdForSequenceClassification
-from longbird.convert import default_source
-from test_qa_cli import _law_and_bill_documents
+from test_qa_cli import _law_and_bill_documents, write_tiny_source
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or shutil.which("torchrun", path=os.path.dirname(
     sys.executable)) is None, reason="torch.distributed / torchrun not available")
@@ -35,14 +33,8 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def source_without_dropout(tmp_path_factory):
-    path = tmp_path_factory.mktemp("source")
-    tokenizer = AutoTokenizer.from_pretrained(default_source(), local_files_only=True)
-    torch.manual_seed(0)
-    BertModel(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.0,
-                         attention_probs_dropout_prob=0.0)).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return write_tiny_source(tmp_path_factory.mktemp("source"), hidden_dropout_prob=0.0,
+                             attention_probs_dropout_prob=0.0)
 
 
 def _finetune(command_prefix, source, data, out, batch_size):

@@ -20,16 +20,21 @@ KORQUAD = Path(__file__).resolve().parents[1] / "data" / "korquad"
 PAGES = [KORQUAD / "korquad2.1_dev_00.json", KORQUAD / "korquad2.1_train_00.json"]
 
 
-@pytest.fixture(scope="module")
-def tiny_source(tmp_path_factory):
-    """A tiny random BERT (hidden 32, L = 64) with the real all-MiniLM-L6-v2 WordPiece tokenizer."""
-    path = tmp_path_factory.mktemp("tiny-source")
+def write_tiny_source(path, **config):
+    """A tiny random BERT (hidden 32, L = 64) with the real all-MiniLM-L6-v2 WordPiece tokenizer, saved to `path`;
+    `config` overrides BertConfig fields (e.g. dropout)."""
     tokenizer = AutoTokenizer.from_pretrained(default_source(), local_files_only=True)
     torch.manual_seed(0)
-    BertModel(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         intermediate_size=64, max_position_embeddings=64)).save_pretrained(path)
+    BertModel(BertConfig(**{"vocab_size": len(tokenizer), "hidden_size": 32, "num_hidden_layers": 2,
+                            "num_attention_heads": 4, "intermediate_size": 64, "max_position_embeddings": 64,
+                            **config})).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="module")
+def tiny_source(tmp_path_factory):
+    return write_tiny_source(tmp_path_factory.mktemp("tiny-source"))
 
 
 @pytest.fixture(scope="module")

@@ -201,9 +201,9 @@ def test_peft_cli_checkpoint_holds_only_what_was_trained_and_round_trips(tmp_pat
     from longbird.heads import LongBirdForQuestionAnswering
     from longbird.training.peft import load_tape_peft
     from longbird.workflows import load_on_device
-    from test_qa_cli import PAGES, tiny_source  # noqa: F401
+    from test_qa_cli import PAGES, write_tiny_source
 
-    source = tiny_source.__wrapped__(type("Factory", (), {"mktemp": lambda self, name: tmp_path / name})())
+    source = write_tiny_source(tmp_path / "source")
     out = tmp_path / "qa-peft"
     result = CliRunner().invoke(app, ["finetune-qa", "--model", str(source), "--preset", "tape", "--max-length", "128",
                                       "--train", str(PAGES[0]), "--out", str(out), "--max-steps", "2",
