@@ -422,14 +422,19 @@ def distill(teacher_source, output_dir: str | Path, student_path=None, preset: s
                "metrics": {k: v for k, v in metrics.items() if k != "log_history"},
                "log_history": metrics["log_history"]}
 
-    def write(directory: Path) -> None:
-        student.save_pretrained(directory)
-        tokenizer.save_pretrained(directory)
-        (directory / "longbird_distill.json").write_text(json.dumps(summary, indent=2, default=str))
-
-    if is_main_process():  # under torchrun every process trains, the first one writes
-        write_directory_atomically(model_dir, write, overwrite=overwrite)
+    _write_trained_model(model_dir, student, tokenizer, "longbird_distill.json", summary, overwrite)
     return {**metrics, "windows": len(windows), "model_dir": str(model_dir)}
+
+
+def _write_trained_model(directory: Path, model, tokenizer, summary_name: str, summary: dict, overwrite: bool) -> None:
+    """Model, tokenizer and the run's summary, atomically; under torchrun every process trains, the first writes."""
+    def write(target: Path) -> None:
+        model.save_pretrained(target)
+        tokenizer.save_pretrained(target)
+        (target / summary_name).write_text(json.dumps(summary, indent=2, default=str))
+
+    if is_main_process():
+        write_directory_atomically(directory, write, overwrite=overwrite)
 
 
 def _has_lm_head(path) -> bool:
@@ -496,13 +501,7 @@ def pretrain(model_path, output_dir: str | Path, corpus=None, length: int = 512,
                "log_history": metrics["log_history"]}
     tokenizer.model_max_length = model.config.max_position_embeddings
 
-    def write(directory: Path) -> None:
-        model.save_pretrained(directory)
-        tokenizer.save_pretrained(directory)
-        (directory / "longbird_pretrain.json").write_text(json.dumps(summary, indent=2, default=str))
-
-    if is_main_process():  # under torchrun every process trains, the first one writes
-        write_directory_atomically(model_dir, write, overwrite=overwrite)
+    _write_trained_model(model_dir, model, tokenizer, "longbird_pretrain.json", summary, overwrite)
     return {**{k: v for k, v in metrics.items() if k != "log_history"}, "train_windows": len(train_items),
             "held_out_windows": len(held_items), "rss_accuracy_before": before, "rss_accuracy_after": after,
             "model_dir": str(model_dir)}
