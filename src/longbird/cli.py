@@ -269,14 +269,12 @@ def _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insert
               train_word_embeddings=False, save_steps=0, resume=False, logging_steps=20, peft=None):
     from .training.finetune import FinetuneSettings, check_training_device
 
-    settings = FinetuneSettings(learning_rate=learning_rate, epochs=epochs, max_steps=max_steps, batch_size=batch_size,
-                                seed=seed, padding_insertion=padding_insertion, bf16=bf16, fp16=fp16, device=device,
-                                train_word_embeddings=train_word_embeddings, save_steps=save_steps, resume=resume,
-                                logging_steps=logging_steps, peft=peft)
-    if peft not in (None, "tape"):
-        raise typer.BadParameter(f"--peft must be 'tape' (or left out); got {peft!r}")
-    try:
-        check_training_device(settings)  # before any data is read or model converted
+    try:  # before any data is read or model converted
+        settings = FinetuneSettings(learning_rate=learning_rate, epochs=epochs, max_steps=max_steps,
+                                    batch_size=batch_size, seed=seed, padding_insertion=padding_insertion, bf16=bf16,
+                                    fp16=fp16, device=device, train_word_embeddings=train_word_embeddings,
+                                    save_steps=save_steps, resume=resume, logging_steps=logging_steps, peft=peft)
+        check_training_device(settings)
     except ValueError as error:
         raise typer.BadParameter(str(error))
     return settings

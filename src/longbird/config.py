@@ -139,7 +139,7 @@ class LongBirdConfig(PreTrainedConfig):
                 f"max_position_embeddings ({self.max_position_embeddings}) is below the source length "
                 f"({self.source_max_positions}); use max_length >= {self.source_max_positions}"
             )
-        if self.position == "bialibi" and self.attention != "littlebird" or (
+        if (self.position == "bialibi" and self.attention != "littlebird") or (
                 self.attention == "littlebird" and self.position not in ("bialibi", "tape")):
             raise ValueError(
                 f"attention='littlebird' and position='bialibi' go together (the USW kernel computes the BiALiBi "

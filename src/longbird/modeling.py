@@ -26,7 +26,6 @@ from .attention.rows import RowGroup, padded_length, plan_batch, plan_rows, run_
 from .config import LongBirdConfig
 from .positions import tape as tape_states
 from .positions.alibi import BiALiBi, alibi_slopes
-from .positions.tape import TapeFeedForward
 from .tracing import graph_cannot_branch_on_data, is_tracing, real_tensors
 
 REFERENCE = "reference"
@@ -233,7 +232,8 @@ class LongBirdLayer(nn.Module):
         self.output = LongBirdOutput(config)
         self.gradient_checkpointing = False  # set with the model's by enable_checkpointing()
         if config.position == "tape":
-            self.tape_ffn = TapeFeedForward(config.hidden_size, config.num_attention_heads, config.tape_channels,
+            self.tape_ffn = tape_states.TapeFeedForward(config.hidden_size, config.num_attention_heads,
+                                                        config.tape_channels,
                                             config.hidden_act)
 
     def forward(self, hidden_states, key_mask, plan=None, use_reference=False, workspace=None, backend=None,
@@ -426,7 +426,7 @@ class LongBirdPreTrainedModel(PreTrainedModel):
                 parameter.copy_(slopes)
         elif isinstance(module, LongBirdEncoder) and hasattr(module, "pack_embeddings"):
             module.pack_embeddings.normal_(0.0, self.config.initializer_range)
-        elif isinstance(module, TapeFeedForward):  # W1 zero: the states are unchanged at init (TAPE)
+        elif isinstance(module, tape_states.TapeFeedForward):  # W1 zero: the states are unchanged at init (TAPE)
             module.tape_ffn_in.zero_()
             module.tape_ffn_out.normal_(0.0, module.tape_ffn_out.shape[1] ** -0.5)
         elif isinstance(module, LongBirdSelfAttention) and hasattr(module, "tape_post"):

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
-TAPE_INITS = ("rope", "identity")
+from ..config import TAPE_INITS
 
 
 def initial_states(position_ids: torch.Tensor, heads: int, head_dim: int, init: str, base: float = 10000.0,

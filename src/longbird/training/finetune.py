@@ -58,6 +58,10 @@ class FinetuneSettings:
     save_steps: int = 0
     resume: bool = False
 
+    def __post_init__(self):
+        if self.peft not in (None, "tape"):
+            raise ValueError(f"--peft must be 'tape' (or left out); got {self.peft!r}")
+
 
 def qa_training_items(features: list[QAFeature], negative_fraction: float = 1.0, seed: int = 0) -> list[dict]:
     """Model inputs with start/end labels. Windows without the answer (labelled [CLS]) are kept with
@@ -139,17 +143,19 @@ def check_training_device(settings: FinetuneSettings) -> None:
         raise ValueError("--fp16 and --bf16 exclude each other; pick one")
 
 
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
 def is_main_process() -> bool:
     """False in every process but the first of a `torchrun` / `accelerate launch` run: only the first writes the
     outputs (all of them train; Trainer saves checkpoints from the first only)."""
-    return not (torch.distributed.is_available() and torch.distributed.is_initialized()) or \
-        torch.distributed.get_rank() == 0
+    return not _distributed() or torch.distributed.get_rank() == 0
 
 
 def world_size() -> int:
     """Processes training together (1 without torchrun / accelerate launch); recorded in the run's summary."""
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    return torch.distributed.get_world_size() if distributed else 1
+    return torch.distributed.get_world_size() if _distributed() else 1
 
 
 def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: FinetuneSettings,
@@ -172,8 +178,6 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
         from .peft import tape_peft
 
         tape_peft(model)
-    elif settings.peft is not None:
-        raise ValueError(f"--peft must be 'tape' (or left out); got {settings.peft!r}")
     arguments = TrainingArguments(
         output_dir=str(checkpoint_dir if keep else Path(out_dir) / "trainer"),
         per_device_train_batch_size=settings.batch_size,

@@ -78,22 +78,13 @@ def load_tape_peft(directory: str | Path, task_class):
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
-    from ..convert import convert
-    from ..modeling import LongBirdModel
-    from ..sources import resolve_model_directory
+    from ..workflows import load_task_model  # the same load-or-convert as the fine-tuning run that made the base
 
     directory = Path(directory)
     record = json.loads((directory / PEFT_RECORD).read_text(encoding="utf-8"))
     base = record["base"]
-    base_path = resolve_model_directory(base["model"])
-    config = AutoConfig.from_pretrained(directory, local_files_only=True)
-    model = task_class(config)
-    if AutoConfig.from_pretrained(base_path, local_files_only=True).model_type == "longbird":
-        frozen = LongBirdModel.from_pretrained(base_path)
-    else:
-        frozen = convert(base_path, preset=base["preset"], max_length=base["max_length"])
-    frozen = getattr(frozen, "longbird", frozen)
-    state = frozen.state_dict()
+    model = task_class(AutoConfig.from_pretrained(directory, local_files_only=True))
+    state = load_task_model(base["model"], task_class, base["preset"], base["max_length"])[0].longbird.state_dict()
     word = "embeddings.word_embeddings.weight"
     table = model.longbird.state_dict()[word].clone()
     table[: state[word].shape[0]] = state[word]
