@@ -281,6 +281,11 @@ def _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insert
 
 
 TRAIN_DEVICE_HELP = "auto (CUDA when present), cpu or cuda; pick a GPU with CUDA_VISIBLE_DEVICES"
+CORPUS_HELP = ("Text/JSONL files or directories (repeatable; default: the repository's Korean text: KorQuAD, TyDi QA "
+               "Korean, laws and bills, with the KorQuAD 1.0 dev-split articles held out)")
+SLOPE_LR_HELP = ("Learning rate of the BiALiBi slopes (littlebird; default: --learning-rate, which barely moves them in "
+                 "a short run)")
+PEFT_HELP = "tape: train only the TAPE maps (+ the task head) of a TAPE model; saves only what was trained"
 SAVE_STEPS_HELP = "Checkpoint every N steps into OUT.checkpoints/ (0: none; Ctrl-C then keeps the model too)"
 RESUME_HELP = "Continue from the last checkpoint in OUT.checkpoints/ (same options as the interrupted run)"
 WORD_EMBEDDINGS_HELP = "Also train the word embeddings (frozen by default: with a 250K vocabulary they dominate a CPU step)"
@@ -451,9 +456,10 @@ def distill(
                                                       "--preset and --max-length)"),
     preset: str = typer.Option("littlebird", help="Preset when the student is converted: littlebird, kobigbird, full"),
     max_length: int = typer.Option(4096, help="Student length when converted"),
-    corpus: list[Path] = typer.Option([], "--corpus", help="Text/JSONL files or directories (repeatable; default: the "
-                                                            "Korean texts shipped with longbird)"),
+    corpus: list[Path] = typer.Option([], "--corpus", help=CORPUS_HELP),
     length: Optional[int] = typer.Option(None, help="Training window in tokens (default and maximum: the teacher's)"),
+    rss: bool = typer.Option(False, help="Learn Recurring Span Selection at the same time (loss = RSS + beta * "
+                                         "attention KL; the student is saved as a span-selection model)"),
     alpha: float = typer.Option(1.0, help="Weight of the soft-target KL (teachers with an MLM head)"),
     beta: float = typer.Option(1.0, help="Weight of the attention KL"),
     temperature: float = typer.Option(1.0, help="Soft-target temperature"),
@@ -464,16 +470,20 @@ def distill(
     resume: bool = typer.Option(False, help="Continue from the last checkpoint in OUTPUT_DIR/checkpoints"),
     bf16: bool = typer.Option(False, help="bf16 mixed precision"),
     gradient_checkpointing: bool = typer.Option(False, help="Recompute layers in backward"),
+    slope_learning_rate: Optional[float] = typer.Option(None, help=SLOPE_LR_HELP),
+    gradient_accumulation_steps: int = typer.Option(1, help="Batches summed per optimiser update"),
+    peft: Optional[str] = typer.Option(None, help=PEFT_HELP),
     device: str = typer.Option("auto", help=TRAIN_DEVICE_HELP),
     overwrite: bool = typer.Option(False, help="Replace OUTPUT_DIR/model if longbird wrote it"),
 ):
     """Distil the short source into a long student (LittleBird 3.4): attention KL per layer + soft targets."""
     from .workflows import distill as run
 
-    settings = _settings(learning_rate, 1.0, max_steps, batch_size, seed, False, bf16, False, device, False)
-    settings.logging_steps = logging_steps
+    settings = _settings(learning_rate, 1.0, max_steps, batch_size, seed, False, bf16, False, device, False,
+                         logging_steps=logging_steps, peft=peft)
+    settings.slope_learning_rate, settings.gradient_accumulation_steps = slope_learning_rate, gradient_accumulation_steps
     metrics = run(teacher, output_dir, student, preset, max_length, list(corpus) or None, length, settings,
-                  alpha, beta, temperature, save_steps, resume, gradient_checkpointing, overwrite)
+                  alpha, beta, temperature, save_steps, resume, gradient_checkpointing, overwrite, rss)
     _print_metrics(f"distilled student saved to {metrics['model_dir']}", metrics)
 
 
@@ -484,15 +494,19 @@ def pretrain(
                                                                       "source to convert with --preset"),
     preset: str = typer.Option("littlebird", help="Preset when MODEL is converted: " + PRESET_HELP),
     max_length: int = typer.Option(4096, help="Model length when MODEL is converted"),
-    corpus: list[Path] = typer.Option([], "--corpus", help="Text/JSONL files or directories (repeatable; default: the "
-                                                            "Korean texts shipped with longbird)"),
+    corpus: list[Path] = typer.Option([], "--corpus", help=CORPUS_HELP),
     length: int = typer.Option(2048, help="Training window in tokens (long inputs: 2048, 4096)"),
     learning_rate: float = typer.Option(1e-4), max_steps: int = typer.Option(100),
     batch_size: int = typer.Option(1), seed: int = typer.Option(0),
     padding_insertion: bool = typer.Option(False, help="Padding Insertion on training batches (LittleBird 3.4)"),
     save_steps: int = typer.Option(50, help=SAVE_STEPS_HELP),
+    logging_steps: int = typer.Option(10, help="Log the loss every N steps"),
     resume: bool = typer.Option(False, help=RESUME_HELP),
     bf16: bool = typer.Option(False, help="bf16 mixed precision"),
+    gradient_checkpointing: bool = typer.Option(False, help="Recompute layers in backward"),
+    slope_learning_rate: Optional[float] = typer.Option(None, help=SLOPE_LR_HELP),
+    gradient_accumulation_steps: int = typer.Option(1, help="Batches summed per optimiser update"),
+    peft: Optional[str] = typer.Option(None, help=PEFT_HELP),
     device: str = typer.Option("auto", help=TRAIN_DEVICE_HELP),
     overwrite: bool = typer.Option(False, help="Replace OUTPUT_DIR/model if longbird wrote it"),
 ):
@@ -500,8 +514,10 @@ def pretrain(
     from .workflows import pretrain as run
 
     settings = _settings(learning_rate, 1.0, max_steps, batch_size, seed, padding_insertion, bf16, False, device,
-                         False, save_steps, resume)
-    metrics = run(model, output_dir, list(corpus) or None, length, preset, max_length, settings, overwrite=overwrite)
+                         False, save_steps, resume, logging_steps, peft)
+    settings.slope_learning_rate, settings.gradient_accumulation_steps = slope_learning_rate, gradient_accumulation_steps
+    metrics = run(model, output_dir, list(corpus) or None, length, preset, max_length, settings, overwrite=overwrite,
+                  gradient_checkpointing=gradient_checkpointing)
     _print_metrics(f"pretrained model saved to {metrics['model_dir']}", metrics)
 
 

@@ -24,6 +24,7 @@ from .data.html import add_tag_tokens
 from .data.korquad import read_korquad_v1_articles, read_korquad_v2, read_squad_paragraphs, split_by_title
 from .files import write_directory_atomically
 from .heads import LongBirdForQuestionAnswering, LongBirdForSequenceClassification
+from .modeling import enable_checkpointing
 from .metrics.classification import accuracy, macro_f1
 from .metrics.korquad import korquad_v1, korquad_v2, squad_v1
 from .qa import predict_rows
@@ -93,11 +94,8 @@ def load_task_model(model_path: str | Path | None, task_class, preset: str = "ko
     if AutoConfig.from_pretrained(path, local_files_only=True).model_type == "longbird":
         model = task_class.from_pretrained(path, **overrides)
         return model, _fit_tokenizer(tokenizer, model)
-    base = convert(path, preset=preset, max_length=max_length)
-    config = base.config
-    for key, value in overrides.items():
-        setattr(config, key, value)
-    model = task_class(config)
+    base = convert(path, preset=preset, max_length=max_length, **overrides)  # overrides may shape weights (pack_size)
+    model = task_class(base.config)
     source = base.longbird if hasattr(base, "longbird") else base
     model.longbird.load_state_dict(source.state_dict())
     return model, _fit_tokenizer(tokenizer, model)
@@ -384,15 +382,20 @@ def answer(model, document: str, question: str, tokenizer=None, is_html: bool | 
 def distill(teacher_source, output_dir: str | Path, student_path=None, preset: str = "littlebird",
             max_length: int = 4096, corpus=None, length: int | None = None, settings: FinetuneSettings | None = None,
             alpha: float = 1.0, beta: float = 1.0, temperature: float = 1.0, save_steps: int = 50,
-            resume: bool = False, gradient_checkpointing: bool = False, overwrite: bool = False) -> dict:
+            resume: bool = False, gradient_checkpointing: bool = False, overwrite: bool = False, rss: bool = False,
+            **overrides: Any) -> dict:
     """Distil the short `teacher_source` into a long student (LittleBird §3.4, step 2) on short corpus windows.
 
-    The student is `student_path` (a longbird directory) or the teacher converted with `preset` and `max_length`.
-    Writes `output_dir`/model (student + tokenizer, atomically) and `output_dir`/distill.json; Trainer checkpoints go
-    to `output_dir`/checkpoints, from which `resume` continues."""
-    from .convert import convert
-    from .data.corpus import DEFAULT_CORPUS, corpus_documents, corpus_windows
+    The student is `student_path` (a longbird directory) or the teacher converted with `preset`, `max_length` and
+    config `overrides` (e.g. pack_size=0). With `rss` the student learns Recurring Span Selection at the same time
+    (the paper's pretraining objective; loss = RSS + β·attention KL) and is saved as a span-selection model that
+    `longbird pretrain` continues. Writes `output_dir`/model (student + tokenizer, atomically) and
+    `output_dir`/model/longbird_distill.json; Trainer checkpoints go to `output_dir`/checkpoints, from which `resume`
+    continues."""
+    from .data.corpus import corpus_split, corpus_windows
+    from .heads import LongBirdForSpanSelection
     from .training.distill import load_teacher, run_distillation
+    from .training.rss import RSSCollator, add_question_token, rss_examples
 
     settings = settings or FinetuneSettings()
     output_dir = Path(output_dir)
@@ -401,35 +404,58 @@ def distill(teacher_source, output_dir: str | Path, student_path=None, preset: s
         raise FileExistsError(f"{model_dir} already exists; pass --overwrite to replace it")
     teacher_dir = resolve_model_directory(teacher_source)
     teacher = load_teacher(teacher_dir)
-    tokenizer = AutoTokenizer.from_pretrained(student_path or teacher_dir, local_files_only=True)
     set_seed(settings.seed)
-    student = (AutoModelForMaskedLM.from_pretrained(student_path) if student_path and _has_lm_head(student_path)
-               else AutoModel.from_pretrained(student_path) if student_path
-               else convert(teacher, preset=preset, max_length=max_length))
+    if rss:
+        student, tokenizer = load_task_model(student_path or teacher_dir, LongBirdForSpanSelection, preset,
+                                             max_length, **overrides)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(student_path or teacher_dir, local_files_only=True)
+        student = (AutoModelForMaskedLM.from_pretrained(student_path) if student_path and _has_lm_head(student_path)
+                   else AutoModel.from_pretrained(student_path) if student_path
+                   else convert(teacher, preset=preset, max_length=max_length, **overrides))
     source_length = student.config.source_max_positions
     length = length or source_length
     if length > source_length:
         raise ValueError(f"--length {length} is above the teacher's {source_length} tokens: distillation reads short "
                          f"inputs the teacher sees whole; use at most {source_length}")
-    windows = corpus_windows(corpus_documents(corpus or DEFAULT_CORPUS), tokenizer, length)
+    documents = corpus_split(corpus)[0]
+    collator, teacher_ids = None, None
+    if rss:
+        question_id = add_question_token(tokenizer, student)
+        stand_in = tokenizer.mask_token_id if tokenizer.mask_token_id is not None else tokenizer.unk_token_id
+        with torch.no_grad():  # [QUESTION] starts as what the teacher reads in its place
+            student.get_input_embeddings().weight[question_id] = student.get_input_embeddings().weight[stand_in]
+        windows = rss_examples(documents, tokenizer, length, settings.seed)
+        collator, teacher_ids = RSSCollator(tokenizer.pad_token_id or 0), {question_id: stand_in}
+    else:
+        windows = corpus_windows(documents, tokenizer, length)
     tokenizer.model_max_length = student.config.max_position_embeddings
     metrics = run_distillation(student.train(), teacher, tokenizer, windows, output_dir, settings, alpha, beta,
-                               temperature, save_steps, resume, gradient_checkpointing)
+                               temperature, save_steps, resume, gradient_checkpointing, collator, teacher_ids)
     summary = {"teacher": str(teacher_dir), "student": str(student_path) if student_path else f"{preset}-{max_length}",
-               "corpus": [str(p) for p in (corpus if isinstance(corpus, (list, tuple)) else [corpus or DEFAULT_CORPUS])],
-               "windows": len(windows), "length": length, "alpha": alpha, "beta": beta, "temperature": temperature,
-               "settings": vars(settings), "processes": world_size(),
+               "overrides": overrides, "objective": "rss + attention" if rss else "attention (+ soft targets)",
+               "corpus": _corpus_record(corpus), "windows": len(windows), "length": length, "alpha": alpha,
+               "beta": beta, "temperature": temperature, "settings": vars(settings), "processes": world_size(),
                "metrics": {k: v for k, v in metrics.items() if k != "log_history"},
                "log_history": metrics["log_history"]}
 
-    _write_trained_model(model_dir, student, tokenizer, "longbird_distill.json", summary, overwrite)
+    _write_trained_model(model_dir, student, tokenizer, "longbird_distill.json", summary, overwrite, settings,
+                         (student_path or teacher_source, preset, max_length))
     return {**metrics, "windows": len(windows), "model_dir": str(model_dir)}
 
 
-def _write_trained_model(directory: Path, model, tokenizer, summary_name: str, summary: dict, overwrite: bool) -> None:
-    """Model, tokenizer and the run's summary, atomically; under torchrun every process trains, the first writes."""
+def _corpus_record(corpus) -> list[str] | str:
+    if corpus is None:
+        return "default Korean corpus (longbird.data.corpus.default_corpus)"
+    return [str(p) for p in (corpus if isinstance(corpus, (list, tuple)) else [corpus])]
+
+
+def _write_trained_model(directory: Path, model, tokenizer, summary_name: str, summary: dict, overwrite: bool,
+                         settings: FinetuneSettings, base: tuple) -> None:
+    """Model (or with --peft tape what was trained, `base` = (model_path, preset, max_length) naming the rest),
+    tokenizer and the run's summary, atomically; under torchrun every process trains, the first writes."""
     def write(target: Path) -> None:
-        model.save_pretrained(target)
+        _save_trained(model, target, settings, *base)
         tokenizer.save_pretrained(target)
         (target / summary_name).write_text(json.dumps(summary, indent=2, default=str))
 
@@ -464,13 +490,14 @@ def rss_accuracy(model, items: list[dict], batch_size: int = 4) -> float:
 
 def pretrain(model_path, output_dir: str | Path, corpus=None, length: int = 512, preset: str = "littlebird",
              max_length: int = 4096, settings: FinetuneSettings | None = None, held_out: float = 0.1,
-             overwrite: bool = False) -> dict:
+             overwrite: bool = False, gradient_checkpointing: bool = False, **overrides: Any) -> dict:
     """Continued training on long inputs with Recurring Span Selection (LittleBird §3.4 step 3, §4.1).
 
     `model_path`: a longbird directory (e.g. `longbird distill`'s model) or a source converted with `preset`. Corpus
-    documents are split into training and held-out ones (`held_out`); RSS accuracy on the held-out windows is reported
-    before and after. Writes `output_dir`/model atomically; checkpoints go to `output_dir`/checkpoints."""
-    from .data.corpus import DEFAULT_CORPUS, corpus_documents
+    documents are split into training and held-out ones (`held_out`; the default corpus has its own held-out articles);
+    RSS accuracy on the held-out windows is reported before and after. `overrides` are config fields used when
+    `model_path` is converted. Writes `output_dir`/model atomically; checkpoints go to `output_dir`/checkpoints."""
+    from .data.corpus import corpus_split
     from .heads import LongBirdForSpanSelection
     from .training.rss import RSSCollator, add_question_token, rss_examples
 
@@ -480,20 +507,21 @@ def pretrain(model_path, output_dir: str | Path, corpus=None, length: int = 512,
     if model_dir.exists() and not overwrite:
         raise FileExistsError(f"{model_dir} already exists; pass --overwrite to replace it")
     set_seed(settings.seed)
-    model, tokenizer = load_task_model(model_path, LongBirdForSpanSelection, preset, max_length)
+    model, tokenizer = load_task_model(model_path, LongBirdForSpanSelection, preset, max_length, **overrides)
+    if gradient_checkpointing:
+        enable_checkpointing(model)
     if length > model.config.max_position_embeddings:
         raise ValueError(f"--length {length} is above the model's {model.config.max_position_embeddings} tokens")
     add_question_token(tokenizer, model)
-    documents = corpus_documents(corpus or DEFAULT_CORPUS)
-    cut = max(1, int(round(len(documents) * held_out))) if len(documents) > 1 and held_out > 0 else 0
-    train_items = rss_examples(documents[cut:], tokenizer, length, settings.seed)
-    held_items = rss_examples(documents[:cut], tokenizer, length, settings.seed) if cut else []
+    training, held = corpus_split(corpus, held_out)
+    train_items = rss_examples(training, tokenizer, length, settings.seed)
+    held_items = rss_examples(held, tokenizer, length, settings.seed) if held else []
     before = rss_accuracy(model, held_items) if held_items else None
     metrics = train(model.train(), tokenizer, train_items, output_dir / ".work", settings,
                     checkpoint_dir=output_dir / "checkpoints",
                     collator=RSSCollator(tokenizer.pad_token_id or 0))
     after = rss_accuracy(model, held_items) if held_items else None
-    summary = {"model": str(model_path), "corpus": str(corpus or DEFAULT_CORPUS), "length": length,
+    summary = {"model": str(model_path), "corpus": _corpus_record(corpus), "length": length,
                "train_windows": len(train_items), "held_out_windows": len(held_items),
                "held_out_rss_accuracy_before": before, "held_out_rss_accuracy_after": after,
                "settings": vars(settings), "processes": world_size(),
@@ -501,7 +529,8 @@ def pretrain(model_path, output_dir: str | Path, corpus=None, length: int = 512,
                "log_history": metrics["log_history"]}
     tokenizer.model_max_length = model.config.max_position_embeddings
 
-    _write_trained_model(model_dir, model, tokenizer, "longbird_pretrain.json", summary, overwrite)
+    _write_trained_model(model_dir, model, tokenizer, "longbird_pretrain.json", summary, overwrite, settings,
+                         (model_path, preset, max_length))
     return {**{k: v for k, v in metrics.items() if k != "log_history"}, "train_windows": len(train_items),
             "held_out_windows": len(held_items), "rss_accuracy_before": before, "rss_accuracy_after": after,
             "model_dir": str(model_dir)}

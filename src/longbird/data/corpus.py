@@ -1,8 +1,12 @@
 """Plain-text corpora for distillation and continued training: files, directories or JSON Lines ({"text": ...}),
 cut into training windows of whole token sequences ([CLS] tokens [SEP], or the tokenizer's own specials).
 
-The default corpus is the Korean text shipped with the package (resources/konlpy-corpus: the constitution and ten
-National Assembly bills), so `longbird distill` runs on a fresh clone without data.
+The default corpus (`default_corpus`) is the Korean text of the repository: the whole articles of KorQuAD 1.0 (dev
+set, paragraphs joined), the KorQuAD 2.1 pages (HTML reduced to visible text), the TyDi QA Korean documents and the
+constitution and ten National Assembly bills shipped with the package (resources/konlpy-corpus). Its held-out
+documents are the KorQuAD 1.0 articles of the by-article dev split (`split_by_title`, the split `finetune-qa --split`
+uses), so a model pretrained on the rest can be fine-tuned and scored on KorQuAD without having read its test
+articles. Outside a checkout (an installed wheel) only the packaged laws and bills remain.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from pathlib import Path
 from .reading import read_text_file
 
 DEFAULT_CORPUS = Path(__file__).resolve().parents[1] / "resources" / "konlpy-corpus"
+# The repository's data/ folder (src/longbird/data/corpus.py -> repository root); absent in an installed wheel.
+REPOSITORY_DATA = Path(__file__).resolve().parents[3] / "data"
 TEXT_SUFFIXES = (".txt", ".md")
 
 
@@ -75,3 +81,52 @@ def corpus_windows(documents: list[str], tokenizer, length: int) -> list[dict]:
     if not windows:
         raise ValueError("the corpus holds no text")
     return windows
+
+
+def packaged_documents() -> list[str]:
+    """The laws and bills shipped with the package (its SOURCE.md is attribution, not corpus text)."""
+    return corpus_documents([p for p in corpus_files(DEFAULT_CORPUS) if p.name != "SOURCE.md"])
+
+
+def _split_by_order(documents: list[str], held_out: float) -> tuple[list[str], list[str]]:
+    cut = max(1, int(round(len(documents) * held_out))) if len(documents) > 1 and held_out > 0 else 0
+    return documents[cut:], documents[:cut]
+
+
+def default_corpus(data_dir: Path = REPOSITORY_DATA) -> tuple[list[str], list[str]]:
+    """(training, held-out) documents of the default Korean corpus (see the module docstring)."""
+    from .html import visible_text
+    from .korquad import read_korquad_v1_articles, split_by_title
+
+    laws_and_bills = packaged_documents()
+    korquad1 = data_dir / "korquad" / "KorQuAD_v1.0_dev.json"
+    if not korquad1.exists():
+        return _split_by_order(laws_and_bills, 0.1)
+    split = split_by_title(read_korquad_v1_articles(korquad1)[0])
+    articles = {name: {row["title"]: row["context"] for row in split[name]} for name in ("train", "dev")}
+    pages = []
+    for path in sorted((data_dir / "korquad").glob("korquad2*.json")):
+        pages += [visible_text(record["context"]) for record in json.loads(read_text_file(path, "corpus file"))["data"]]
+    tydi = []
+    for path in (data_dir / "tydiqa" / "tiny_dev.jsonl.gz", data_dir / "tydiqa" / "small_gold_annotation.jsonl"):
+        if path.exists():
+            tydi += [record.get("document_html") and visible_text(record["document_html"])
+                     or record["document_plaintext"] for record in _json_lines(path) if record["language"] == "korean"]
+    training = list(articles["train"].values()) + pages + tydi + laws_and_bills
+    return training, list(articles["dev"].values())
+
+
+def _json_lines(path: Path) -> list[dict]:
+    import gzip
+
+    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    return [json.loads(line) for line in raw.decode("utf-8").splitlines() if line.strip()]
+
+
+def corpus_split(paths=None, held_out: float = 0.1) -> tuple[list[str], list[str]]:
+    """(training, held-out) documents: the default corpus (its own held-out articles, none for `held_out` 0) for
+    None, else the first `held_out` fraction of the given corpus's documents (in file order) held out."""
+    if paths is None:
+        training, held = default_corpus()
+        return (training, held) if held_out > 0 else (training + held, [])
+    return _split_by_order(corpus_documents(paths), held_out)

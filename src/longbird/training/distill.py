@@ -10,6 +10,9 @@ probability mass the student puts on packed keys is reported (`pack_mass`), not 
 the teacher (preset "full", absolute positions) both sides are the same distribution and the loss is 0.
 The student runs its dense reference path (the only one that materialises attention probabilities; exact, and cheap
 at ≤ 512 tokens).
+
+With the RSS objective (LittleBird §4.1 pretrains with it in both steps) the student is a span-selection model and its
+RSS loss is added; the teacher, whose vocabulary has no `[QUESTION]`, reads its mask token there (`teacher_ids`).
 """
 
 from __future__ import annotations
@@ -58,22 +61,31 @@ def soft_target_kl(teacher_logits, student_logits, key_mask, temperature: float)
 
 
 def distillation_loss(teacher, student, batch: dict, alpha: float = 1.0, beta: float = 1.0,
-                      temperature: float = 1.0) -> tuple[torch.Tensor, dict]:
-    """The loss of one batch and its parts (attention KL, soft-target KL, pack mass)."""
+                      temperature: float = 1.0, teacher_ids: dict[int, int] | None = None) -> tuple[torch.Tensor, dict]:
+    """The loss of one batch and its parts (attention KL, soft-target KL, pack mass, the student's own task loss such
+    as RSS when the batch carries its labels). `teacher_ids` maps student-only token ids to what the teacher reads."""
     key_mask = batch["attention_mask"].bool()
     inputs = {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+    teacher_inputs = dict(inputs)
+    for student_id, teacher_id in (teacher_ids or {}).items():
+        teacher_inputs["input_ids"] = teacher_inputs["input_ids"].masked_fill(inputs["input_ids"] == student_id,
+                                                                              teacher_id)
     with torch.no_grad():
-        taught = teacher(**inputs, output_attentions=True)
+        taught = teacher(**teacher_inputs, output_attentions=True)
     implementation = student.config._attn_implementation
     student.config._attn_implementation = REFERENCE
     try:
         with recording_attention() as records:
-            learnt = student(**inputs)
+            learnt = student(**batch)
     finally:
         student.config._attn_implementation = implementation
     attention, pack_mass = attention_kl(taught.attentions, records, key_mask)
     loss = beta * attention
     parts = {"attention_kl": attention.detach(), "pack_mass": pack_mass.detach()}
+    task_loss = getattr(learnt, "loss", None)
+    if task_loss is not None:
+        loss = loss + task_loss
+        parts["task_loss"] = task_loss.detach()
     teacher_logits, student_logits = getattr(taught, "logits", None), getattr(learnt, "logits", None)
     if alpha and teacher_logits is not None and student_logits is not None:
         soft = soft_target_kl(teacher_logits, student_logits, key_mask, temperature)
@@ -86,17 +98,18 @@ class DistillationTrainer(LongBirdTrainer):
     """Trainer whose loss is `distillation_loss` against a frozen teacher; logs the loss parts."""
 
     def __init__(self, *args, teacher=None, alpha: float = 1.0, beta: float = 1.0, temperature: float = 1.0,
-                 **kwargs):
+                 teacher_ids: dict[int, int] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         if teacher is None:
             raise ValueError("DistillationTrainer needs a teacher model")
         self.teacher = teacher.eval().requires_grad_(False)
-        self.alpha, self.beta, self.temperature = alpha, beta, temperature
+        self.alpha, self.beta, self.temperature, self.teacher_ids = alpha, beta, temperature, teacher_ids
         self._parts: dict[str, list[float]] = {}
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         self.teacher.to(next(model.parameters()).device)
-        loss, parts = distillation_loss(self.teacher, model, inputs, self.alpha, self.beta, self.temperature)
+        loss, parts = distillation_loss(self.teacher, model, inputs, self.alpha, self.beta, self.temperature,
+                                        self.teacher_ids)
         for name, value in parts.items():
             self._parts.setdefault(name, []).append(float(value))
         return (loss, None) if return_outputs else loss
@@ -123,7 +136,8 @@ def load_teacher(source):
 
 def run_distillation(student, teacher, tokenizer, windows: list[dict], output_dir, settings, alpha: float = 1.0,
                      beta: float = 1.0, temperature: float = 1.0, save_steps: int = 50, resume: bool = False,
-                     gradient_checkpointing: bool = False) -> dict:
+                     gradient_checkpointing: bool = False, collator=None, teacher_ids: dict[int, int] | None = None
+                     ) -> dict:
     """Train `student` on corpus windows against `teacher` (`finetune.train` with DistillationTrainer); checkpoints
     every `save_steps` steps under `output_dir`/checkpoints, from which `resume` continues. Returns the training
     metrics; saving the final student is the caller's job."""
@@ -139,5 +153,6 @@ def run_distillation(student, teacher, tokenizer, windows: list[dict], output_di
         enable_checkpointing(student)
     settings = dataclasses.replace(settings, save_steps=save_steps, resume=resume)
     return train(student, tokenizer, windows, Path(output_dir) / ".work", settings,
-                 checkpoint_dir=Path(output_dir) / "checkpoints", trainer_class=DistillationTrainer,
-                 trainer_kwargs={"teacher": teacher, "alpha": alpha, "beta": beta, "temperature": temperature})
+                 checkpoint_dir=Path(output_dir) / "checkpoints", collator=collator, trainer_class=DistillationTrainer,
+                 trainer_kwargs={"teacher": teacher, "alpha": alpha, "beta": beta, "temperature": temperature,
+                                 "teacher_ids": teacher_ids})

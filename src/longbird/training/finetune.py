@@ -57,6 +57,9 @@ class FinetuneSettings:
     # the run (they are what a learning curve is read from).
     save_steps: int = 0
     resume: bool = False
+    # Learning rate of the BiALiBi slopes (α, β, γ; LittleBird §3.1) when set: they start at ALiBi's 0.004-0.63 and
+    # move ~lr per Adam step, so at the encoder's 1e-4 a short run leaves them where they started.
+    slope_learning_rate: float | None = None
 
     def __post_init__(self):
         if self.peft not in (None, "tape"):
@@ -89,10 +92,26 @@ class LongBirdTrainer(Trainer):
     """Trainer that switches a Padding Insertion collator off for evaluation and prediction, with a quiet progress
     bar."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, slope_learning_rate: float | None = None, **kwargs):
         super().__init__(*args, **kwargs)
+        self.slope_learning_rate = slope_learning_rate
         if self.pop_callback(ProgressCallback) is not None:
             self.add_callback(QuietProgressCallback)
+
+    def create_optimizer(self, model=None):
+        """Trainer's optimiser, with the BiALiBi slopes in a group of their own at `slope_learning_rate` if set (the
+        schedule scales that group like the others)."""
+        fresh = self.optimizer is None
+        optimizer = super().create_optimizer(model)
+        if not fresh or self.slope_learning_rate is None:
+            return optimizer
+        slopes = [p for n, p in (model or self.model).named_parameters() if ".bialibi." in n and p.requires_grad]
+        if slopes:
+            chosen = {id(p) for p in slopes}
+            for group in optimizer.param_groups:
+                group["params"] = [p for p in group["params"] if id(p) not in chosen]
+            optimizer.add_param_group({"params": slopes, "weight_decay": 0.0, "lr": self.slope_learning_rate})
+        return optimizer
 
     @contextmanager
     def _evaluation_collator(self):
@@ -201,7 +220,8 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
     )
     trainer = (trainer_class or LongBirdTrainer)(
         model=model, args=arguments, train_dataset=items, processing_class=tokenizer,
-        data_collator=make_collator(model, tokenizer, settings, collator), **(trainer_kwargs or {}))
+        data_collator=make_collator(model, tokenizer, settings, collator),
+        slope_learning_rate=settings.slope_learning_rate, **(trainer_kwargs or {}))
     try:
         result = trainer.train(resume_from_checkpoint=True if settings.resume else None)
     except KeyboardInterrupt:
