@@ -235,7 +235,7 @@ def test_bad_littlebird_settings_raise_clear_errors():
         _littlebird(pack_size=600)
     with pytest.raises(ValueError, match=r"max_length \(512\) must be a multiple of block_size \(48\)"):
         _littlebird(block_size=48)
-    with pytest.raises(ValueError, match="attention='littlebird' and position='bialibi' go together"):
+    with pytest.raises(ValueError, match="littlebird takes position 'bialibi' or 'tape'"):
         longbird.convert(make_source("bert"), preset="littlebird", max_length=512, block_size=BLOCK, position="absolute")
     with pytest.raises(ValueError, match=r"input length 513 exceeds max_position_embeddings \(512\)"):
         _littlebird()(input_ids=torch.ones(1, 513, dtype=torch.long))

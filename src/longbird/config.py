@@ -142,7 +142,7 @@ class LongBirdConfig(PreTrainedConfig):
         if (self.position == "bialibi" and self.attention != "littlebird") or (
                 self.attention == "littlebird" and self.position not in ("bialibi", "tape")):
             raise ValueError(
-                f"attention='littlebird' and position='bialibi' go together (the USW kernel computes the BiALiBi "
+                f"position='bialibi' needs attention='littlebird', and littlebird takes position 'bialibi' or 'tape' (the USW kernel computes the BiALiBi "
                 f"bias); got attention={self.attention!r}, position={self.position!r}"
             )
         if self.position == "tape":
@@ -150,9 +150,6 @@ class LongBirdConfig(PreTrainedConfig):
                 raise ValueError(f"tape_init must be one of {TAPE_INITS}; got {self.tape_init!r}")
             if (self.hidden_size // self.num_attention_heads) % 2:
                 raise ValueError(f"TAPE needs an even head dimension; got {self.hidden_size // self.num_attention_heads}")
-            if self.attention == "littlebird":
-                raise ValueError("position='tape' with attention='littlebird' is not implemented in this version of "
-                                 "longbird (issue 13); use attention='full' or 'bigbird' with TAPE")
         if self.attention in ("bigbird", "littlebird") and (
             self.block_size < 1 or self.max_position_embeddings % self.block_size != 0
         ):

@@ -262,11 +262,16 @@ class LittleBirdLayer(nn.Module):
         self.intermediate = LongBirdIntermediate(config)
         self.output = LongBirdOutput(config)
         self.gradient_checkpointing = False  # set with the model's by enable_checkpointing()
+        if config.position == "tape":
+            if self.pack_attention is not None:  # pack attention reads no position states: no W_post of its own
+                del self.pack_attention.self.tape_post
+            self.tape_ffn = tape_states.TapeFeedForward(config.hidden_size, config.num_attention_heads,
+                                                        config.tape_channels, config.hidden_act)
 
     def forward(self, hidden_states, key_mask, positions, pack, layout=None, workspace=None, backend=None,
-                use_reference=False):
+                use_reference=False, tape=None):
         """`backend` picks flex or the blocked kernel (which reads `layout`, from usw_layout, built on demand);
-        `use_reference` selects the dense oracle."""
+        `use_reference` selects the dense oracle. With TAPE `tape` states, returns (hidden, pack, updated states)."""
         unpack = self.attention.self
         pack_key = pack_value = None
         if self.pack_attention is not None:
@@ -275,18 +280,29 @@ class LittleBirdLayer(nn.Module):
             pack = out.LayerNorm(out.dropout(context) + pack)  # P = LN(C_p + P)
             pack_key, pack_value = unpack._heads(unpack.key(context)), unpack._heads(unpack.value(context))
         query, key, value = (unpack._heads(proj(hidden_states)) for proj in (unpack.query, unpack.key, unpack.value))
+        scale = None
+        if tape is not None:
+            query, key, value, pack_key, pack_value = _tape_usw_inputs(query, key, value, pack_key, pack_value, tape)
+            scale = unpack.head_dim ** -0.5  # the head's own scale, not that of the widened q, k
         if use_reference:
             context = usw_attention_reference(query, key, value, key_mask, positions, self.bialibi, self.block_size,
-                                              pack_key, pack_value)
+                                              pack_key, pack_value, scale)
         else:
             context = (backend or SparseBackend()).run(
                 lambda: usw_flex_attention(query, key, value, key_mask, positions, self.bialibi, self.block_size,
                                            pack_key, pack_value, workspace=workspace),
                 lambda: usw_attention(query, key, value, layout or usw_layout(key_mask, positions, self.block_size),
-                                      self.bialibi, pack_key, pack_value, workspace, unpack.attention_dropout()),
+                                      self.bialibi, pack_key, pack_value, workspace, unpack.attention_dropout(),
+                                      scale),
                 query.device)
+        if tape is not None:
+            context, attended_states = tape_states.split_states(context, unpack.head_dim)
+            tape = tape + tape_states.mix_heads(unpack.tape_post, attended_states.to(tape.dtype))
         attended = self.attention.output(unpack._merge(context), hidden_states)  # A = LN(C_x + X)
-        return feed_forward(self, attended), pack
+        hidden_states = feed_forward(self, attended)
+        if tape is None:
+            return hidden_states, pack
+        return hidden_states, pack, self.tape_ffn(tape, hidden_states)  # TAPE, feed-forward side
 
     def _pack_context(self, pack, hidden_states, key_mask, use_reference):
         """C_p = W_O · Attn(P, X): pack queries over every real token, through the output projection."""
@@ -297,6 +313,22 @@ class LittleBirdLayer(nn.Module):
         out = self.pack_attention.output
         projection = out.dense if out.dense is not None else self.attention.output.dense
         return projection(packer._merge(packed))
+
+
+def _tape_usw_inputs(query, key, value, pack_key, pack_value, tape):
+    """TAPE in USW attention: token keys see q_i ⊙ e_i · k_j ⊙ e_j and carry their states beside V. Packed keys have
+    no position: their logits use the plain query and they carry zero states, so a rotation common to every state
+    still cancels (equivariance) and Σ_j a_ij e_j sums token states only. Both are one kernel call on widened
+    vectors: q = [q ⊙ e, q], token k = [k ⊙ e, 0], packed k = [0, k_p]; v = [v, e], packed v = [v_p, 0]."""
+    rotated_query, rotated_key = tape_states.rotate(query, tape), tape_states.rotate(key, tape)
+    value = tape_states.with_states(value, tape)
+    if pack_key is None:
+        return rotated_query, rotated_key, value, None, None
+    query = torch.cat([rotated_query, query], dim=-1)
+    key = torch.cat([rotated_key, torch.zeros_like(key)], dim=-1)
+    pack_key = torch.cat([torch.zeros_like(pack_key), pack_key], dim=-1)
+    pack_value = torch.cat([pack_value, pack_value.new_zeros(pack_value.shape)], dim=-1)
+    return query, key, value, pack_key, pack_value
 
 
 def _dense_pack_attention(pack_query, key, value, key_mask, dropout_p=0.0):
@@ -399,9 +431,20 @@ class LongBirdEncoder(nn.Module):
         layout = usw_layout(key_mask, position_ids, self.config.block_size) \
             if backend is not None and backend.name == "blocked" else None
         workspace = {}  # per-call scratch buffers shared by the layers (inference only)
+        tape = None
+        if self.config.position == "tape":  # (B, H, l, d/2, 2) states from the position ids, as for the other kernels
+            config = self.config
+            tape = tape_states.initial_states(position_ids, config.num_attention_heads,
+                                              config.hidden_size // config.num_attention_heads, config.tape_init,
+                                              config.tape_rope_base)
         for layer in self.layer:
-            hidden_states, pack = self._call_layer(layer, hidden_states, key_mask, position_ids, pack, layout,
-                                                   workspace, backend, use_reference, backend=backend)
+            if tape is None:
+                hidden_states, pack = self._call_layer(layer, hidden_states, key_mask, position_ids, pack, layout,
+                                                       workspace, backend, use_reference, backend=backend)
+            else:
+                hidden_states, pack, tape = self._call_layer(layer, hidden_states, key_mask, position_ids, pack,
+                                                             layout, workspace, backend, use_reference, tape,
+                                                             backend=backend)
             if output_hidden_states:
                 all_hidden.append(hidden_states[:, :length])
         return hidden_states[:, :length], all_hidden

@@ -125,11 +125,11 @@ def _upcast(x: torch.Tensor) -> torch.Tensor:
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
-def _biased_scores(q, keys, layout: USWLayout, alpha, beta, gamma, pack_bias, s: int) -> torch.Tensor:
-    """(B, H, n, b, s + 4b) fp32 scores − D, masked (in place on a fresh tensor; differentiable)."""
-    heads, dim = q.shape[1], q.shape[-1]
+def _biased_scores(q, keys, layout: USWLayout, alpha, beta, gamma, pack_bias, s: int, scale: float) -> torch.Tensor:
+    """(B, H, n, b, s + 4b) fp32 scores · scale − D, masked (in place on a fresh tensor; differentiable)."""
+    heads = q.shape[1]
     scores = _upcast(torch.matmul(q, keys.transpose(-1, -2)))
-    scores.mul_(1.0 / math.sqrt(dim))
+    scores.mul_(scale)
     # score − D with D = β·left + γ·right + α·cls (BiALiBi, LittleBird §3.1), in place: no (B, H, n, b, 4b) temps.
     local = scores[..., s:]
     for slope, term in ((beta, layout.left), (gamma, layout.right), (alpha, layout.cls)):
@@ -169,31 +169,32 @@ class _USWAttention(torch.autograd.Function):
     probability blocks of every layer and replay the gather copies in backward."""
 
     @staticmethod
-    def forward(ctx, query, key, value, pack_key, pack_value, alpha, beta, gamma, pack_bias, layout):
-        batch, heads, length, dim = query.shape
+    def forward(ctx, query, key, value, pack_key, pack_value, alpha, beta, gamma, pack_bias, layout, scale):
+        batch, heads, length, _ = query.shape
+        dim = value.shape[-1]  # may exceed the query's (TAPE: the position states ride beside V)
         b = layout.block_size
         n = length // b
         s = 0 if pack_key is None else pack_key.shape[2]
         # (B, l, H, d) in memory: merging the heads for the output projection is then a view, not a second copy
         # that autograd would keep beside this one (as SDPA's output is laid out).
-        out = query.new_empty(batch, length, heads, dim).transpose(1, 2)
+        out = value.new_empty(batch, length, heads, dim).transpose(1, 2)
         for h in _head_chunks(heads, batch * length * (s + 4 * b)):
-            blocks = lambda x: x[:, h].reshape(batch, -1, n, b, dim)  # noqa: E731
+            blocks = lambda x: x[:, h].reshape(batch, -1, n, b, x.shape[-1])  # noqa: E731
             keys, values = _key_groups(blocks(key), blocks(value), _heads_of(pack_key, h), _heads_of(pack_value, h),
                                        n, None)
             probs = torch.softmax(_biased_scores(blocks(query), keys, layout, alpha[h], beta[h], gamma[h],
-                                                 _heads_of(pack_bias, h), s), dim=-1)
+                                                 _heads_of(pack_bias, h), s, scale), dim=-1)
             del keys
             out[:, h] = torch.matmul(probs.to(values.dtype), values).view(batch, -1, length, dim)
-        ctx.layout, ctx.s = layout, s
+        ctx.layout, ctx.s, ctx.scale = layout, s, scale
         ctx.save_for_backward(query, key, value, pack_key, pack_value, alpha, beta, gamma, pack_bias, out)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         query, key, value, pack_key, pack_value, alpha, beta, gamma, pack_bias, out = ctx.saved_tensors
-        layout, s = ctx.layout, ctx.s
-        batch, heads, length, dim = query.shape
+        layout, s, scale = ctx.layout, ctx.s, ctx.scale
+        batch, heads, length, _ = query.shape
         b = layout.block_size
         n = length // b
         grad_out = grad_out.to(query.dtype)
@@ -208,17 +209,17 @@ class _USWAttention(torch.autograd.Function):
                                 device=query.device) if slopes_needed else None
         terms = layout.bias_terms(s, per_slope.dtype) if slopes_needed else None
         for h in _head_chunks(heads, batch * length * (s + 4 * b)):
-            blocks = lambda x: x[:, h].reshape(batch, -1, n, b, dim)  # noqa: E731
+            blocks = lambda x: x[:, h].reshape(batch, -1, n, b, x.shape[-1])  # noqa: E731
             q, grad_o = blocks(query), blocks(grad_out)
             chunk = q.shape[1]
             keys, values = _key_groups(blocks(key), blocks(value), _heads_of(pack_key, h), _heads_of(pack_value, h),
                                        n, None)
             # The probabilities again, by the same fused softmax as forward (cheaper on CPU than exp(S − logsumexp)).
             probs = torch.softmax(_biased_scores(q, keys, layout, alpha[h], beta[h], gamma[h],
-                                                 _heads_of(pack_bias, h), s), dim=-1)
+                                                 _heads_of(pack_bias, h), s, scale), dim=-1)
             grad_values = torch.matmul(probs.to(values.dtype).transpose(-1, -2), grad_o)  # (B, h, n, s + 4b, d)
             tokens, packed = _scatter_key_grads(grad_values, s, b)
-            grad_value[:, h] = tokens.view(batch, chunk, length, dim)
+            grad_value[:, h] = tokens.view(batch, chunk, length, value.shape[-1])
             if s:
                 grad_pack_value[:, h] = packed
             del grad_values, tokens, packed
@@ -230,11 +231,11 @@ class _USWAttention(torch.autograd.Function):
             if slopes_needed:
                 # S − D with D = α·cls + β·left + γ·right on token keys and D_C on packed keys: d(slope) = −Σ dS·term.
                 per_slope[h] = -torch.bmm(grad_scores.view(batch, chunk, -1), terms).sum(0)
-            grad_scores = grad_scores.mul_(1.0 / math.sqrt(dim)).to(query.dtype)
-            grad_query[:, h] = torch.matmul(grad_scores, keys).view(batch, chunk, length, dim)
+            grad_scores = grad_scores.mul_(scale).to(query.dtype)
+            grad_query[:, h] = torch.matmul(grad_scores, keys).view(batch, chunk, length, query.shape[-1])
             del keys
             tokens, packed = _scatter_key_grads(torch.matmul(grad_scores.transpose(-1, -2), q), s, b)
-            grad_key[:, h] = tokens.view(batch, chunk, length, dim)
+            grad_key[:, h] = tokens.view(batch, chunk, length, query.shape[-1])
             if s:
                 grad_pack_key[:, h] = packed
             del grad_scores, tokens, packed
@@ -244,7 +245,8 @@ class _USWAttention(torch.autograd.Function):
             grad_pack_bias = per_slope[:, 3].to(pack_bias.dtype) if s and ctx.needs_input_grad[8] else None
         else:
             grad_slopes, grad_pack_bias = [None, None, None], None
-        return (grad_query, grad_key, grad_value, grad_pack_key, grad_pack_value, *grad_slopes, grad_pack_bias, None)
+        return (grad_query, grad_key, grad_value, grad_pack_key, grad_pack_value, *grad_slopes, grad_pack_bias, None,
+                None)
 
 
 def _heads_of(x: torch.Tensor | None, heads: slice) -> torch.Tensor | None:
@@ -264,16 +266,19 @@ def usw_attention(
     pack_value: torch.Tensor | None = None,
     workspace: dict | None = None,
     dropout_p: float = 0.0,
+    scale: float | None = None,
 ) -> torch.Tensor:
-    """query/key/value (B, H, l, d), l = n·b (the caller pads); `layout` from `usw_layout`; `slopes` has per-head
-    alpha, beta, gamma and pack_distance(b); pack_key/pack_value (B, H, s, d) or None. Returns (B, H, l, d).
-    `dropout_p`: attention dropout on the probabilities (0 outside training).
+    """query/key (B, H, l, d), value (B, H, l, d_v), l = n·b (the caller pads); `layout` from `usw_layout`; `slopes`
+    has per-head alpha, beta, gamma and pack_distance(b); pack_key/pack_value (B, H, s, d / d_v) or None. Returns
+    (B, H, l, d_v). `dropout_p`: attention dropout on the probabilities (0 outside training). `scale` multiplies
+    q·k (default 1/√d; TAPE widens q and k and keeps the head's own scale).
 
     Softmax and bias arithmetic run in fp32 whatever the input dtype. A query row with no allowed key (only
     possible in an all-padding row without pack tokens) gets an average of masked values, never used.
     With autograd on (and no attention dropout) the hand-written backward of `_USWAttention` runs.
     """
     batch, heads, length, dim = query.shape
+    scale = 1.0 / math.sqrt(dim) if scale is None else scale
     b = layout.block_size
     n = length // b
     s = 0 if pack_key is None else pack_key.shape[2]
@@ -287,19 +292,20 @@ def usw_attention(
             common = torch.promote_types(query.dtype, key.dtype)
             cast = lambda x: None if x is None else x.to(common)  # noqa: E731
             return _USWAttention.apply(cast(query), cast(key), cast(value), cast(pack_key), cast(pack_value),
-                                       slopes.alpha, slopes.beta, slopes.gamma, pack_bias, layout)
-    blocks = lambda x: x.view(batch, heads, n, b, dim)  # noqa: E731
+                                       slopes.alpha, slopes.beta, slopes.gamma, pack_bias, layout, scale)
+    blocks = lambda x: x.view(batch, heads, n, b, x.shape[-1])  # noqa: E731
     keys, values = _key_groups(blocks(key), blocks(value), pack_key, pack_value, n, workspace)
-    scores = _biased_scores(blocks(query), keys, layout, slopes.alpha, slopes.beta, slopes.gamma, pack_bias, s)
+    scores = _biased_scores(blocks(query), keys, layout, slopes.alpha, slopes.beta, slopes.gamma, pack_bias, s,
+                            scale)
     probs = torch.softmax(scores, dim=-1)
     if dropout_p:
         probs = F.dropout(probs, dropout_p)
     out = torch.matmul(probs.to(values.dtype), values)
-    return out.view(batch, heads, length, dim)
+    return out.view(batch, heads, length, value.shape[-1])
 
 
 def usw_attention_reference(query, key, value, key_mask, positions, bias: BiALiBiSlopes, block_size,
-                            pack_key=None, pack_value=None):
+                            pack_key=None, pack_value=None, scale: float | None = None):
     """Dense oracle for `usw_attention`: the pattern and BiALiBi bias materialised as (l, s + l) tensors."""
     from .patterns import sliding_window_mask
     from .reference import reference_attention
@@ -314,4 +320,4 @@ def usw_attention_reference(query, key, value, key_mask, positions, bias: BiALiB
         distance = torch.cat([pack_distance, distance], dim=-1)
         key, value = torch.cat([pack_key, key], dim=2), torch.cat([pack_value, value], dim=2)
     s = 0 if pack_key is None else pack_key.shape[2]
-    return reference_attention(query, key, value, mask[:, None], -distance, record_pack_keys=s)
+    return reference_attention(query, key, value, mask[:, None], -distance, record_pack_keys=s, scale=scale)

@@ -44,14 +44,16 @@ def reference_attention(
     bias: torch.Tensor | None = None,
     dropout_p: float = 0.0,
     record_pack_keys: int | None = None,
+    scale: float | None = None,
 ) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d) + bias, masked) v.
+    """softmax(q k^T · scale + bias, masked) v, scale = 1/sqrt(d) unless given.
 
     query (b, h, n, d), key/value (b, h, m, d); mask broadcastable to (b, h, n, m), True = may attend;
     bias broadcastable to (b, h, n, m). Rows with no allowed key give zeros. `record_pack_keys`: inside
     `recording_attention()`, record this call's probabilities (whose first `record_pack_keys` keys are packed ones).
     """
-    scores = torch.matmul(query, key.transpose(-1, -2)).float() / math.sqrt(query.shape[-1])
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    scores = torch.matmul(query, key.transpose(-1, -2)).float() * scale
     if bias is not None:
         scores = scores + bias.float()
     if mask is not None:
