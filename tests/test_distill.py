@@ -113,3 +113,68 @@ def test_distill_command_runs_checkpoints_and_resumes_to_the_same_losses(tiny_so
     bad.write_bytes(b"\x00\x01")
     result = runner.invoke(app, common + ["--output-dir", str(tmp_path / "x"), "--corpus", str(bad)])
     assert result.exit_code == 1 and "corpus file" in result.output and "binary" in result.output
+
+
+def test_rss_distillation_adds_the_span_loss_and_the_teacher_reads_its_mask(tiny_source, tmp_path):
+    """`distill --rss`: the student is a span-selection model trained on RSS + attention KL; where the student reads
+    [QUESTION] the teacher reads its mask token, and [QUESTION] starts as that token's embedding."""
+    from transformers import AutoTokenizer
+
+    from longbird.heads import LongBirdForSpanSelection
+    from longbird.training.rss import QUESTION_TOKEN
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(" ".join(f"the law number {i % 7} says that the state shall protect rights." for i in range(80)))
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["distill", "--teacher", str(tiny_source), "--preset", "littlebird", "--max-length",
+                                 "256", "--corpus", str(corpus), "--length", "64", "--batch-size", "2",
+                                 "--max-steps", "2", "--logging-steps", "1", "--save-steps", "0", "--rss",
+                                 "--output-dir", str(out)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "model" / "longbird_distill.json").read_text())
+    logged = [entry for entry in summary["log_history"] if "loss" in entry]
+    assert summary["objective"] == "rss + attention" and len(logged) == 2
+    for entry in logged:  # the logged loss is the sum of its parts (beta = 1)
+        assert entry["task_loss"] > 0 and entry["attention_kl"] > 0
+        assert entry["loss"] == pytest.approx(entry["task_loss"] + entry["attention_kl"], rel=1e-3)
+    model = LongBirdForSpanSelection.from_pretrained(out / "model")
+    tokenizer = AutoTokenizer.from_pretrained(out / "model")
+    assert QUESTION_TOKEN in tokenizer.get_vocab() and model.get_input_embeddings().weight.shape[0] == len(tokenizer)
+
+    # The teacher sees its mask token where the student sees [QUESTION]: the loss equals one computed by hand that way.
+    teacher = _teacher().double()  # fp64 models: "zero" is ~1e-10, far below the KL of the wrong stand-in
+    student = longbird.convert(teacher, preset="full", max_length=256).double()
+    input_ids, attention_mask = make_batch(40, batch=2)
+    question = teacher.config.vocab_size  # an id only the student has
+    student.resize_token_embeddings(question + 1)
+    with torch.no_grad():
+        student.get_input_embeddings().weight[question] = student.get_input_embeddings().weight[4]
+    marked = input_ids.clone()
+    marked[:, 5:35] = question  # many, so that reading another token there moves the attention visibly
+    loss, _ = distillation_loss(teacher, student, {"input_ids": marked, "attention_mask": attention_mask},
+                                teacher_ids={question: 4})
+    plain, _ = distillation_loss(teacher, student, {"input_ids": marked.masked_fill(marked == question, 4),
+                                                    "attention_mask": attention_mask})
+    assert abs(loss.item()) < 1e-8 and abs(plain.item()) < 1e-8  # identical student: zero both ways (KL in fp32)
+    wrong, _ = distillation_loss(teacher, student, {"input_ids": marked, "attention_mask": attention_mask},
+                                 teacher_ids={question: 7})
+    assert wrong.item() > 1e-6  # the teacher read something else there
+
+
+def test_slope_learning_rate_puts_the_bialibi_slopes_in_their_own_group():
+    from longbird.heads import LongBirdForSpanSelection
+    from longbird.training.finetune import LongBirdTrainer
+    from transformers import TrainingArguments
+
+    model = LongBirdForSpanSelection(longbird.convert(make_source("bert"), preset="littlebird", max_length=256,
+                                                      block_size=BLOCK).config)
+    arguments = TrainingArguments(output_dir="unused", learning_rate=1e-4, use_cpu=True, report_to=[])
+    optimizer = LongBirdTrainer(model=model, args=arguments, slope_learning_rate=1e-2).create_optimizer()
+    slopes = {id(p) for n, p in model.named_parameters() if ".bialibi." in n}
+    by_rate = {}
+    for group in optimizer.param_groups:
+        by_rate.setdefault(group["lr"], set()).update(id(p) for p in group["params"])
+    assert by_rate[1e-2] == slopes and not (by_rate[1e-4] & slopes)
+    assert len(by_rate[1e-4]) + len(slopes) == sum(1 for p in model.parameters() if p.requires_grad)
+    default = LongBirdTrainer(model=model, args=arguments).create_optimizer()
+    assert {group["lr"] for group in default.param_groups} == {1e-4}

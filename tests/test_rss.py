@@ -108,3 +108,52 @@ def test_pretrain_command_runs_end_to_end(tiny_source, tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "run" / "model")
     assert QUESTION_TOKEN in tokenizer.get_vocab() and model.get_input_embeddings().weight.shape[0] == len(tokenizer)
     assert (tmp_path / "run" / "checkpoints" / "checkpoint-2").is_dir()
+
+
+def test_default_corpus_holds_out_the_korquad_dev_split_articles():
+    """The default corpus: KorQuAD 1.0 train-split articles, KorQuAD 2.1 pages (visible text), TyDi QA Korean and the
+    packaged laws and bills for training; exactly the dev-split articles (those `finetune-qa --split dev` scores)
+    held out; no attribution file read as text."""
+    from longbird.data.corpus import REPOSITORY_DATA, corpus_split, default_corpus
+    from longbird.data.korquad import read_korquad_v1_articles, split_by_title
+
+    training, held = default_corpus()
+    split = split_by_title(read_korquad_v1_articles(REPOSITORY_DATA / "korquad" / "KorQuAD_v1.0_dev.json")[0])
+    assert set(held) == set(split["dev"]["context"]) and len(held) == len(set(split["dev"]["title"]))
+    assert not set(held) & set(training) and set(split["train"]["context"]) <= set(training)
+    assert any(text.startswith("대한민국헌법") for text in training)  # the constitution (packaged laws)
+    assert any("도라에몽" in text[:200] for text in training) and any("지존파" in text[:200] for text in training)
+    assert any(text.startswith("신대철") for text in training)  # KorQuAD 2.1 page, HTML gone
+    assert not any("<td" in text or "<p>" in text for text in training)
+    assert not any("SOURCE" in text[:40] or "Repository:" in text for text in training)
+    everything, none = corpus_split(None, held_out=0)
+    assert none == [] and len(everything) == len(training) + len(held)
+
+
+def test_pretrain_with_tape_peft_saves_only_what_was_trained(tiny_source, tmp_path):
+    """`pretrain --preset tape --peft tape`: only the TAPE maps, the span-selection head and the [QUESTION] row are
+    written; the directory loads back into the full model (base converted again) with those tensors."""
+    from safetensors.torch import load_file
+
+    from longbird.workflows import load_task_model
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TEXT * 6)
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["pretrain", "--model", str(tiny_source), "--preset", "tape", "--max-length", "256",
+                                 "--corpus", str(corpus), "--length", "128", "--max-steps", "2", "--batch-size", "2",
+                                 "--save-steps", "0", "--peft", "tape", "--learning-rate", "1e-2",
+                                 "--output-dir", str(out)])
+    assert result.exit_code == 0, result.output
+    saved = load_file(str(out / "model" / "tape_peft.safetensors"))
+    assert not (out / "model" / "model.safetensors").exists()
+    assert all("tape_" in n or n.startswith(("start_query", "end_query")) or n == "added_word_embeddings"
+               for n in saved), sorted(saved)
+    assert saved["added_word_embeddings"].shape[0] == 1  # the [QUESTION] row
+    model, tokenizer = load_task_model(out / "model", LongBirdForSpanSelection)
+    assert QUESTION_TOKEN in tokenizer.get_vocab() and model.get_input_embeddings().weight.shape[0] == len(tokenizer)
+    restored = dict(model.named_parameters())
+    for name, tensor in saved.items():
+        if name != "added_word_embeddings":
+            torch.testing.assert_close(restored[name], tensor)
+    assert any(restored[n].abs().max() > 0 for n in restored if "tape_post" in n)  # trained away from zero
