@@ -122,14 +122,15 @@ def train(method: str, seed: int, args) -> tuple[AdditionModel, list[tuple[int, 
 
 
 @torch.no_grad()
-def accuracy_grid(model: AdditionModel, args, seed: int) -> list[list[float]]:
-    """Exact-match accuracy (%) for every (digits of a, digits of b) in 1..2 x train digits."""
+def accuracy_grid(model: AdditionModel, args, seed: int) -> tuple[list[list[float]], list[list[float]]]:
+    """Exact-match accuracy (%) of the whole sum, and per-digit accuracy (%), for every (digits of a, digits of b) in
+    1..2 x train digits."""
     model.eval()
     top = 2 * args.train_digits
     rng = random.Random(1000 + seed)  # evaluation samples differ from training draws
-    grid = []
+    grid, digit_grid = [], []
     for digits_a in range(1, top + 1):
-        row = []
+        row, digit_row = [], []
         for digits_b in range(1, top + 1):
             examples = [example(rng, digits_a, digits_b) for _ in range(args.eval_samples)]
             ids, mask, targets = batch_of(examples)
@@ -137,16 +138,21 @@ def accuracy_grid(model: AdditionModel, args, seed: int) -> list[list[float]]:
             answer = targets != -100
             correct = ((predicted == targets) | ~answer).all(-1)
             row.append(100.0 * float(correct.float().mean()))
+            digit_row.append(100.0 * float((predicted == targets)[answer].float().mean()))
         grid.append(row)
-    return grid
+        digit_grid.append(digit_row)
+    return grid, digit_grid
 
 
-def summarise(grid: list[list[float]], train_digits: int) -> dict:
-    inside = [grid[a][b] for a in range(train_digits) for b in range(train_digits)]
-    beyond = [grid[a][b] for a in range(len(grid)) for b in range(len(grid)) if max(a, b) >= train_digits]
-    by_length = [grid[n][n] for n in range(len(grid))]
-    return {"in_distribution": sum(inside) / len(inside), "beyond": sum(beyond) / len(beyond),
-            "equal_lengths": by_length}
+def summarise(grid: list[list[float]], digit_grid: list[list[float]], train_digits: int) -> dict:
+    def means(values):
+        inside = [values[a][b] for a in range(train_digits) for b in range(train_digits)]
+        beyond = [values[a][b] for a in range(len(values)) for b in range(len(values)) if max(a, b) >= train_digits]
+        return sum(inside) / len(inside), sum(beyond) / len(beyond)
+
+    (inside, beyond), (digits_inside, digits_beyond) = means(grid), means(digit_grid)
+    return {"in_distribution": inside, "beyond": beyond, "digits_in_distribution": digits_inside,
+            "digits_beyond": digits_beyond, "equal_lengths": [grid[n][n] for n in range(len(grid))]}
 
 
 def write(results: dict, out: Path) -> None:
@@ -158,17 +164,18 @@ def write(results: dict, out: Path) -> None:
              f"1..{2 * s['train_digits']} in evaluation ({s['eval_samples']} samples per pair of lengths); "
              f"{results['wall_seconds'] / 60:.0f} min wall, {torch.get_num_threads()} CPU threads.", "",
              "Exact-match accuracy (%), mean ± spread (min–max) over seeds:", "",
-             "| method | seeds | in distribution (both ≤ train) | beyond (either > train) | train min per run |",
-             "|---|---:|---:|---:|---:|"]
+             "| method | seeds | exact, in distribution (both ≤ train) | exact, beyond (either > train) "
+             "| digits, in distribution | digits, beyond | train min per run |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for method in METHODS:
         runs = results["runs"].get(method, {})
         if not runs:
             continue
-        inside = [r["summary"]["in_distribution"] for r in runs.values()]
-        beyond = [r["summary"]["beyond"] for r in runs.values()]
+        cells = [[r["summary"][key] for r in runs.values()]
+                 for key in ("in_distribution", "beyond", "digits_in_distribution", "digits_beyond")]
         minutes = sum(r["train_seconds"] for r in runs.values()) / len(runs) / 60
         cell = lambda v: f"{sum(v) / len(v):.1f} ({min(v):.1f}–{max(v):.1f})"  # noqa: E731
-        lines.append(f"| {method} | {len(runs)} | {cell(inside)} | {cell(beyond)} | {minutes:.1f} |")
+        lines.append(f"| {method} | {len(runs)} | " + " | ".join(cell(v) for v in cells) + f" | {minutes:.1f} |")
     top = 2 * s["train_digits"]
     lines += ["", "Equal operand lengths (a and b both n digits), mean over seeds:", "",
               "| method | " + " | ".join(str(n) for n in range(1, top + 1)) + " |", "|---|" + "---:|" * top]
@@ -188,19 +195,20 @@ def plot(results: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     methods = [m for m in METHODS if results["runs"].get(m)]
-    figure, axes = plt.subplots(1, len(methods), figsize=(4 * len(methods), 4), squeeze=False)
+    figure, axes = plt.subplots(2, len(methods), figsize=(4 * len(methods), 7.5), squeeze=False)
     train_digits = results["settings"]["train_digits"]
-    for axis, method in zip(axes[0], methods):
-        runs = list(results["runs"][method].values())
-        grid = torch.tensor([r["grid"] for r in runs]).mean(0)
-        image = axis.imshow(grid.numpy(), origin="lower", vmin=0, vmax=100, cmap="viridis",
-                            extent=(0.5, grid.shape[1] + 0.5, 0.5, grid.shape[0] + 0.5))
-        axis.axhline(train_digits + 0.5, color="white", linewidth=1)
-        axis.axvline(train_digits + 0.5, color="white", linewidth=1)
-        axis.set_title(f"{method} ({len(runs)} seeds)")
-        axis.set_xlabel("digits of b")
-        axis.set_ylabel("digits of a")
-    figure.colorbar(image, ax=axes[0].tolist(), label="exact match (%)")
+    for row, (key, label) in enumerate((("grid", "whole sum exact (%)"), ("digit_grid", "digits right (%)"))):
+        for axis, method in zip(axes[row], methods):
+            runs = list(results["runs"][method].values())
+            grid = torch.tensor([r[key] for r in runs]).mean(0)
+            image = axis.imshow(grid.numpy(), origin="lower", vmin=0, vmax=100, cmap="viridis",
+                                extent=(0.5, grid.shape[1] + 0.5, 0.5, grid.shape[0] + 0.5))
+            axis.axhline(train_digits + 0.5, color="white", linewidth=1)
+            axis.axvline(train_digits + 0.5, color="white", linewidth=1)
+            axis.set_title(f"{method} ({len(runs)} seeds): {label}", fontsize=9)
+            axis.set_xlabel("digits of b")
+            axis.set_ylabel("digits of a")
+        figure.colorbar(image, ax=axes[row].tolist(), label=label)
     figure.suptitle("E6: addition, trained on ≤ %d digits (white lines), tested to %d" % (train_digits,
                                                                                         2 * train_digits))
     save_figure_atomically(figure, path)
@@ -236,9 +244,10 @@ def main() -> None:
             if str(seed) in results["runs"].get(method, {}):
                 continue
             model, curve, seconds = train(method, seed, args)
-            grid = accuracy_grid(model, args, seed)
+            grid, digit_grid = accuracy_grid(model, args, seed)
             results["runs"].setdefault(method, {})[str(seed)] = {
-                "grid": grid, "summary": summarise(grid, args.train_digits), "curve": curve, "train_seconds": seconds,
+                "grid": grid, "digit_grid": digit_grid, "summary": summarise(grid, digit_grid, args.train_digits),
+                "curve": curve, "train_seconds": seconds,
                 "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad)}
             results["wall_seconds"] = time.time() - started
             summary = results["runs"][method][str(seed)]["summary"]

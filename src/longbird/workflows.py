@@ -395,7 +395,7 @@ def distill(teacher_source, output_dir: str | Path, student_path=None, preset: s
     from .data.corpus import corpus_split, corpus_windows
     from .heads import LongBirdForSpanSelection
     from .training.distill import load_teacher, run_distillation
-    from .training.rss import RSSCollator, add_question_token, rss_examples
+    from .training.rss import QUESTION_TOKEN, RSSCollator, add_question_token, rss_examples
 
     settings = settings or FinetuneSettings()
     output_dir = Path(output_dir)
@@ -421,10 +421,12 @@ def distill(teacher_source, output_dir: str | Path, student_path=None, preset: s
     documents = corpus_split(corpus)[0]
     collator, teacher_ids = None, None
     if rss:
+        new = QUESTION_TOKEN not in tokenizer.get_vocab()
         question_id = add_question_token(tokenizer, student)
         stand_in = tokenizer.mask_token_id if tokenizer.mask_token_id is not None else tokenizer.unk_token_id
-        with torch.no_grad():  # [QUESTION] starts as what the teacher reads in its place
-            student.get_input_embeddings().weight[question_id] = student.get_input_embeddings().weight[stand_in]
+        if new:  # [QUESTION] starts as what the teacher reads in its place (a trained row is kept)
+            with torch.no_grad():
+                student.get_input_embeddings().weight[question_id] = student.get_input_embeddings().weight[stand_in]
         windows = rss_examples(documents, tokenizer, length, settings.seed)
         collator, teacher_ids = RSSCollator(tokenizer.pad_token_id or 0), {question_id: stand_in}
     else:
