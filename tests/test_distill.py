@@ -178,3 +178,30 @@ def test_slope_learning_rate_puts_the_bialibi_slopes_in_their_own_group():
     assert len(by_rate[1e-4]) + len(slopes) == sum(1 for p in model.parameters() if p.requires_grad)
     default = LongBirdTrainer(model=model, args=arguments).create_optimizer()
     assert {group["lr"] for group in default.param_groups} == {1e-4}
+
+
+def test_padding_insertion_moves_only_the_students_positions(tiny_source, tmp_path):
+    """Padding Insertion in distillation: the student reads gapped position ids, the teacher the plain ones (so an
+    identical student is no longer identical, and only through its positions); the CLI trains with it."""
+    teacher = _teacher()
+    student = longbird.convert(teacher, preset="full", max_length=256)
+    input_ids, attention_mask = make_batch(60, batch=2)
+    gapped = torch.arange(60).expand(2, -1) + (torch.arange(60) >= 30).long() * 40  # a gap of 40 after token 29
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask}
+    plain, _ = distillation_loss(teacher, student, batch)
+    seen = []
+    forward = teacher.forward
+    teacher.forward = lambda *args, **kwargs: seen.append(kwargs) or forward(*args, **kwargs)
+    moved, _ = distillation_loss(teacher, student, {**batch, "position_ids": gapped})
+    assert abs(plain.item()) < 1e-9 and moved.item() > 1e-6  # 0 without the gap; the tiny model's KL is small
+    assert seen and all("position_ids" not in kwargs for kwargs in seen)  # the teacher reads its own positions
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(" ".join(f"the law number {i} says that the state shall protect rights." for i in range(80)))
+    result = runner.invoke(app, ["distill", "--teacher", str(tiny_source), "--preset", "littlebird", "--max-length",
+                                 "256", "--corpus", str(corpus), "--length", "64", "--batch-size", "2",
+                                 "--max-steps", "1", "--save-steps", "0", "--padding-insertion",
+                                 "--output-dir", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "run" / "model" / "longbird_distill.json").read_text())
+    assert summary["settings"]["padding_insertion"] is True

@@ -460,6 +460,8 @@ def distill(
     length: Optional[int] = typer.Option(None, help="Training window in tokens (default and maximum: the teacher's)"),
     rss: bool = typer.Option(False, help="Learn Recurring Span Selection at the same time (loss = RSS + beta * "
                                          "attention KL; the student is saved as a span-selection model)"),
+    padding_insertion: bool = typer.Option(False, help="Padding Insertion on the student's position ids (LittleBird "
+                                                       "3.4); the teacher reads the same tokens at its own positions"),
     alpha: float = typer.Option(1.0, help="Weight of the soft-target KL (teachers with an MLM head)"),
     beta: float = typer.Option(1.0, help="Weight of the attention KL"),
     temperature: float = typer.Option(1.0, help="Soft-target temperature"),
@@ -479,8 +481,8 @@ def distill(
     """Distil the short source into a long student (LittleBird 3.4): attention KL per layer + soft targets."""
     from .workflows import distill as run
 
-    settings = _settings(learning_rate, 1.0, max_steps, batch_size, seed, False, bf16, False, device, False,
-                         logging_steps=logging_steps, peft=peft)
+    settings = _settings(learning_rate, 1.0, max_steps, batch_size, seed, padding_insertion, bf16, False, device,
+                         False, logging_steps=logging_steps, peft=peft)
     settings.slope_learning_rate, settings.gradient_accumulation_steps = slope_learning_rate, gradient_accumulation_steps
     metrics = run(teacher, output_dir, student, preset, max_length, list(corpus) or None, length, settings,
                   alpha, beta, temperature, save_steps, resume, gradient_checkpointing, overwrite, rss)

@@ -11,6 +11,10 @@ the teacher (preset "full", absolute positions) both sides are the same distribu
 The student runs its dense reference path (the only one that materialises attention probabilities; exact, and cheap
 at ≤ 512 tokens).
 
+Padding Insertion (LittleBird §3.4 uses it in this step too) is a change of the student's position ids only
+(`padding_insertion.py`): both read the same tokens, the teacher at its own positions 0..l−1, the student as if the
+text were longer, so the maps stay comparable token by token.
+
 With the RSS objective (LittleBird §4.1 pretrains with it in both steps) the student is a span-selection model and its
 RSS loss is added; the teacher, whose vocabulary has no `[QUESTION]`, reads its mask token there (`teacher_ids`).
 """
@@ -146,9 +150,6 @@ def run_distillation(student, teacher, tokenizer, windows: list[dict], output_di
 
     from .finetune import train
 
-    if settings.padding_insertion:  # the teacher reads the same ids; gaps would mean different inputs to the two
-        raise ValueError("Padding Insertion is not used in distillation here (teacher and student must read the same "
-                         "input); use it in `finetune-qa` / continued training")
     if gradient_checkpointing:
         enable_checkpointing(student)
     settings = dataclasses.replace(settings, save_steps=save_steps, resume=resume)
