@@ -17,8 +17,8 @@ slopes at 1e-2 (`--slope-learning-rate`; at 2e-4 a run this short leaves them at
 - init  the converted littlebird before any training (its RSS head is untrained: a floor).
 RSS accuracy = exact match of the selected span over every [QUESTION] of the held-out windows at 512, 2048, 4096.
 The attention KL to the teacher per layer is measured at 512 on held-out windows (student keys restricted to what it
-sees and renormalised, as in distillation). Then the best long model (by held-out RSS at 4096) and the plain converted
-littlebird are fine-tuned on KorQuAD 1.0 whole articles with the same budget and scored on dev-split articles (E4
+sees and renormalised, as in distillation). Then the best long model (by held-out RSS at 4096) and the plain conversion
+of its architecture are fine-tuned on KorQuAD 1.0 whole articles with the same budget and scored on dev-split articles (E4
 setting, window 4096).
 
 Usage: python experiments/e5_littlebird_pretraining.py [--steps-512 40] [--steps-2k 300] [--qa-steps 30] [--resume]
@@ -192,9 +192,8 @@ def qa_comparison(args, work: Path, results: dict) -> None:
     rows, _ = read_korquad_v1_articles(ROOT / "data" / "korquad" / "KorQuAD_v1.0_dev.json")
     train = sample_questions(split_by_title(rows)["train"], args.qa_train_questions)
     dev = dev_articles(args.qa_dev_questions)
-    starts = {"converted littlebird": (SOURCE, "littlebird"), f"{best} (pretrained)": (work / best / "model", None)}
-    if best == "D":
-        starts["converted littlebird"] = (SOURCE, "kobigbird")
+    preset = "kobigbird" if best == "D" else "littlebird"  # the plain conversion of the best row's architecture
+    starts = {f"converted {preset}": (SOURCE, preset), f"{best} (pretrained)": (work / best / "model", None)}
     for label, (start, preset) in starts.items():
         if label in results["qa"]:
             continue
