@@ -266,14 +266,17 @@ def bench(
 
 
 def _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insertion, bf16, fp16=False, device="auto",
-              train_word_embeddings=False, save_steps=0, resume=False, logging_steps=20, peft=None):
+              train_word_embeddings=False, save_steps=0, resume=False, logging_steps=20, peft=None,
+              slope_learning_rate=None, gradient_accumulation_steps=1):
     from .training.finetune import FinetuneSettings, check_training_device
 
     try:  # before any data is read or model converted
         settings = FinetuneSettings(learning_rate=learning_rate, epochs=epochs, max_steps=max_steps,
                                     batch_size=batch_size, seed=seed, padding_insertion=padding_insertion, bf16=bf16,
                                     fp16=fp16, device=device, train_word_embeddings=train_word_embeddings,
-                                    save_steps=save_steps, resume=resume, logging_steps=logging_steps, peft=peft)
+                                    save_steps=save_steps, resume=resume, logging_steps=logging_steps, peft=peft,
+                                    slope_learning_rate=slope_learning_rate,
+                                    gradient_accumulation_steps=gradient_accumulation_steps)
         check_training_device(settings)
     except ValueError as error:
         raise typer.BadParameter(str(error))
@@ -482,8 +485,8 @@ def distill(
     from .workflows import distill as run
 
     settings = _settings(learning_rate, 1.0, max_steps, batch_size, seed, padding_insertion, bf16, False, device,
-                         False, logging_steps=logging_steps, peft=peft)
-    settings.slope_learning_rate, settings.gradient_accumulation_steps = slope_learning_rate, gradient_accumulation_steps
+                         False, logging_steps=logging_steps, peft=peft, slope_learning_rate=slope_learning_rate,
+                         gradient_accumulation_steps=gradient_accumulation_steps)
     metrics = run(teacher, output_dir, student, preset, max_length, list(corpus) or None, length, settings,
                   alpha, beta, temperature, save_steps, resume, gradient_checkpointing, overwrite, rss)
     _print_metrics(f"distilled student saved to {metrics['model_dir']}", metrics)
@@ -516,8 +519,8 @@ def pretrain(
     from .workflows import pretrain as run
 
     settings = _settings(learning_rate, 1.0, max_steps, batch_size, seed, padding_insertion, bf16, False, device,
-                         False, save_steps, resume, logging_steps, peft)
-    settings.slope_learning_rate, settings.gradient_accumulation_steps = slope_learning_rate, gradient_accumulation_steps
+                         False, save_steps, resume, logging_steps, peft, slope_learning_rate,
+                         gradient_accumulation_steps)
     metrics = run(model, output_dir, list(corpus) or None, length, preset, max_length, settings, overwrite=overwrite,
                   gradient_checkpointing=gradient_checkpointing)
     _print_metrics(f"pretrained model saved to {metrics['model_dir']}", metrics)

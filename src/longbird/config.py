@@ -142,8 +142,9 @@ class LongBirdConfig(PreTrainedConfig):
         if (self.position == "bialibi" and self.attention != "littlebird") or (
                 self.attention == "littlebird" and self.position not in ("bialibi", "tape")):
             raise ValueError(
-                f"position='bialibi' needs attention='littlebird', and littlebird takes position 'bialibi' or 'tape' (the USW kernel computes the BiALiBi "
-                f"bias); got attention={self.attention!r}, position={self.position!r}"
+                f"position='bialibi' needs attention='littlebird', and littlebird takes position 'bialibi' or 'tape' "
+                f"(the USW kernel computes the BiALiBi bias); got attention={self.attention!r}, "
+                f"position={self.position!r}"
             )
         if self.position == "tape":
             if self.tape_init not in TAPE_INITS:

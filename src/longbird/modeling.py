@@ -360,6 +360,15 @@ class LongBirdEncoder(nn.Module):
         return choose_backend(self.config.attention_backend, hidden_states.device, hidden_states.shape[1],
                               self.config.block_size, attention_dropout=dropout, repeated_blocks=repeated)
 
+    def _initial_tape_states(self, position_ids):
+        """TAPE's (B, H, l, d/2, 2) states from the (padded) position ids, or None without TAPE."""
+        config = self.config
+        if config.position != "tape":
+            return None
+        return tape_states.initial_states(position_ids, config.num_attention_heads,
+                                          config.hidden_size // config.num_attention_heads, config.tape_init,
+                                          config.tape_rope_base)
+
     def _call_layer(self, layer, *args, backend=None):
         if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
             # Recompute the layer in backward: activation memory of one layer instead of all of them.
@@ -392,12 +401,8 @@ class LongBirdEncoder(nn.Module):
         all_hidden = [hidden_states[:, :length]] if output_hidden_states else None
         workspace = {}  # per-call scratch buffers shared by the layers (inference only)
         backend = self._backend(hidden_states) if sparse and not use_reference else None
-        tape = None
-        if config.position == "tape":  # (B, H, l, d/2, 2) states from the position ids (padding: identity states)
-            positions = nn.functional.pad(position_ids, (0, padded - length)) if padded != length else position_ids
-            tape = tape_states.initial_states(positions, config.num_attention_heads,
-                                              config.hidden_size // config.num_attention_heads, config.tape_init,
-                                              config.tape_rope_base)
+        positions = nn.functional.pad(position_ids, (0, padded - length)) if padded != length else position_ids
+        tape = self._initial_tape_states(positions)
         for index, layer in enumerate(self.layer):
             plan = None
             if sparse:
@@ -431,12 +436,7 @@ class LongBirdEncoder(nn.Module):
         layout = usw_layout(key_mask, position_ids, self.config.block_size) \
             if backend is not None and backend.name == "blocked" else None
         workspace = {}  # per-call scratch buffers shared by the layers (inference only)
-        tape = None
-        if self.config.position == "tape":  # (B, H, l, d/2, 2) states from the position ids, as for the other kernels
-            config = self.config
-            tape = tape_states.initial_states(position_ids, config.num_attention_heads,
-                                              config.hidden_size // config.num_attention_heads, config.tape_init,
-                                              config.tape_rope_base)
+        tape = self._initial_tape_states(position_ids)
         for layer in self.layer:
             if tape is None:
                 hidden_states, pack = self._call_layer(layer, hidden_states, key_mask, position_ids, pack, layout,
