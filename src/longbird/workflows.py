@@ -6,6 +6,7 @@ Hugging Face encoder directory, which is converted first with `preset` and `max_
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -15,6 +16,7 @@ import torch
 from datasets import Dataset
 from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer, set_seed
 
+from .config import LongBirdConfig
 from .convert import convert
 from .sources import resolve_model_directory, resolve_source
 from .data.batching import PaddedBatches
@@ -94,8 +96,16 @@ def load_task_model(model_path: str | Path | None, task_class, preset: str = "ko
     if AutoConfig.from_pretrained(path, local_files_only=True).model_type == "longbird":
         model = task_class.from_pretrained(path, **overrides)
         return model, _fit_tokenizer(tokenizer, model)
-    base = convert(path, preset=preset, max_length=max_length, **overrides)  # overrides may shape weights (pack_size)
-    model = task_class(base.config)
+    # LongBirdConfig fields go into the conversion (some shape weights, e.g. pack_size); the rest (num_labels, ...)
+    # are head settings of the generic config.
+    fields = {field.name for field in dataclasses.fields(LongBirdConfig)}
+    base = convert(path, preset=preset, max_length=max_length,
+                   **{key: value for key, value in overrides.items() if key in fields})
+    config = base.config
+    for key, value in overrides.items():
+        if key not in fields:
+            setattr(config, key, value)
+    model = task_class(config)
     source = base.longbird if hasattr(base, "longbird") else base
     model.longbird.load_state_dict(source.state_dict())
     return model, _fit_tokenizer(tokenizer, model)
