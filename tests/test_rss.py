@@ -157,3 +157,23 @@ def test_pretrain_with_tape_peft_saves_only_what_was_trained(tiny_source, tmp_pa
         if name != "added_word_embeddings":
             torch.testing.assert_close(restored[name], tensor)
     assert any(restored[n].abs().max() > 0 for n in restored if "tape_post" in n)  # trained away from zero
+
+
+@pytest.mark.parametrize("spare_rows", [0, 7])
+def test_question_token_row_is_the_mean_embedding_and_the_table_never_shrinks(spare_rows):
+    """[QUESTION] gets the mean of the vocabulary's rows whether it lands past the table (MiniLM) or in one of the
+    spare rows past the tokenizer (multilingual-e5-small has 35); the table keeps at least its size."""
+    from transformers import BertConfig, BertModel
+
+    tokenizer = AutoTokenizer.from_pretrained(default_source(), local_files_only=True)
+    pieces = len(tokenizer)
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(vocab_size=pieces + spare_rows, hidden_size=8, num_hidden_layers=1,
+                                 num_attention_heads=2, intermediate_size=8))
+    before = model.get_input_embeddings().weight.detach().clone()
+    question = add_question_token(tokenizer, model)
+    table = model.get_input_embeddings().weight.detach()
+    assert question == pieces and table.shape[0] == max(pieces + 1, pieces + spare_rows)
+    torch.testing.assert_close(table[question], before[:pieces].mean(0))
+    torch.testing.assert_close(table[:pieces], before[:pieces])
+    assert add_question_token(tokenizer, model) == question and model.get_input_embeddings().weight.shape == table.shape

@@ -270,3 +270,40 @@ def test_peft_cli_checkpoint_holds_only_what_was_trained_and_round_trips(tmp_pat
     bad = CliRunner().invoke(app, ["finetune-qa", "--model", str(source), "--train", str(PAGES[0]), "--out",
                                    str(tmp_path / "x"), "--peft", "lora"])
     assert bad.exit_code != 0 and "--peft must be 'tape'" in bad.output
+
+
+def test_peft_checkpoint_of_a_base_with_spare_embedding_rows_round_trips(tmp_path):
+    """A base whose embedding table has rows past its tokenizer (multilingual-e5-small: 250,037 for 250,002 pieces):
+    the tag tokens land in those rows, the table keeps its size, and loading the PEFT checkpoint gives back the
+    rows training saw (each tag row = the mean of its meaning's pieces), not the base's spare rows."""
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer, BertModel
+    from typer.testing import CliRunner
+
+    from longbird.cli import app
+    from longbird.convert import default_source
+    from longbird.data.html import TAG_TOKEN_MEANINGS, TAG_TOKENS
+    from longbird.heads import LongBirdForQuestionAnswering
+    from longbird.workflows import load_on_device
+    from test_qa_cli import PAGES, write_tiny_source
+
+    pieces = len(AutoTokenizer.from_pretrained(default_source(), local_files_only=True))
+    source = write_tiny_source(tmp_path / "source", vocab_size=pieces + 40)
+    base_table = BertModel.from_pretrained(source).get_input_embeddings().weight.detach()
+    out = tmp_path / "qa-peft"
+    result = CliRunner().invoke(app, ["finetune-qa", "--model", str(source), "--preset", "tape", "--max-length", "128",
+                                      "--train", str(PAGES[0]), "--out", str(out), "--max-steps", "1",
+                                      "--batch-size", "2", "--peft", "tape"])
+    assert result.exit_code == 0, result.output
+    assert load_file(str(out / "tape_peft.safetensors"))["added_word_embeddings"].shape[0] == 40
+    model, tokenizer = load_on_device(out, LongBirdForQuestionAnswering)
+    table = model.get_input_embeddings().weight.detach()
+    assert table.shape[0] == pieces + 40  # grown never shrunk: the base's shape
+    torch.testing.assert_close(table[:pieces], base_table[:pieces])
+    for name, token in TAG_TOKENS.items():
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        assert pieces <= token_id < pieces + 40
+        meaning = tokenizer(TAG_TOKEN_MEANINGS[name], add_special_tokens=False)["input_ids"]
+        torch.testing.assert_close(table[token_id], base_table[meaning].mean(0))
+    spare = pieces + len(TAG_TOKENS)  # a row no token uses stays the base's
+    torch.testing.assert_close(table[spare:], base_table[spare:])

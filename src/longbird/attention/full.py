@@ -12,9 +12,16 @@ def full_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor | None = None,
     dropout_p: float = 0.0,
 ) -> torch.Tensor:
-    """query/key/value (b, h, n, d); key_mask (b, n) bool, True = real token. Returns (b, h, n, d).
+    """query/key/value (b, h, n, d); key_mask (b, n) bool, True = real token. Returns (b, h, n, d_v); value may be wider than query and key (TAPE).
     `dropout_p`: attention dropout on the probabilities (the caller passes 0 outside training)."""
     # Without padding SDPA runs unmasked (faster); a traced graph cannot branch on the mask's data, so it keeps it.
     unmasked = key_mask is None or (not is_tracing() and bool(key_mask.all()))
     attn_mask = None if unmasked else key_mask[:, None, None, :]
-    return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p)
+    scale = None
+    if value.shape[-1] > query.shape[-1]:  # TAPE: states ride beside V (wider than q, k)
+        # SDPA's fused CPU kernel needs q, k and v of one width, otherwise it materialises every score (5x slower at
+        # 8K tokens, measured); zero columns leave q·k unchanged and the scale stays 1/sqrt(d_h).
+        scale = query.shape[-1] ** -0.5
+        width = value.shape[-1] - query.shape[-1]
+        query, key = F.pad(query, (0, width)), F.pad(key, (0, width))
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from bs4 import BeautifulSoup, Comment, Declaration, Doctype, MarkupResemblesLocatorWarning, NavigableString
 from bs4 import ProcessingInstruction, Tag
 
+from .tokens import add_special_tokens
+
 logger = logging.getLogger(__name__)
 
 # Structural tags kept as tokens (LittleBird A.2; KorQuAD 2.0 baseline).
@@ -298,21 +300,16 @@ def add_tag_tokens(tokenizer, model=None) -> list[str]:
     "list item", ...), so a fresh tag token is a plausible input rather than noise. Returns the tokens added.
     """
     tokens = [token for token in TAG_TOKENS.values() if token not in tokenizer.get_vocab()]
-    if not tokens:
-        return []
-    tokenizer.add_tokens(tokens, special_tokens=True)
-    if model is not None:
+    ids = add_special_tokens(tokenizer, model, tokens)
+    if model is not None and ids:
         import torch
 
-        old_size = model.get_input_embeddings().weight.shape[0]
-        model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
         table = model.get_input_embeddings().weight
         with torch.no_grad():
-            for token in tokens:
-                name = token[1:-1]
-                pieces = tokenizer(TAG_TOKEN_MEANINGS[name], add_special_tokens=False)["input_ids"]
-                pieces = [p for p in pieces if p < old_size] or list(range(old_size))
-                table[tokenizer.convert_tokens_to_ids(token)] = table[pieces].mean(dim=0)
+            for token, token_id in zip(tokens, ids):
+                pieces = tokenizer(TAG_TOKEN_MEANINGS[token[1:-1]], add_special_tokens=False)["input_ids"]
+                pieces = [p for p in pieces if p < min(ids)] or list(range(min(ids)))
+                table[token_id] = table[pieces].mean(dim=0)
     return tokens
 
 

@@ -50,21 +50,22 @@ def base_record(model_path, preset: str, max_length: int) -> dict:
 
 
 def save_tape_peft(model: nn.Module, directory: str | Path, base: dict) -> None:
-    """Write only what PEFT trained (every parameter with requires_grad) and the word-embedding rows added beyond the
-    base vocabulary (tag tokens, [QUESTION]), with the config and a reference to the base (`base_record`)."""
+    """Write only what PEFT trained (every parameter with requires_grad) and the word-embedding rows from the first
+    token added to the base's vocabulary on (tag tokens, [QUESTION]), with the config and a reference to the base
+    (`base_record`)."""
     from safetensors.torch import save_file
 
     directory = Path(directory)
     trained = {name: parameter.detach().contiguous().cpu() for name, parameter in model.named_parameters()
                if parameter.requires_grad}
-    base_vocab = _base_vocab_size(base)
+    first_added = _first_added_row(base)
     embeddings = model.get_input_embeddings().weight
-    if embeddings.shape[0] > base_vocab:
-        trained["added_word_embeddings"] = embeddings[base_vocab:].detach().contiguous().cpu()
+    if embeddings.shape[0] > first_added:
+        trained["added_word_embeddings"] = embeddings[first_added:].detach().contiguous().cpu()
     save_file(trained, str(directory / PEFT_WEIGHTS))
     model.config.architectures = [type(model).__name__]
     model.config.save_pretrained(directory)
-    record = {"peft": "tape", "base": {**base, "vocab_size": base_vocab}, "trained": sorted(trained)}
+    record = {"peft": "tape", "base": {**base, "added_rows_from": first_added}, "trained": sorted(trained)}
     (directory / PEFT_RECORD).write_text(json.dumps(record, indent=2), encoding="utf-8")
 
 
@@ -94,7 +95,8 @@ def load_tape_peft(directory: str | Path, task_class):
     added = saved.pop("added_word_embeddings", None)
     with torch.no_grad():
         if added is not None:
-            model.get_input_embeddings().weight[base["vocab_size"]:] = added
+            first_added = base.get("added_rows_from", base.get("vocab_size"))  # "vocab_size": before 2026-11-23
+            model.get_input_embeddings().weight[first_added:] = added
         for name, parameter in model.named_parameters():
             if name in saved:
                 parameter.copy_(saved.pop(name))
@@ -105,9 +107,17 @@ def load_tape_peft(directory: str | Path, task_class):
     return model.eval()
 
 
-def _base_vocab_size(base: dict) -> int:
-    from transformers import AutoConfig
+def _first_added_row(base: dict) -> int:
+    """The first embedding row a fine-tuning run may have filled with a token of its own: the base's tokenizer length,
+    or its table's size where that is smaller (rows past the tokenizer, such as multilingual-e5-small's 35 spare
+    ones, are where added tokens land)."""
+    from transformers import AutoConfig, AutoTokenizer
 
     from ..sources import resolve_model_directory
 
-    return AutoConfig.from_pretrained(resolve_model_directory(base["model"]), local_files_only=True).vocab_size
+    directory = resolve_model_directory(base["model"])
+    rows = AutoConfig.from_pretrained(directory, local_files_only=True).vocab_size
+    try:
+        return min(rows, len(AutoTokenizer.from_pretrained(directory, local_files_only=True)))
+    except (OSError, ValueError):  # no tokenizer beside the base: tokens can only have been added past its table
+        return rows

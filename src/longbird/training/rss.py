@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ..data.corpus import window_ends
+from ..data.tokens import add_special_tokens
 
 QUESTION_TOKEN = "[QUESTION]"
 MAX_SPAN_TOKENS = 10
@@ -32,14 +33,11 @@ of and or to in on at for by with is are was were be as that this it its from
 
 def add_question_token(tokenizer, model=None) -> int:
     """Add `[QUESTION]` as a special token (and an embedding row, initialised as the mean embedding) and return its id."""
-    if QUESTION_TOKEN not in tokenizer.get_vocab():
-        tokenizer.add_tokens([QUESTION_TOKEN], special_tokens=True)
-        if model is not None:
-            old = model.get_input_embeddings().weight.shape[0]
-            model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
-            table = model.get_input_embeddings().weight
-            with torch.no_grad():
-                table[old:] = table[:old].mean(0)
+    ids = add_special_tokens(tokenizer, model, [QUESTION_TOKEN])
+    if model is not None and ids:
+        table = model.get_input_embeddings().weight
+        with torch.no_grad():
+            table[ids[0]] = table[:min(ids)].mean(0)
     return tokenizer.convert_tokens_to_ids(QUESTION_TOKEN)
 
 

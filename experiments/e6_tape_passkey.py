@@ -1,0 +1,197 @@
+"""E6 part 2: TAPE as parameter-efficient fine-tuning of a pretrained source, on the E3 passkey task.
+
+The embedded multilingual-e5-small (Korean-capable, 12 layers, 384 hidden) is converted with `preset="tape"` (full
+attention, absolute positions extended by TAPER copy, TAPE states with identity init: the converted model equals its
+source before training) and fine-tuned with `--peft tape` (only the TAPE maps and the QA head train) on E3's
+512-token passkey samples, then scored by exact match at 512..8K tokens on E3's evaluation samples (same seeds).
+
+Rows, all from the same source, data and step budget:
+- tape-peft         TAPE maps + QA head trained (TAPE §4's PEFT), learning rate --peft-learning-rate
+- head-only         the same model and learning rate with the TAPE maps kept at zero: only the QA head trains, so
+                    the difference to tape-peft is what the TAPE states add
+- kobigbird-copy    every weight fine-tuned (except the word embeddings, as in every e5 run), E3's best conversion
+                    (kobigbird, TAPER copy), learning rate --learning-rate as in E3
+The plot also draws E3's rows (all-MiniLM-L6-v2 source) for reference.
+
+Usage: python experiments/e6_tape_passkey.py [--steps 250] [--eval-samples 40] [--runs tape-peft ...] [--resume]
+Writes experiments/results/e6_tape_passkey.{json,md,png}; fine-tuned models go to experiments/runs/e6_passkey/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+from datasets import Dataset
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "experiments"))
+
+from e3_extrapolation import MAX_LENGTH, TRAIN_LENGTH, PasskeySamples, exact_match, haystack_sentences  # noqa: E402
+from longbird.files import save_figure_atomically, write_file_atomically  # noqa: E402
+from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
+from longbird.training import peft  # noqa: E402
+from longbird.training.finetune import FinetuneSettings  # noqa: E402
+from longbird.workflows import finetune_qa, load_task_model  # noqa: E402
+
+SOURCE = "multilingual-e5-small"
+RUNS = {  # run -> (preset, PEFT or full fine-tuning)
+    "tape-peft": ("tape", True),
+    "head-only": ("tape", True),
+    "kobigbird-copy": ("kobigbird", False),
+}
+
+
+def head_only(model, layer_norms: bool = False) -> list[str]:
+    """`tape_peft` with the TAPE maps frozen too: the control row trains the QA head alone."""
+    trainable = _tape_peft(model, layer_norms)
+    for name, parameter in model.named_parameters():
+        if "tape_" in name:
+            parameter.requires_grad_(False)
+    return [name for name in trainable if "tape_" not in name]
+
+
+_tape_peft = peft.tape_peft
+
+
+def trainable_counts(model, run: str) -> dict:
+    """Parameters trained by the run's rule, all parameters, and the non-embedding ones (the 250K-piece vocabulary
+    is 96M of e5-small's 118M)."""
+    total = sum(p.numel() for p in model.parameters())
+    embeddings = model.get_input_embeddings().weight.numel()
+    if RUNS[run][1]:
+        names = set(head_only(model) if run == "head-only" else peft.tape_peft(model))
+        trained = sum(p.numel() for n, p in model.named_parameters() if n in names)
+    else:
+        trained = total - embeddings
+    return {"trainable": trained, "total": total, "non_embedding": total - embeddings,
+            "fraction_of_total": trained / total, "fraction_of_non_embedding": trained / (total - embeddings)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=250)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--learning-rate", type=float, default=1e-4, help="full fine-tuning (as in E3)")
+    parser.add_argument("--peft-learning-rate", type=float, default=1e-3, help="tape-peft and head-only")
+    parser.add_argument("--eval-samples", type=int, default=40)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
+    parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
+    parser.add_argument("--resume", action="store_true", help="Merge with the rows of earlier runs in --out")
+    parser.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
+    parser.add_argument("--work", type=Path, default=ROOT / "experiments" / "runs" / "e6_passkey")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    started = time.time()
+    _, tokenizer = load_task_model(SOURCE, LongBirdForQuestionAnswering, "tape", 1024)
+    samples = PasskeySamples(tokenizer, haystack_sentences())
+    train_rng, eval_rng = random.Random(0), random.Random(1)  # E3's seeds: the same draws, e5's tokenizer
+    train_rows = Dataset.from_list([samples.sample(train_rng, TRAIN_LENGTH, f"train-{i}")
+                                    for i in range(args.steps * args.batch_size)])
+    eval_rows = {length: [samples.sample(eval_rng, length, f"eval-{length}-{i}") for i in range(args.eval_samples)]
+                 for length in args.lengths}
+    results = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
+               "settings": vars(args) | {"out": str(args.out), "work": str(args.work)}, "runs": {}, "rows": []}
+    previous = args.out / "e6_tape_passkey.json"
+    if args.resume and previous.exists():  # keep the rows of runs this invocation does not redo
+        old = json.loads(previous.read_text())
+        results["runs"] = {k: v for k, v in old["runs"].items() if k not in args.runs}
+        results["rows"] = [row for row in old["rows"] if row["run"] not in args.runs]
+        results["command"] = old["command"] + " && " + results["command"]
+        started -= old.get("wall_seconds", 0.0)
+    for run in args.runs:
+        preset, is_peft = RUNS[run]
+        run_dir = args.work / run
+        record = results["runs"].setdefault(run, {})
+        if not run_dir.exists():
+            settings = FinetuneSettings(learning_rate=args.peft_learning_rate if is_peft else args.learning_rate,
+                                        max_steps=args.steps, batch_size=args.batch_size, progress=False,
+                                        logging_steps=50, peft="tape" if is_peft else None)
+            run_started = time.time()
+            peft.tape_peft = head_only if run == "head-only" else _tape_peft  # finetune imports it at call time
+            try:
+                metrics = finetune_qa(SOURCE, train_rows, run_dir, preset=preset, max_length=MAX_LENGTH,
+                                      window_length=TRAIN_LENGTH, max_windows=1, settings=settings)
+            finally:
+                peft.tape_peft = _tape_peft
+            record.update(train_seconds=time.time() - run_started, train_loss=metrics["train_loss"],
+                          learning_rate=settings.learning_rate, torch_threads=torch.get_num_threads())
+        model, tokenizer = load_task_model(run_dir, LongBirdForQuestionAnswering)
+        record["parameters"] = trainable_counts(load_task_model(SOURCE, LongBirdForQuestionAnswering, preset,
+                                                                MAX_LENGTH)[0], run)
+        model.eval()
+        evaluation_started = time.time()
+        for length in args.lengths:
+            score = exact_match(model, tokenizer, eval_rows[length], length)
+            results["rows"].append({"variant": run, "run": run, "length": length, **score})
+            print(f"{run:16s} {length:5d}  EM {score['exact_match']:5.1f}", flush=True)
+        record["eval_seconds"] = time.time() - evaluation_started
+        _write(results, args.out, started)
+
+
+def _write(results: dict, out: Path, started: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results["wall_seconds"] = time.time() - started
+    lengths = sorted({row["length"] for row in results["rows"]})
+    score = {(row["variant"], row["length"]): row["exact_match"] for row in results["rows"]}
+    variants = list(dict.fromkeys(row["variant"] for row in results["rows"]))
+    e3_path = out / "e3_extrapolation.json"
+    e3 = json.loads(e3_path.read_text())["rows"] if e3_path.exists() else []
+    e3_variants = ["kobigbird copy/scale", "kobigbird exp/scale", "littlebird"]
+    e3_score = {(row["variant"], row["length"]): row["exact_match"] for row in e3 if row["variant"] in e3_variants}
+    settings = results["settings"]
+    lines = [f"Command: `{results['command']}`  ",
+             f"Source multilingual-e5-small; {settings['steps']} steps x batch {settings['batch_size']} at "
+             f"{TRAIN_LENGTH} tokens per run; {settings['eval_samples']} evaluation samples per length (E3's); "
+             f"{results['wall_seconds'] / 60:.0f} min wall in total on this CPU (2 cores, fp32).", "",
+             "| run | trained parameters | % of all | % of non-embedding | lr | train min | eval min | "
+             + " | ".join(str(n) for n in lengths) + " |",
+             "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(lengths)]
+    for variant in variants:
+        run = results["runs"].get(variant, {})
+        counts = run.get("parameters", {})
+        lines.append(f"| e5 {variant} | {counts.get('trainable', 0):,} | {100 * counts.get('fraction_of_total', 0):.2f} | "
+                     f"{100 * counts.get('fraction_of_non_embedding', 0):.2f} | {run.get('learning_rate', '')} | "
+                     f"{run.get('train_seconds', 0) / 60:.0f} | {run.get('eval_seconds', 0) / 60:.0f} | "
+                     + " | ".join(f"{score[(variant, n)]:.1f}" if (variant, n) in score else "" for n in lengths)
+                     + " |")
+    for variant in e3_variants:
+        if any((variant, n) in e3_score for n in lengths):
+            lines.append(f"| E3 MiniLM {variant} (full fine-tuning) | | | | 1e-4 | | | "
+                         + " | ".join(f"{e3_score[(variant, n)]:.1f}" if (variant, n) in e3_score else ""
+                                      for n in lengths) + " |")
+    out.mkdir(parents=True, exist_ok=True)
+    write_file_atomically(out / "e6_tape_passkey.md", "\n".join(lines) + "\n")
+    write_file_atomically(out / "e6_tape_passkey.json", json.dumps(results, indent=2) + "\n")
+    figure, axis = plt.subplots(figsize=(8, 5))
+    for variant in variants:
+        points = [(n, score[(variant, n)]) for n in lengths if (variant, n) in score]
+        axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=f"e5 {variant}")
+    for variant in e3_variants:
+        points = [(n, e3_score[(variant, n)]) for n in lengths if (variant, n) in e3_score]
+        if points:
+            axis.plot([p[0] for p in points], [p[1] for p in points], linestyle="--", alpha=0.6,
+                      label=f"E3 MiniLM {variant}")
+    axis.set_xscale("log", base=2)
+    axis.set_xlabel("evaluation length (tokens); trained at 512")
+    axis.set_ylabel("passkey exact match (%)")
+    axis.set_title("E6 part 2: TAPE PEFT on multilingual-e5-small vs full fine-tuning")
+    axis.legend(fontsize=7)
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    save_figure_atomically(figure, out / "e6_tape_passkey.png")
+    plt.close(figure)
+
+
+if __name__ == "__main__":
+    main()
