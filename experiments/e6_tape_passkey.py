@@ -9,6 +9,10 @@ Rows, all from the same source, data and step budget:
 - tape-peft         TAPE maps + QA head trained (TAPE §4's PEFT), learning rate --peft-learning-rate
 - head-only         the same model and learning rate with the TAPE maps kept at zero: only the QA head trains, so
                     the difference to tape-peft is what the TAPE states add
+- lora              the same source without TAPE (`preset="full"`: full attention, the same extended position table)
+                    with LoRA (the `peft` library) on the query and value maps at the rank whose parameter count is
+                    closest to the TAPE maps', + the QA head, at --peft-learning-rate: the TAPE paper's own PEFT
+                    baseline, and a control for "TAPE helps only because it adds trainable parameters"
 - kobigbird-copy    every weight fine-tuned (except the word embeddings, as in every e5 run), E3's best conversion
                     (kobigbird, TAPER copy), learning rate --learning-rate as in E3
 The plot also draws E3's rows (all-MiniLM-L6-v2 source) for reference.
@@ -36,14 +40,17 @@ sys.path.insert(0, str(ROOT / "experiments"))
 from e3_extrapolation import MAX_LENGTH, TRAIN_LENGTH, PasskeySamples, exact_match, haystack_sentences  # noqa: E402
 from longbird.files import save_figure_atomically, write_file_atomically  # noqa: E402
 from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
-from longbird.training import peft  # noqa: E402
-from longbird.training.finetune import FinetuneSettings  # noqa: E402
+from longbird.data.features import features_for_rows  # noqa: E402
+from longbird.data.html import add_tag_tokens  # noqa: E402
+from longbird.training import peft as longbird_peft  # noqa: E402
+from longbird.training.finetune import FinetuneSettings, qa_training_items, train  # noqa: E402
 from longbird.workflows import finetune_qa, load_task_model  # noqa: E402
 
 SOURCE = "multilingual-e5-small"
 RUNS = {  # run -> (preset, PEFT or full fine-tuning)
     "tape-peft": ("tape", True),
     "head-only": ("tape", True),
+    "lora": ("full", True),
     "kobigbird-copy": ("kobigbird", False),
 }
 
@@ -57,16 +64,45 @@ def head_only(model, layer_norms: bool = False) -> list[str]:
     return [name for name in trainable if "tape_" not in name]
 
 
-_tape_peft = peft.tape_peft
+_tape_peft = longbird_peft.tape_peft
 
 
-def trainable_counts(model, run: str) -> dict:
+def lora_rank(tape_parameters: int, model) -> int:
+    """The LoRA rank on query and value whose parameter count is closest to the TAPE maps' (r x (in + out) each)."""
+    per_rank = sum(m.in_features + m.out_features for n, m in model.named_modules()
+                   if n.endswith(("attention.self.query", "attention.self.value")))
+    return max(1, round(tape_parameters / per_rank))
+
+
+def train_lora(train_rows, rank: int, settings: FinetuneSettings, work: Path):
+    """finetune_qa's steps for a model that carries LoRA adapters (longbird's PEFT checkpoints hold TAPE maps only,
+    so this run is trained and scored in one process)."""
+    from peft import LoraConfig, inject_adapter_in_model
+    from transformers import set_seed
+
+    set_seed(settings.seed)
+    model, tokenizer = load_task_model(SOURCE, LongBirdForQuestionAnswering, "full", MAX_LENGTH)
+    add_tag_tokens(tokenizer, model)
+    features = features_for_rows(tokenizer, train_rows, TRAIN_LENGTH, None, 1,
+                                 token_types=model.config.type_vocab_size >= 2)
+    inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
+                                       target_modules=["query", "value"]), model)
+    for name, parameter in model.named_parameters():  # LoRA + the QA head (everything outside the base model)
+        parameter.requires_grad_("lora_" in name or not name.startswith("longbird."))
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    metrics = train(model, tokenizer, qa_training_items(features, 1.0, settings.seed), work / ".lora.work", settings)
+    return model.eval(), tokenizer, metrics, trained
+
+
+def trainable_counts(model, run: str, trained: int | None = None) -> dict:
     """Parameters trained by the run's rule, all parameters, and the non-embedding ones (the 250K-piece vocabulary
     is 96M of e5-small's 118M)."""
     total = sum(p.numel() for p in model.parameters())
     embeddings = model.get_input_embeddings().weight.numel()
-    if RUNS[run][1]:
-        names = set(head_only(model) if run == "head-only" else peft.tape_peft(model))
+    if trained is not None:  # LoRA: counted on the adapted model
+        total += trained - sum(p.numel() for n, p in model.named_parameters() if not n.startswith("longbird."))
+    elif RUNS[run][1]:
+        names = set(head_only(model) if run == "head-only" else longbird_peft.tape_peft(model))
         trained = sum(p.numel() for n, p in model.named_parameters() if n in names)
     else:
         trained = total - embeddings
@@ -109,22 +145,35 @@ def main() -> None:
         preset, is_peft = RUNS[run]
         run_dir = args.work / run
         record = results["runs"].setdefault(run, {})
-        if not run_dir.exists():
+        lora_trained = None
+        if run == "lora":
+            tape_model = load_task_model(SOURCE, LongBirdForQuestionAnswering, "tape", MAX_LENGTH)[0]
+            tape_parameters = sum(p.numel() for n, p in tape_model.named_parameters() if "tape_" in n)
+            rank = lora_rank(tape_parameters, tape_model)
+            settings = FinetuneSettings(learning_rate=args.peft_learning_rate, max_steps=args.steps,
+                                        batch_size=args.batch_size, progress=False, logging_steps=50)
+            run_started = time.time()
+            model, tokenizer, metrics, lora_trained = train_lora(train_rows, rank, settings, args.work)
+            record.update(train_seconds=time.time() - run_started, train_loss=metrics["train_loss"],
+                          learning_rate=settings.learning_rate, torch_threads=torch.get_num_threads(),
+                          lora_rank=rank, tape_parameters=tape_parameters)
+        elif not run_dir.exists():
             settings = FinetuneSettings(learning_rate=args.peft_learning_rate if is_peft else args.learning_rate,
                                         max_steps=args.steps, batch_size=args.batch_size, progress=False,
                                         logging_steps=50, peft="tape" if is_peft else None)
             run_started = time.time()
-            peft.tape_peft = head_only if run == "head-only" else _tape_peft  # finetune imports it at call time
+            longbird_peft.tape_peft = head_only if run == "head-only" else _tape_peft  # imported at call time
             try:
                 metrics = finetune_qa(SOURCE, train_rows, run_dir, preset=preset, max_length=MAX_LENGTH,
                                       window_length=TRAIN_LENGTH, max_windows=1, settings=settings)
             finally:
-                peft.tape_peft = _tape_peft
+                longbird_peft.tape_peft = _tape_peft
             record.update(train_seconds=time.time() - run_started, train_loss=metrics["train_loss"],
                           learning_rate=settings.learning_rate, torch_threads=torch.get_num_threads())
-        model, tokenizer = load_task_model(run_dir, LongBirdForQuestionAnswering)
+        if run != "lora":
+            model, tokenizer = load_task_model(run_dir, LongBirdForQuestionAnswering)
         record["parameters"] = trainable_counts(load_task_model(SOURCE, LongBirdForQuestionAnswering, preset,
-                                                                MAX_LENGTH)[0], run)
+                                                                MAX_LENGTH)[0], run, lora_trained)
         model.eval()
         evaluation_started = time.time()
         for length in args.lengths:
