@@ -55,6 +55,9 @@ def test_lazy_public_names():
 
     assert callable(longbird.convert) and longbird.convert.__module__ == "longbird.convert"
     assert longbird.answer is answer and "LongBirdModel" in dir(longbird)
+    from longbird.training.peft import load_tape_peft, tape_peft
+
+    assert longbird.tape_peft is tape_peft and longbird.load_tape_peft is load_tape_peft
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         longbird.nothing
 

@@ -17,6 +17,7 @@ __version__ = "0.1.0"
 METHODS = {
     "kobigbird": "BigBird ITC block-sparse attention + TAPER absolute positions (KoBigBird-large)",
     "littlebird": "BiALiBi + unpack & sliding-window attention + pack attention; Padding Insertion (LittleBird)",
+    "tape": "contextualised equivariant position states beside any attention; parameter-efficient fine-tuning (TAPE)",
 }
 
 # public name -> the module that defines it; loaded on first access
@@ -27,6 +28,7 @@ _LAZY = {
     "LongBirdModel": "modeling",
     "SUPPORTED_FAMILIES": "convert", "convert": "convert",
     "answer": "workflows",
+    "tape_peft": "training.peft", "load_tape_peft": "training.peft",
 }
 
 __all__ = ["METHODS", "__version__", *_LAZY]
