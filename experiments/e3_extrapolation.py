@@ -88,6 +88,32 @@ class PasskeySamples:
                 "depth": depth / max(len(chosen), 1)}
 
 
+def passkey_rows(tokenizer, args) -> tuple[Dataset, dict[int, list[dict]]]:
+    """Training rows at TRAIN_LENGTH (args.steps x args.batch_size) and args.eval_samples rows per evaluation
+    length, drawn with fixed seeds (0 and 1), so every run and experiment reads the same samples."""
+    samples = PasskeySamples(tokenizer, haystack_sentences())
+    train_rng, eval_rng = random.Random(0), random.Random(1)
+    train_rows = Dataset.from_list([samples.sample(train_rng, TRAIN_LENGTH, f"train-{i}")
+                                    for i in range(args.steps * args.batch_size)])
+    eval_rows = {length: [samples.sample(eval_rng, length, f"eval-{length}-{i}") for i in range(args.eval_samples)]
+                 for length in args.lengths}
+    return train_rows, eval_rows
+
+
+def start_results(args, previous: Path, started: float) -> tuple[dict, float]:
+    """The results record of this invocation; with --resume, merged with the rows of the runs in `previous` that
+    this invocation does not redo (its wall time carried over)."""
+    results = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
+               "settings": vars(args) | {"out": str(args.out), "work": str(args.work)}, "runs": {}, "rows": []}
+    if args.resume and previous.exists():
+        old = json.loads(previous.read_text())
+        results["runs"] = {k: v for k, v in old["runs"].items() if k not in args.runs}
+        results["rows"] = [row for row in old["rows"] if row["run"] not in args.runs]
+        results["command"] = old["command"] + " && " + results["command"]
+        started -= old.get("wall_seconds", 0.0)
+    return results, started
+
+
 def retaper(model, schedule: str, mode: str) -> None:
     """Rebuild position rows >= L from the (fine-tuned) rows 0..L-1 with another TAPER schedule and mode."""
     table = model.longbird.embeddings.position_embeddings.weight
@@ -124,21 +150,8 @@ def main() -> None:
     torch.manual_seed(0)
     started = time.time()
     _, tokenizer = load_task_model(default_source(), LongBirdForQuestionAnswering, "kobigbird", 1024)
-    samples = PasskeySamples(tokenizer, haystack_sentences())
-    train_rng, eval_rng = random.Random(0), random.Random(1)
-    train_rows = Dataset.from_list([samples.sample(train_rng, TRAIN_LENGTH, f"train-{i}")
-                                    for i in range(args.steps * args.batch_size)])
-    eval_rows = {length: [samples.sample(eval_rng, length, f"eval-{length}-{i}") for i in range(args.eval_samples)]
-                 for length in args.lengths}
-    results = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
-               "settings": vars(args) | {"out": str(args.out), "work": str(args.work)}, "runs": {}, "rows": []}
-    previous = args.out / "e3_extrapolation.json"
-    if args.resume and previous.exists():  # keep the rows of runs this invocation does not redo
-        old = json.loads(previous.read_text())
-        results["runs"] = {k: v for k, v in old["runs"].items() if k not in args.runs}
-        results["rows"] = [row for row in old["rows"] if row["run"] not in args.runs]
-        results["command"] = old["command"] + " && " + results["command"]
-        started -= old.get("wall_seconds", 0.0)
+    train_rows, eval_rows = passkey_rows(tokenizer, args)
+    results, started = start_results(args, args.out / "e3_extrapolation.json", started)
     for run in args.runs:
         preset = run.split("+")[0].split("-")[0]
         # kobigbird runs pin their schedule: the library default changed to copy because of this experiment

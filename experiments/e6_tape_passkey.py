@@ -25,19 +25,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import time
 from pathlib import Path
 
 import torch
-from datasets import Dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "experiments"))
 
-from e3_extrapolation import MAX_LENGTH, TRAIN_LENGTH, PasskeySamples, exact_match, haystack_sentences  # noqa: E402
+from e3_extrapolation import MAX_LENGTH, TRAIN_LENGTH, exact_match, passkey_rows, start_results  # noqa: E402
 from longbird.files import save_figure_atomically, write_file_atomically  # noqa: E402
 from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
 from longbird.data.features import features_for_rows  # noqa: E402
@@ -126,21 +124,8 @@ def main() -> None:
     torch.manual_seed(0)
     started = time.time()
     _, tokenizer = load_task_model(SOURCE, LongBirdForQuestionAnswering, "tape", 1024)
-    samples = PasskeySamples(tokenizer, haystack_sentences())
-    train_rng, eval_rng = random.Random(0), random.Random(1)  # E3's seeds: the same draws, e5's tokenizer
-    train_rows = Dataset.from_list([samples.sample(train_rng, TRAIN_LENGTH, f"train-{i}")
-                                    for i in range(args.steps * args.batch_size)])
-    eval_rows = {length: [samples.sample(eval_rng, length, f"eval-{length}-{i}") for i in range(args.eval_samples)]
-                 for length in args.lengths}
-    results = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
-               "settings": vars(args) | {"out": str(args.out), "work": str(args.work)}, "runs": {}, "rows": []}
-    previous = args.out / "e6_tape_passkey.json"
-    if args.resume and previous.exists():  # keep the rows of runs this invocation does not redo
-        old = json.loads(previous.read_text())
-        results["runs"] = {k: v for k, v in old["runs"].items() if k not in args.runs}
-        results["rows"] = [row for row in old["rows"] if row["run"] not in args.runs]
-        results["command"] = old["command"] + " && " + results["command"]
-        started -= old.get("wall_seconds", 0.0)
+    train_rows, eval_rows = passkey_rows(tokenizer, args)  # E3's seeds: the same draws, e5's tokenizer
+    results, started = start_results(args, args.out / "e6_tape_passkey.json", started)
     for run in args.runs:
         preset, is_peft = RUNS[run]
         run_dir = args.work / run
