@@ -7,8 +7,8 @@ source before training) and fine-tuned with `--peft tape` (only the TAPE maps an
 
 Rows, all from the same source, data and step budget:
 - tape-peft         TAPE maps + QA head trained (TAPE §4's PEFT), learning rate --peft-learning-rate
-- head-only         the same model and learning rate with the TAPE maps kept at zero: only the QA head trains, so
-                    the difference to tape-peft is what the TAPE states add
+- head-only         the same model and learning rate with the TAPE maps frozen at their init (W1 and W_post zero, so
+                    they add nothing): only the QA head trains, so the difference to tape-peft is what TAPE adds
 - lora              the same source without TAPE (`preset="full"`: full attention, the same extended position table)
                     with LoRA (the `peft` library) on the query and value maps at the rank whose parameter count is
                     closest to the TAPE maps', + the QA head, at --peft-learning-rate: the TAPE paper's own PEFT
@@ -113,7 +113,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=250)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--learning-rate", type=float, default=1e-4, help="full fine-tuning (as in E3)")
-    parser.add_argument("--peft-learning-rate", type=float, default=1e-3, help="tape-peft and head-only")
+    parser.add_argument("--peft-learning-rate", type=float, default=1e-3, help="tape-peft, head-only and lora")
     parser.add_argument("--eval-samples", type=int, default=40)
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
     parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
@@ -142,7 +142,9 @@ def main() -> None:
             record.update(train_seconds=time.time() - run_started, train_loss=metrics["train_loss"],
                           learning_rate=settings.learning_rate, torch_threads=torch.get_num_threads(),
                           lora_rank=rank, tape_parameters=tape_parameters)
-        elif not run_dir.exists():
+        elif run_dir.exists():  # a finished run is scored again, not retrained (delete it to retrain)
+            print(f"{run}: reusing the model in {run_dir} (delete it to train again)", flush=True)
+        else:
             settings = FinetuneSettings(learning_rate=args.peft_learning_rate if is_peft else args.learning_rate,
                                         max_steps=args.steps, batch_size=args.batch_size, progress=False,
                                         logging_steps=50, peft="tape" if is_peft else None)

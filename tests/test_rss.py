@@ -170,10 +170,13 @@ def test_question_token_row_is_the_mean_embedding_and_the_table_never_shrinks(sp
     torch.manual_seed(0)
     model = BertModel(BertConfig(vocab_size=pieces + spare_rows, hidden_size=8, num_hidden_layers=1,
                                  num_attention_heads=2, intermediate_size=8))
+    with torch.no_grad():  # spare rows far from the vocabulary: a mean over them would show
+        model.get_input_embeddings().weight[pieces:] = 100.0
     before = model.get_input_embeddings().weight.detach().clone()
     question = add_question_token(tokenizer, model)
     table = model.get_input_embeddings().weight.detach()
     assert question == pieces and table.shape[0] == max(pieces + 1, pieces + spare_rows)
-    torch.testing.assert_close(table[question], before[:pieces].mean(0))
-    torch.testing.assert_close(table[:pieces], before[:pieces])
+    torch.testing.assert_close(table[question], before[:pieces].mean(0), rtol=0, atol=1e-6)
+    torch.testing.assert_close(table[:pieces], before[:pieces], rtol=0, atol=0)
+    torch.testing.assert_close(table[pieces + 1:], before[pieces + 1:], rtol=0, atol=0)  # other spare rows untouched
     assert add_question_token(tokenizer, model) == question and model.get_input_embeddings().weight.shape == table.shape

@@ -5,6 +5,7 @@ independence, and the configuration errors."""
 from __future__ import annotations
 
 import copy
+import json
 import math
 
 import pytest
@@ -232,9 +233,8 @@ def test_peft_trains_exactly_tape_layer_norms_and_the_head(layer_norms):
 def test_peft_cli_checkpoint_holds_only_what_was_trained_and_round_trips(tmp_path):
     """finetune-qa --preset tape --peft tape: OUT holds the TAPE maps, the QA head and the added tag-token rows, not
     the model; `evaluate`/`answer` load it back into the full model (base converted again), equal to training's."""
-    import json
-
     from safetensors.torch import load_file
+    from transformers import AutoTokenizer
     from typer.testing import CliRunner
 
     from longbird.cli import app
@@ -267,6 +267,17 @@ def test_peft_cli_checkpoint_holds_only_what_was_trained_and_round_trips(tmp_pat
     ids = torch.tensor([tokenizer("질문 [SEP] 문서", truncation=True)["input_ids"]])
     with torch.no_grad():
         torch.testing.assert_close(model(input_ids=ids).start_logits, reloaded(input_ids=ids).start_logits)
+    # a record written before 2026-11-23 names the first added row "vocab_size" (the same row for this base)
+    assert record["base"]["added_rows_from"] == len(AutoTokenizer.from_pretrained(source))
+    record["base"]["vocab_size"] = record["base"].pop("added_rows_from")
+    (out / "longbird_peft.json").write_text(json.dumps(record))
+    with torch.no_grad():
+        torch.testing.assert_close(load_tape_peft(out, LongBirdForQuestionAnswering)(input_ids=ids).start_logits,
+                                   reloaded(input_ids=ids).start_logits)
+    del record["base"]["vocab_size"]
+    (out / "longbird_peft.json").write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="neither 'added_rows_from' nor 'vocab_size'"):
+        load_tape_peft(out, LongBirdForQuestionAnswering)
     bad = CliRunner().invoke(app, ["finetune-qa", "--model", str(source), "--train", str(PAGES[0]), "--out",
                                    str(tmp_path / "x"), "--peft", "lora"])
     assert bad.exit_code != 0 and "--peft must be 'tape'" in bad.output
@@ -307,3 +318,8 @@ def test_peft_checkpoint_of_a_base_with_spare_embedding_rows_round_trips(tmp_pat
         torch.testing.assert_close(table[token_id], base_table[meaning].mean(0))
     spare = pieces + len(TAG_TOKENS)  # a row no token uses stays the base's
     torch.testing.assert_close(table[spare:], base_table[spare:])
+    # a checkpoint from before 2026-11-23, whose table was cut to the tokenizer, is refused by name
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "vocab_size": spare}))
+    with pytest.raises(ValueError, match=f"fewer than the {pieces + 40} of its base.*fine-tune again"):
+        load_on_device(out, LongBirdForQuestionAnswering)

@@ -18,9 +18,10 @@ def full_attention(
     unmasked = key_mask is None or (not is_tracing() and bool(key_mask.all()))
     attn_mask = None if unmasked else key_mask[:, None, None, :]
     scale = None
-    if value.shape[-1] > query.shape[-1]:  # TAPE: states ride beside V (wider than q, k)
+    if value.shape[-1] > query.shape[-1] and query.device.type == "cpu":  # TAPE: states ride beside V
         # SDPA's fused CPU kernel needs q, k and v of one width, otherwise it materialises every score (5x slower at
-        # 8K tokens, measured); zero columns leave q·k unchanged and the scale stays 1/sqrt(d_h).
+        # 8K tokens, measured); zero columns leave q·k unchanged and the scale stays 1/sqrt(d_h). Not measured on
+        # CUDA (where the memory-efficient kernel takes a wider V), so left to SDPA's own choice there.
         scale = query.shape[-1] ** -0.5
         width = value.shape[-1] - query.shape[-1]
         query, key = F.pad(query, (0, width)), F.pad(key, (0, width))

@@ -88,6 +88,14 @@ def load_tape_peft(directory: str | Path, task_class):
     state = load_task_model(base["model"], task_class, base["preset"], base["max_length"])[0].longbird.state_dict()
     word = "embeddings.word_embeddings.weight"
     table = model.longbird.state_dict()[word].clone()
+    if table.shape[0] < state[word].shape[0]:  # written when adding tokens cut the table to the tokenizer's length
+        raise ValueError(f"{directory}: its word embeddings have {table.shape[0]} rows, fewer than the "
+                         f"{state[word].shape[0]} of its base {base['model']}: a PEFT checkpoint of a longbird before "
+                         "2026-11-23 on a base with rows past its tokenizer (multilingual-e5-small); fine-tune again")
+    first_added = base.get("added_rows_from", base.get("vocab_size"))  # "vocab_size": records before 2026-11-23
+    if first_added is None:
+        raise ValueError(f"{directory}/{PEFT_RECORD}: its base has neither 'added_rows_from' nor 'vocab_size'; "
+                         "the record is damaged: fine-tune again")
     table[: state[word].shape[0]] = state[word]
     state[word] = table
     missing, unexpected = model.longbird.load_state_dict(state, strict=False)
@@ -95,7 +103,6 @@ def load_tape_peft(directory: str | Path, task_class):
     added = saved.pop("added_word_embeddings", None)
     with torch.no_grad():
         if added is not None:
-            first_added = base.get("added_rows_from", base.get("vocab_size"))  # "vocab_size": before 2026-11-23
             model.get_input_embeddings().weight[first_added:] = added
         for name, parameter in model.named_parameters():
             if name in saved:
@@ -117,7 +124,5 @@ def _first_added_row(base: dict) -> int:
 
     directory = resolve_model_directory(base["model"])
     rows = AutoConfig.from_pretrained(directory, local_files_only=True).vocab_size
-    try:
-        return min(rows, len(AutoTokenizer.from_pretrained(directory, local_files_only=True)))
-    except (OSError, ValueError):  # no tokenizer beside the base: tokens can only have been added past its table
-        return rows
+    # Fine-tuning always reads the base's tokenizer (load_task_model), so it is there.
+    return min(rows, len(AutoTokenizer.from_pretrained(directory, local_files_only=True)))
