@@ -100,15 +100,16 @@ def passkey_rows(tokenizer, args) -> tuple[Dataset, dict[int, list[dict]]]:
     return train_rows, eval_rows
 
 
-def start_results(args, previous: Path, started: float) -> tuple[dict, float]:
+def start_results(args, previous: Path, started: float, redo=None) -> tuple[dict, float]:
     """The results record of this invocation; with --resume, merged with the rows of the runs in `previous` that
-    this invocation does not redo (its wall time carried over)."""
+    this invocation does not redo (`redo`, default args.runs; its wall time carried over)."""
+    redo = set(args.runs if redo is None else redo)
     results = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
                "settings": vars(args) | {"out": str(args.out), "work": str(args.work)}, "runs": {}, "rows": []}
     if args.resume and previous.exists():
         old = json.loads(previous.read_text())
-        results["runs"] = {k: v for k, v in old["runs"].items() if k not in args.runs}
-        results["rows"] = [row for row in old["rows"] if row["run"] not in args.runs]
+        results["runs"] = {k: v for k, v in old["runs"].items() if k not in redo}
+        results["rows"] = [row for row in old["rows"] if row["run"] not in redo]
         results["command"] = old["command"] + " && " + results["command"]
         started -= old.get("wall_seconds", 0.0)
     return results, started

@@ -117,6 +117,8 @@ def main() -> None:
     parser.add_argument("--eval-samples", type=int, default=40)
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
     parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
+    parser.add_argument("--seed", type=int, default=0,
+                        help="Training seed (head init, data order); runs with another seed than 0 are named RUN-seedN")
     parser.add_argument("--resume", action="store_true", help="Merge with the rows of earlier runs in --out")
     parser.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
     parser.add_argument("--work", type=Path, default=ROOT / "experiments" / "runs" / "e6_passkey")
@@ -125,29 +127,31 @@ def main() -> None:
     started = time.time()
     _, tokenizer = load_task_model(SOURCE, LongBirdForQuestionAnswering, "tape", 1024)
     train_rows, eval_rows = passkey_rows(tokenizer, args)  # E3's seeds: the same draws, e5's tokenizer
-    results, started = start_results(args, args.out / "e6_tape_passkey.json", started)
+    names = {run: run if args.seed == 0 else f"{run}-seed{args.seed}" for run in args.runs}
+    results, started = start_results(args, args.out / "e6_tape_passkey.json", started, redo=names.values())
     for run in args.runs:
         preset, is_peft = RUNS[run]
-        run_dir = args.work / run
-        record = results["runs"].setdefault(run, {})
+        name = names[run]
+        run_dir = args.work / name
+        record = results["runs"].setdefault(name, {"seed": args.seed})
         lora_trained = None
         if run == "lora":
             tape_model = load_task_model(SOURCE, LongBirdForQuestionAnswering, "tape", MAX_LENGTH)[0]
             tape_parameters = sum(p.numel() for n, p in tape_model.named_parameters() if "tape_" in n)
             rank = lora_rank(tape_parameters, tape_model)
             settings = FinetuneSettings(learning_rate=args.peft_learning_rate, max_steps=args.steps,
-                                        batch_size=args.batch_size, progress=False, logging_steps=50)
+                                        batch_size=args.batch_size, progress=False, logging_steps=50, seed=args.seed)
             run_started = time.time()
             model, tokenizer, metrics, lora_trained = train_lora(train_rows, rank, settings, args.work)
             record.update(train_seconds=time.time() - run_started, train_loss=metrics["train_loss"],
                           learning_rate=settings.learning_rate, torch_threads=torch.get_num_threads(),
                           lora_rank=rank, tape_parameters=tape_parameters)
         elif run_dir.exists():  # a finished run is scored again, not retrained (delete it to retrain)
-            print(f"{run}: reusing the model in {run_dir} (delete it to train again)", flush=True)
+            print(f"{name}: reusing the model in {run_dir} (delete it to train again)", flush=True)
         else:
             settings = FinetuneSettings(learning_rate=args.peft_learning_rate if is_peft else args.learning_rate,
                                         max_steps=args.steps, batch_size=args.batch_size, progress=False,
-                                        logging_steps=50, peft="tape" if is_peft else None)
+                                        logging_steps=50, peft="tape" if is_peft else None, seed=args.seed)
             run_started = time.time()
             longbird_peft.tape_peft = head_only if run == "head-only" else _tape_peft  # imported at call time
             try:
@@ -165,8 +169,8 @@ def main() -> None:
         evaluation_started = time.time()
         for length in args.lengths:
             score = exact_match(model, tokenizer, eval_rows[length], length)
-            results["rows"].append({"variant": run, "run": run, "length": length, **score})
-            print(f"{run:16s} {length:5d}  EM {score['exact_match']:5.1f}", flush=True)
+            results["rows"].append({"variant": name, "run": name, "length": length, **score})
+            print(f"{name:22s} {length:5d}  EM {score['exact_match']:5.1f}", flush=True)
         record["eval_seconds"] = time.time() - evaluation_started
         _write(results, args.out, started)
 
