@@ -299,18 +299,18 @@ def add_tag_tokens(tokenizer, model=None) -> list[str]:
     New rows start at the mean embedding of the word pieces of what the tag means ("paragraph",
     "list item", ...), so a fresh tag token is a plausible input rather than noise. Returns the tokens added.
     """
-    tokens = [token for token in TAG_TOKENS.values() if token not in tokenizer.get_vocab()]
-    ids = add_special_tokens(tokenizer, model, tokens)
-    if model is not None and ids:
+    added = add_special_tokens(tokenizer, model, list(TAG_TOKENS.values()))
+    if model is not None and added:
         import torch
 
         table = model.get_input_embeddings().weight
+        first_new = min(added.values())
         with torch.no_grad():
-            for token, token_id in zip(tokens, ids):
+            for token, token_id in added.items():
                 pieces = tokenizer(TAG_TOKEN_MEANINGS[token[1:-1]], add_special_tokens=False)["input_ids"]
-                pieces = [p for p in pieces if p < min(ids)] or list(range(min(ids)))
+                pieces = [p for p in pieces if p < first_new] or list(range(first_new))
                 table[token_id] = table[pieces].mean(dim=0)
-    return tokens
+    return list(added)
 
 
 def visible_text(fragment: str) -> str:

@@ -33,11 +33,11 @@ of and or to in on at for by with is are was were be as that this it its from
 
 def add_question_token(tokenizer, model=None) -> int:
     """Add `[QUESTION]` as a special token (and an embedding row, initialised as the mean embedding) and return its id."""
-    ids = add_special_tokens(tokenizer, model, [QUESTION_TOKEN])
-    if model is not None and ids:
+    added = add_special_tokens(tokenizer, model, [QUESTION_TOKEN])
+    if model is not None and added:
         table = model.get_input_embeddings().weight
         with torch.no_grad():
-            table[ids[0]] = table[:min(ids)].mean(0)
+            table[added[QUESTION_TOKEN]] = table[:added[QUESTION_TOKEN]].mean(0)
     return tokenizer.convert_tokens_to_ids(QUESTION_TOKEN)
 
 
