@@ -20,6 +20,10 @@ The attention KL to the teacher per layer is measured at 512 on held-out windows
 sees and renormalised, as in distillation). Then the best long model (by held-out RSS at 4096) and the plain conversion
 of its architecture are fine-tuned on KorQuAD 1.0 whole articles with the same budget and scored on dev-split articles (E4
 setting, window 4096).
+Held out by construction and checked: the held-out titles and the text hashes of their windows at every length are
+disjoint from the training side's (asserted, both lists in the JSON), and every trained row's own summary lists the
+SHA-256 of the documents it trained on, none of which may be held out (asserted before scoring). Before 2026-11-24
+rows A', B, C and D trained with `held_out=0`, which put the held-out articles into their training corpus.
 
 Usage: python experiments/e5_littlebird_pretraining.py [--steps-512 40] [--steps-2k 300] [--qa-steps 30] [--resume]
 Writes experiments/results/e5_littlebird_pretraining.{json,md,png}; models go to experiments/runs/e5/.
@@ -39,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "experiments"))
 
-from longbird.data.corpus import default_corpus  # noqa: E402
+from longbird.data.corpus import corpus_windows, default_corpus_titled, text_hash  # noqa: E402
 from longbird.files import save_figure_atomically, write_file_atomically  # noqa: E402
 from longbird.heads import LongBirdForQuestionAnswering, LongBirdForSpanSelection  # noqa: E402
 from longbird.sources import resolve_model_directory  # noqa: E402
@@ -108,6 +112,42 @@ def train_runs(args, work: Path, results: dict) -> None:
         metrics = pretrain(SOURCE, work / "D", length=4096, preset="kobigbird", max_length=4096,
                            settings=settings_for(max(1, round(tokens / 4096)), 1), held_out=0, overwrite=True)
         record("D", started, metrics, windows_per_step=1, length=4096, budget_tokens=tokens)
+
+
+def held_out_record(training: list[tuple[str, str]], held: list[tuple[str, str]], tokenizer) -> dict:
+    """Proof that nothing scored was trained on: the held-out and training titles are disjoint, and so are the
+    text hashes of their windows at every evaluated length (the consecutive windows RSS items are cut from).
+    Raises on any overlap; returns both lists for the results JSON (window hashes cut to 16 hex digits)."""
+    shared = {title for title, _ in training} & {title for title, _ in held}
+    if shared:
+        raise AssertionError(f"held-out articles in the training corpus: {sorted(shared)}")
+    record = {"held_out_titles": [title for title, _ in held], "training_titles": [title for title, _ in training],
+              "held_out_document_sha256": [text_hash(text) for _, text in held],
+              "held_out_window_sha256": {}, "training_window_sha256": {}}
+    for length in LENGTHS:
+        hashes = {}
+        for side, documents in (("held_out", held), ("training", training)):
+            windows = corpus_windows([text for _, text in documents], tokenizer, length)
+            hashes[side] = [text_hash(tokenizer.decode(w["input_ids"], skip_special_tokens=True))[:16] for w in windows]
+            record[f"{side}_window_sha256"][str(length)] = hashes[side]
+        overlap = set(hashes["held_out"]) & set(hashes["training"])
+        if overlap:
+            raise AssertionError(f"{len(overlap)} held-out {length}-token windows are also training windows")
+    return record
+
+
+def check_runs_held_out(work: Path, results: dict) -> None:
+    """Every trained row's own summary lists the documents it trained on: none may be a held-out document."""
+    held = set(results["held_out"]["held_out_document_sha256"])
+    for name in results["runs"]:
+        summary = json.loads(next((work / name / "model").glob("longbird_*.json")).read_text())
+        if "training_document_sha256" not in summary:
+            raise AssertionError(f"run {name} does not record its training documents (made by an older longbird): "
+                                 f"delete {work / name} and rerun")
+        if held & set(summary["training_document_sha256"]):
+            raise AssertionError(f"run {name} trained on {len(held & set(summary['training_document_sha256']))} "
+                                 "held-out documents")
+    results["held_out"]["runs_checked"] = sorted(results["runs"])
 
 
 def model_path(work: Path, name: str):
@@ -330,19 +370,21 @@ def main() -> None:
         results.update({k: old[k] for k in ("runs", "rss", "qa")})
         results["command"] = old["command"] + " && " + command
         results["_started"] -= old.get("wall_seconds", 0.0)
-    training, held = default_corpus()
+    from transformers import AutoTokenizer
+
+    titled_training, titled_held = default_corpus_titled()
+    training, held = [text for _, text in titled_training], [text for _, text in titled_held]
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_directory(SOURCE), local_files_only=True)
+    results["held_out"] = held_out_record(titled_training, titled_held, tokenizer)
     results["corpus"] = {"training_documents": len(training), "held_out_documents": len(held)}
     if "mean_training_window" not in results["corpus"]:
-        from longbird.sources import resolve_model_directory as resolve
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(resolve(SOURCE), local_files_only=True)
         for length in LENGTHS:  # how long the RSS training windows really are (documents end before the length)
             windows = rss_examples(training, tokenizer, length, seed=0)
             results["corpus"].setdefault("mean_training_window", {})[str(length)] = (
                 sum(len(w["input_ids"]) for w in windows) / len(windows))
             results["corpus"].setdefault("training_windows", {})[str(length)] = len(windows)
     train_runs(args, args.work, results)
+    check_runs_held_out(args.work, results)
     evaluate_rss(args, args.work, results, held)
     if not args.skip_qa:
         qa_comparison(args, args.work, results)

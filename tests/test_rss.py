@@ -114,7 +114,7 @@ def test_default_corpus_holds_out_the_korquad_dev_split_articles():
     """The default corpus: KorQuAD 1.0 train-split articles, KorQuAD 2.1 pages (visible text), TyDi QA Korean and the
     packaged laws and bills for training; exactly the dev-split articles (those `finetune-qa --split dev` scores)
     held out; no attribution file read as text."""
-    from longbird.data.corpus import REPOSITORY_DATA, corpus_split, default_corpus
+    from longbird.data.corpus import REPOSITORY_DATA, corpus_split, default_corpus, default_corpus_titled
     from longbird.data.korquad import read_korquad_v1_articles, split_by_title
 
     training, held = default_corpus()
@@ -126,8 +126,12 @@ def test_default_corpus_holds_out_the_korquad_dev_split_articles():
     assert any(text.startswith("신대철") for text in training)  # KorQuAD 2.1 page, HTML gone
     assert not any("<td" in text or "<p>" in text for text in training)
     assert not any("SOURCE" in text[:40] or "Repository:" in text for text in training)
-    everything, none = corpus_split(None, held_out=0)
-    assert none == [] and len(everything) == len(training) + len(held)
+    # held_out=0 scores nothing and still never trains on the held-out articles (E5 once trained on them)
+    assert corpus_split(None, held_out=0) == (training, [])
+    titled_training, titled_held = default_corpus_titled()
+    assert [title for title, _ in titled_held] == list(dict.fromkeys(split["dev"]["title"]))
+    assert not {title for title, _ in titled_training} & {title for title, _ in titled_held}
+    assert "constitution" in {title for title, _ in titled_training}
 
 
 def test_pretrain_with_tape_peft_saves_only_what_was_trained(tiny_source, tmp_path):

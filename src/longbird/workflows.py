@@ -402,7 +402,7 @@ def distill(teacher_source, output_dir: str | Path, student_path=None, preset: s
     `longbird pretrain` continues. Writes `output_dir`/model (student + tokenizer, atomically) and
     `output_dir`/model/longbird_distill.json; Trainer checkpoints go to `output_dir`/checkpoints, from which `resume`
     continues."""
-    from .data.corpus import corpus_split, corpus_windows
+    from .data.corpus import corpus_split, corpus_windows, text_hash
     from .heads import LongBirdForSpanSelection
     from .training.distill import load_teacher, run_distillation
     from .training.rss import QUESTION_TOKEN, RSSCollator, add_question_token, rss_examples
@@ -446,7 +446,8 @@ def distill(teacher_source, output_dir: str | Path, student_path=None, preset: s
                                temperature, save_steps, resume, gradient_checkpointing, collator, teacher_ids)
     summary = {"teacher": str(teacher_dir), "student": str(student_path) if student_path else f"{preset}-{max_length}",
                "overrides": overrides, "objective": "rss + attention" if rss else "attention (+ soft targets)",
-               "corpus": _corpus_record(corpus), "windows": len(windows), "length": length, "alpha": alpha,
+               "corpus": _corpus_record(corpus), "training_document_sha256": [text_hash(d) for d in documents],
+               "windows": len(windows), "length": length, "alpha": alpha,
                "beta": beta, "temperature": temperature, "settings": vars(settings), "processes": world_size(),
                "metrics": {k: v for k, v in metrics.items() if k != "log_history"},
                "log_history": metrics["log_history"]}
@@ -509,7 +510,7 @@ def pretrain(model_path, output_dir: str | Path, corpus=None, length: int = 512,
     documents are split into training and held-out ones (`held_out`; the default corpus has its own held-out articles);
     RSS accuracy on the held-out windows is reported before and after. `overrides` are config fields used when
     `model_path` is converted. Writes `output_dir`/model atomically; checkpoints go to `output_dir`/checkpoints."""
-    from .data.corpus import corpus_split
+    from .data.corpus import corpus_split, text_hash
     from .heads import LongBirdForSpanSelection
     from .training.rss import RSSCollator, add_question_token, rss_examples
 
@@ -534,6 +535,8 @@ def pretrain(model_path, output_dir: str | Path, corpus=None, length: int = 512,
                     collator=RSSCollator(tokenizer.pad_token_id or 0))
     after = rss_accuracy(model, held_items) if held_items else None
     summary = {"model": str(model_path), "corpus": _corpus_record(corpus), "length": length,
+               "training_document_sha256": [text_hash(d) for d in training],
+               "held_out_document_sha256": [text_hash(d) for d in held],
                "train_windows": len(train_items), "held_out_windows": len(held_items),
                "held_out_rss_accuracy_before": before, "held_out_rss_accuracy_after": after,
                "settings": vars(settings), "processes": world_size(),

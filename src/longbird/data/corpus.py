@@ -11,6 +11,7 @@ articles. Outside a checkout (an installed wheel) only the packaged laws and bil
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -83,37 +84,45 @@ def corpus_windows(documents: list[str], tokenizer, length: int) -> list[dict]:
     return windows
 
 
-def packaged_documents() -> list[str]:
-    """The laws and bills shipped with the package (its SOURCE.md is attribution, not corpus text)."""
-    return corpus_documents([p for p in corpus_files(DEFAULT_CORPUS) if p.name != "SOURCE.md"])
-
-
 def _split_by_order(documents: list[str], held_out: float) -> tuple[list[str], list[str]]:
     cut = max(1, int(round(len(documents) * held_out))) if len(documents) > 1 and held_out > 0 else 0
     return documents[cut:], documents[:cut]
 
 
-def default_corpus(data_dir: Path = REPOSITORY_DATA) -> tuple[list[str], list[str]]:
-    """(training, held-out) documents of the default Korean corpus (see the module docstring)."""
+def default_corpus_titled(data_dir: Path = REPOSITORY_DATA) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(training, held-out) documents of the default corpus as (title, text) pairs: the KorQuAD and TyDi titles,
+    the file name of a packaged law or bill. Experiments record the titles to show what was held out."""
     from .html import visible_text
     from .korquad import read_korquad_v1_articles, split_by_title
 
-    laws_and_bills = packaged_documents()
+    laws_and_bills = [(path.stem, read_text_file(path, "corpus file"))
+                      for path in corpus_files(DEFAULT_CORPUS) if path.name != "SOURCE.md"]
     korquad1 = data_dir / "korquad" / "KorQuAD_v1.0_dev.json"
     if not korquad1.exists():
         return _split_by_order(laws_and_bills, 0.1)
     split = split_by_title(read_korquad_v1_articles(korquad1)[0])
-    articles = {name: {row["title"]: row["context"] for row in split[name]} for name in ("train", "dev")}
+    articles = {name: list({row["title"]: row["context"] for row in split[name]}.items()) for name in ("train", "dev")}
     pages = []
     for path in sorted((data_dir / "korquad").glob("korquad2*.json")):
-        pages += [visible_text(record["context"]) for record in json.loads(read_text_file(path, "corpus file"))["data"]]
+        pages += [(record["title"], visible_text(record["context"]))
+                  for record in json.loads(read_text_file(path, "corpus file"))["data"]]
     tydi = []
     for path in (data_dir / "tydiqa" / "tiny_dev.jsonl.gz", data_dir / "tydiqa" / "small_gold_annotation.jsonl"):
         if path.exists():
-            tydi += [record.get("document_html") and visible_text(record["document_html"])
-                     or record["document_plaintext"] for record in _json_lines(path) if record["language"] == "korean"]
-    training = list(articles["train"].values()) + pages + tydi + laws_and_bills
-    return training, list(articles["dev"].values())
+            tydi += [(record["document_title"], record.get("document_html") and visible_text(record["document_html"])
+                      or record["document_plaintext"]) for record in _json_lines(path) if record["language"] == "korean"]
+    return articles["train"] + pages + tydi + laws_and_bills, articles["dev"]
+
+
+def default_corpus(data_dir: Path = REPOSITORY_DATA) -> tuple[list[str], list[str]]:
+    """(training, held-out) documents of the default Korean corpus (see the module docstring)."""
+    training, held = default_corpus_titled(data_dir)
+    return [text for _, text in training], [text for _, text in held]
+
+
+def text_hash(text: str) -> str:
+    """The SHA-256 of a text (UTF-8), as experiments record what they trained on and what they scored."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _json_lines(path: Path) -> list[dict]:
@@ -124,9 +133,10 @@ def _json_lines(path: Path) -> list[dict]:
 
 
 def corpus_split(paths=None, held_out: float = 0.1) -> tuple[list[str], list[str]]:
-    """(training, held-out) documents: the default corpus (its own held-out articles, none for `held_out` 0) for
-    None, else the first `held_out` fraction of the given corpus's documents (in file order) held out."""
+    """(training, held-out) documents: for None the default corpus, whose held-out articles are never training
+    documents (with `held_out` 0 they are neither trained on nor scored); else the first `held_out` fraction of the
+    given corpus's documents (in file order) held out."""
     if paths is None:
         training, held = default_corpus()
-        return (training, held) if held_out > 0 else (training + held, [])
+        return (training, held) if held_out > 0 else (training, [])
     return _split_by_order(corpus_documents(paths), held_out)
