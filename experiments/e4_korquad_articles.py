@@ -2,8 +2,12 @@
 
 The 140 KorQuAD 1.0 dev articles are joined into whole-article contexts and split by article (seed 0,
 20 % dev). Every method starts from the same source (`--source`: the embedded all-MiniLM-L6-v2 or
-multilingual-e5-small) and fine-tunes on the same training questions for the same number of optimiser updates;
-only how a document is cut into windows and the model differ:
+multilingual-e5-small) and fine-tunes on the same training questions; only how a document is cut into windows and
+the model differ. The budget depends on the mode: with `--max-steps N` every method makes exactly N optimiser updates
+of `--batch-size` windows (equal updates; a 4096-token window costs more than a 512-token one, so not equal time);
+with `--epochs E` (no `--max-steps`) every method passes E times over its own training windows, so methods that cut
+more windows (sliding-512) make more updates (equal questions, unequal updates); `--max-steps 0` trains nothing and
+reads with the starting model. Each method's updates, windows and minutes are in the results JSON and table.
 - truncate-512: the source length (full attention), first window only; an answer past it labels [CLS].
 - sliding-512: windows of 512 with doc_stride 128 (shared tokens), predictions merged over windows.
 - kobigbird-4096-exp / kobigbird-4096-copy: BigBird ITC at 4096 with TAPER `exp` (tau = 2, KoBigBird-large's
@@ -44,8 +48,8 @@ from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
 from longbird.sources import resolve_source  # noqa: E402
 from longbird.qa import predict_rows  # noqa: E402
 from longbird.training.finetune import FinetuneSettings  # noqa: E402
-from longbird.workflows import (convert_to_directory, finetune_qa, load_task_model, read_qa_data,  # noqa: E402
-                                sample_questions, score_predictions)
+from longbird.workflows import (convert_to_directory, finetune_qa, load_task_model,  # noqa: E402
+                                require_trained_apart, sample_questions, score_predictions)
 
 # name: (preset, model length, window, doc_stride, max_windows, conversion overrides)
 METHODS = {
@@ -202,10 +206,11 @@ def main() -> None:
     dev = dev_articles(args.dev_questions)
     _, tokenizer = load_task_model(resolve_source(args.source), LongBirdForQuestionAnswering, "full", 512)
     buckets = answer_buckets(dev, tokenizer)
-    if args.reader is not None:
-        reader_titles = set(read_qa_data(DATA / "korquad" / "KorQuAD_v1.0_dev.json", "korquad1", "train")[0]["title"])
-        if reader_titles & set(dev["title"]):
-            raise SystemExit(f"the reader was trained on {len(reader_titles & set(dev['title']))} dev articles")
+    if args.reader is not None:  # the reader's own record: trained on the train side only, no dev article
+        try:
+            require_trained_apart(args.reader, set(split_by_title(rows)["dev"]["title"]), root=ROOT)
+        except ValueError as error:
+            raise SystemExit(f"refusing the reader: {error}") from None
     results_path = args.out / f"{args.name}.json"
     results = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
                "settings": vars(args) | {"out": str(args.out), "work": str(args.work),

@@ -226,3 +226,26 @@ def test_finetune_checkpoints_and_resume_reproduce_the_uninterrupted_losses(tiny
     a, b = (LongBirdForQuestionAnswering.from_pretrained(p) for p in (straight, resumed))
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         torch.testing.assert_close(x, y, atol=1e-6, rtol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
+def test_held_out_check_refuses_a_reader_trained_without_a_split(tiny_qa, tmp_path):
+    """E4/E7 score a reader on the dev side of the by-article split: the check reads the reader's own record, so a
+    reader fine-tuned without --split (tiny_qa reads every article it was given) is refused, one trained on the train
+    side passes, and one whose recorded training titles meet the held-out ones is refused by name."""
+    from longbird.data.korquad import read_korquad_v1_articles, split_by_title
+    from longbird.data.corpus import REPOSITORY_DATA
+    from longbird.workflows import require_trained_apart
+
+    korquad = REPOSITORY_DATA / "korquad" / "KorQuAD_v1.0_dev.json"
+    dev_titles = set(split_by_title(read_korquad_v1_articles(korquad)[0])["dev"]["title"])
+    with pytest.raises(ValueError, match="split None"):
+        require_trained_apart(tiny_qa, dev_titles)
+    record = json.loads((tiny_qa / "longbird_finetune.json").read_text())
+    reader = tmp_path / "reader"
+    reader.mkdir()
+    (reader / "longbird_finetune.json").write_text(json.dumps(record | {"data": str(korquad), "format": "korquad1",
+                                                                        "split": "train"}))
+    titles = require_trained_apart(reader, dev_titles)
+    assert titles and not titles & dev_titles
+    with pytest.raises(ValueError, match="held-out articles"):
+        require_trained_apart(reader, dev_titles | {sorted(titles)[0]})

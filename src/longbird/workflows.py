@@ -143,6 +143,30 @@ def read_qa_data(path, data_format: str, split: str | None = None) -> tuple[Data
     return split_by_title(rows)[split], len(skipped)
 
 
+def require_trained_apart(model_dir, held_titles, root: Path | None = None) -> set[str]:
+    """The article titles a fine-tuned QA model was trained on, read from its own `longbird_finetune.json` (data,
+    format, split); raises ValueError unless it was trained only on the train side of the by-article split and none
+    of those titles is in `held_titles`. Relative data paths are tried as given, then under `root`."""
+    record_path = Path(model_dir) / "longbird_finetune.json"
+    if not record_path.exists():
+        raise ValueError(f"{model_dir} has no longbird_finetune.json: what it was trained on cannot be checked")
+    record = json.loads(record_path.read_text(encoding="utf-8"))
+    if record.get("task") != "qa" or record.get("split") != "train":
+        raise ValueError(f"{model_dir} was fine-tuned with split {record.get('split')!r} on {record.get('data')}: "
+                         "only a reader trained on the train side (--split train) can be scored on the dev side")
+    data = record["data"]
+    paths = [Path(p) for p in (data if isinstance(data, list) else [data])]
+    found = [p if p.exists() or root is None else Path(root) / p for p in paths]
+    missing = [str(p) for p in found if not p.exists()]
+    if missing:
+        raise ValueError(f"the data {model_dir} was trained on is not here ({', '.join(missing)}): cannot check it")
+    titles = set(read_qa_data(found if len(found) > 1 else found[0], record["format"], "train")[0]["title"])
+    leaked = titles & set(held_titles)
+    if leaked:
+        raise ValueError(f"{model_dir} was trained on {len(leaked)} held-out articles, e.g. {sorted(leaked)[:3]}")
+    return titles
+
+
 def sample_questions(rows: Dataset, n: int | None, seed: int = 0) -> Dataset:
     """`n` questions drawn with `seed` (all when n is None): a first-N cut would take a few articles only."""
     if n is None or n >= len(rows):
