@@ -107,7 +107,8 @@ class GoldLogits:
 
     def __init__(self, gold: dict[int, tuple[int, int]], top_k=3):
         self.gold = gold
-        self.config = SimpleNamespace(qa_top_k=top_k, pad_token_id=0, qa_head="conditional", type_vocab_size=2)
+        self.config = SimpleNamespace(qa_top_k=top_k, qa_max_answer_tokens=64, pad_token_id=0, qa_head="conditional",
+                                      type_vocab_size=2)
         self.device = torch.device("cpu")
         self.calls = 0
 
@@ -247,3 +248,83 @@ def test_start_candidates_restrict_the_top_starts_only():
         limited = model(input_ids=input_ids, attention_mask=attention_mask, top_k=4, start_candidates=allowed)
     assert ((limited.start_top_index >= 20) & (limited.start_top_index < 30)).all()
     torch.testing.assert_close(free.start_logits, limited.start_logits)
+
+
+class FixedLogits:
+    """A stand-in model that returns given start logits (one row per window) and, for each start, end logits that
+    put all the weight on the start token itself (P(end = start | start) = 1 up to e^-30): one-token spans."""
+
+    def __init__(self, start_logits: list[list[float]]):
+        self.start_logits = torch.tensor(start_logits)
+        self.config = SimpleNamespace(qa_top_k=2, qa_max_answer_tokens=64, pad_token_id=0, qa_head="conditional",
+                                      type_vocab_size=2)
+        self.device = torch.device("cpu")
+        self.calls = 0
+
+    def eval(self):
+        return self
+
+    def __call__(self, input_ids, attention_mask, top_k, token_type_ids=None, start_candidates=None):
+        batch, length = input_ids.shape
+        start = self.start_logits[self.calls:self.calls + batch, :length]
+        self.calls += batch
+        top = start.masked_fill(~start_candidates, float("-inf")).topk(top_k, -1).indices
+        end = torch.full((batch, top_k, length), -30.0)
+        end.scatter_(2, top[..., None], 0.0)
+        return LongBirdQuestionAnsweringOutput(start_logits=start, end_logits=end[:, 0], start_top_index=top,
+                                               end_top_logits=end)
+
+
+def _two_windows():
+    """One question over "alpha beta gamma": window 0 reads alpha, window 1 reads gamma (token 0 is [CLS])."""
+    document = preprocess_html("<p>alpha beta gamma</p>")
+    text = document.text
+    first = QAFeature("q", [0] * 3, None, [None, (text.index("alpha"), text.index("alpha") + 5), None], window_index=0)
+    second = QAFeature("q", [0] * 3, None, [None, (text.index("gamma"), text.index("gamma") + 5), None],
+                       window_index=1)
+    return [first, second], {"q": document}
+
+
+def _answer(start_logits, scoring):
+    features, documents = _two_windows()
+    return predict_features(FixedLogits(start_logits), features, documents, batch_size=1, scoring=scoring)["q"]
+
+
+def test_window_scores_are_comparable_under_a_per_window_shift_of_the_start_logits():
+    """The start loss is a softmax within one window, blind to a constant added to all of that window's start
+    logits. The log-probability and null-relative rules give the same answer and score under any such shift; the
+    raw-logit rule does not (the test can fail: the shift flips its winner)."""
+    windows = [[0.0, 3.0, -9.0], [0.0, 2.0, -9.0]]  # window 0 is surer of its span: alpha
+    for scoring in ("log-probability", "null-relative"):
+        plain = _answer(windows, scoring)
+        shifted = _answer([windows[0], [v + 25.0 for v in windows[1]]], scoring)
+        assert plain.text == shifted.text == "alpha"
+        assert abs(plain.score - shifted.score) <= 4 * torch.finfo(torch.float32).eps * 25.0
+    assert _answer(windows, "logit").text == "alpha"
+    assert _answer([windows[0], [v + 25.0 for v in windows[1]]], "logit").text == "gamma"
+
+
+def test_a_window_that_points_at_cls_loses_to_one_that_holds_the_answer():
+    """Training points a window without the answer at [CLS]: a span with a higher raw logit in such a window
+    loses under both comparable rules, and wins under the raw-logit rule."""
+    windows = [[1.0, 4.0, -9.0], [12.0, 6.0, -9.0]]  # window 1: "no answer here" (CLS 12), its span logit 6 > 4
+    assert _answer(windows, "logit").text == "gamma"
+    assert _answer(windows, "log-probability").text == "alpha"
+    assert _answer(windows, "null-relative").text == "alpha"
+
+
+def test_log_probability_score_is_the_span_probability_in_its_window():
+    windows = [[0.5, 3.0, -2.0], [0.0, 1.0, -9.0]]
+    answer = _answer(windows, "log-probability")
+    expected = torch.log_softmax(torch.tensor(windows[0]), -1)[1] + torch.log_softmax(torch.tensor([-30.0, 0.0, -30.0]), -1)[1]
+    assert answer.text == "alpha"
+    # terms of size ~3 summed in fp32: a few ulps (~1e-6); 1e-5 leaves room for the logsumexp rounding
+    assert abs(answer.score - float(expected)) < 1e-5 and abs(answer.probability - float(expected.exp())) < 1e-5
+
+
+def test_an_unknown_scoring_rule_is_named_before_the_model_runs():
+    features, documents = _two_windows()
+    model = FixedLogits([[0.0, 1.0, 0.0]] * 2)
+    with pytest.raises(ValueError, match="unknown scoring rule 'best'.*log-probability"):
+        predict_features(model, features, documents, scoring="best")
+    assert model.calls == 0

@@ -304,6 +304,10 @@ def _print_metrics(title: str, metrics: dict) -> None:
 
 MODEL_HELP = ("longbird model directory, a HF encoder directory to convert, or a named embedded source to convert: "
               "minilm (default) or multilingual-e5-small")
+MAX_ANSWER_HELP = ("Longest answer span in tokens (default: the model's qa_max_answer_tokens: 64 unless fine-tuning "
+                   "set it)")
+SCORING_HELP = ("How spans of different windows are compared: log-probability (default: log P(start) + log P(end | "
+                "start) within the window), null-relative (minus the window's [CLS] score) or logit (raw start logit)")
 FORMAT_HELP = ("korquad2 (HTML pages), korquad1-articles (KorQuAD 1.0 joined per article), korquad1 (its paragraphs) "
                "or squad (SQuAD 1.1 paragraphs)")
 
@@ -325,6 +329,8 @@ def finetune_qa(
     split: Optional[str] = typer.Option(None, help="train or dev: one side of the fixed by-article split"),
     qa_head: Optional[str] = typer.Option(None, help="conditional (start, then end given start; the default for "
                                                       "new heads) or linear; a saved head is kept unless given"),
+    max_answer_tokens: Optional[int] = typer.Option(None, min=1, help="Longest answer span `answer` and `evaluate` "
+                                                    "decode with this model (saved in its config; default 64)"),
     learning_rate: float = typer.Option(5e-5), epochs: float = typer.Option(1.0),
     max_steps: int = typer.Option(-1, help="Stop after N optimiser steps (overrides --epochs)"),
     batch_size: int = typer.Option(4), seed: int = typer.Option(0),
@@ -347,7 +353,7 @@ def finetune_qa(
                   max_length, window_length, doc_stride, max_windows, negative_fraction, max_examples,
                   _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insertion, bf16, fp16, device,
                             train_word_embeddings, save_steps, resume, logging_steps, peft),
-                  overwrite, qa_head, split)
+                  overwrite, qa_head, split, max_answer_tokens=max_answer_tokens)
     _print_metrics(f"fine-tuned QA model saved to {out}", metrics)
 
 
@@ -363,6 +369,8 @@ def evaluate(
     max_windows: Optional[int] = typer.Option(None, help="Use only the first N windows (1 = truncation)"),
     max_examples: Optional[int] = typer.Option(None, help="Use N questions drawn with seed 0"),
     split: Optional[str] = typer.Option(None, help="train or dev: one side of the fixed by-article split"),
+    max_answer_tokens: Optional[int] = typer.Option(None, min=1, help=MAX_ANSWER_HELP),
+    scoring: str = typer.Option("log-probability", help=SCORING_HELP),
     batch_size: int = typer.Option(4),
     device: str = typer.Option("auto", help=DEVICE_HELP),
     overwrite: bool = typer.Option(False, help="Replace OUT if longbird wrote it"),
@@ -372,7 +380,7 @@ def evaluate(
     device = resolve_device(device)
     with _autocast(device, bf16):
         result = _evaluate(model, data, out, task, data_format, window_length, doc_stride, max_windows, max_examples,
-                           split, batch_size, device, overwrite)
+                           split, batch_size, device, overwrite, max_answer_tokens=max_answer_tokens, scoring=scoring)
     _print_metrics(f"{task} metrics (written to {out})", result["metrics"])
 
 
@@ -383,13 +391,14 @@ def _autocast(device: str, bf16: bool):
 
 
 def _evaluate(model, data, out, task, data_format, window_length, doc_stride, max_windows, max_examples, split,
-              batch_size, device, overwrite):
+              batch_size, device, overwrite, max_answer_tokens=None, scoring="log-probability"):
     from .workflows import evaluate_cls, evaluate_qa
 
     if task == "qa":
         result = evaluate_qa(model, [str(p) for p in data] if len(data) > 1 else data[0], data_format, window_length,
                              doc_stride, max_windows, batch_size, max_examples, out, progress=True, split=split,
-                             device=device, overwrite=overwrite)
+                             device=device, overwrite=overwrite, max_answer_tokens=max_answer_tokens,
+                             scoring=scoring)
     elif task == "classification":
         result = evaluate_cls(model, data[0], window_length, doc_stride or 128, out=out, device=device,
                               overwrite=overwrite)
@@ -404,6 +413,8 @@ def answer(
     document: Path = typer.Option(..., help="Document: .html/.htm (preprocessed) or plain text"),
     question: str = typer.Option(..., help="The question"),
     window_length: Optional[int] = typer.Option(None, help="Window in tokens (default: the model length)"),
+    max_answer_tokens: Optional[int] = typer.Option(None, min=1, help=MAX_ANSWER_HELP),
+    scoring: str = typer.Option("log-probability", help=SCORING_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the answer as JSON (also when none is found)"),
     device: str = typer.Option("auto", help=DEVICE_HELP),
     bf16: bool = typer.Option(False, help="bf16 autocast (about 2x faster on CPUs with AVX-512 bf16)"),
@@ -434,7 +445,8 @@ def answer(
         qa_model, tokenizer = load_on_device(model, LongBirdForQuestionAnswering, device)
     with console.status(f"reading {document.name} ({len(text):,} characters)"), _autocast(device, bf16):
         record = answer_document(qa_model, document=text, question=question, tokenizer=tokenizer, is_html=is_html,
-                                 window_length=window_length)
+                                 window_length=window_length, max_answer_tokens=max_answer_tokens,
+                                 scoring=scoring)
     if as_json:
         print(json.dumps(record, ensure_ascii=False))
     elif record["answer"] is None:

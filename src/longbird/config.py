@@ -93,6 +93,9 @@ class LongBirdConfig(PreTrainedConfig):
     # Task heads.
     qa_head: str = "conditional"
     qa_top_k: int = 5
+    # The longest answer span decoding considers, in tokens (`--max-answer-tokens` at fine-tuning sets it; `answer`
+    # and `evaluate` can override it per call).
+    qa_max_answer_tokens: int = 64
 
     def __post_init__(self, **kwargs):
         if self.embedding_size is None:
@@ -174,6 +177,8 @@ class LongBirdConfig(PreTrainedConfig):
             raise ValueError(f"qa_head must be one of {QA_HEADS}; got {self.qa_head!r}")
         if self.qa_top_k < 1:
             raise ValueError(f"qa_top_k must be >= 1; got {self.qa_top_k}")
+        if self.qa_max_answer_tokens < 1:
+            raise ValueError(f"qa_max_answer_tokens must be >= 1; got {self.qa_max_answer_tokens}")
 
 
 

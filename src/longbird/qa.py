@@ -1,11 +1,21 @@
 """Long-document QA inference: run the windows, decode spans, merge windows, map answers to the source.
 
-A candidate's score is start_logit + log p(end | start), the end distribution taken over the ends that start
-allows, for the k best starts of a window and the k best allowed ends of each (LittleBird A.2: beam over the
-top-k starts). Spans lie inside the document part of the window, end >= start, and are at most
-`max_answer_tokens` long. The best candidate over all
-windows of a question wins. Its text is always a substring of the original context: real HTML where the
-span crosses tags, never tag-token markers.
+Within a window a candidate's raw score is start_logit + log p(end | start), the end distribution taken over the ends
+that start allows, for the k best starts of a window and the k best allowed ends of each (LittleBird A.2: beam over
+the top-k starts). Spans lie inside the document part of the window, end >= start, and are at most
+`max_answer_tokens` long. Its text is always a substring of the original context: real HTML where the span crosses
+tags, never tag-token markers.
+
+Across windows raw start logits are not comparable: the start loss is a softmax over the positions of one window
+(`[CLS]` included, the target of a window without the answer), blind to a constant added to every start logit of
+that window. A scoring rule therefore adds one offset per window before the best candidate over all windows of a
+question wins (`SCORING_RULES`; the default chosen by measurement, see docs in the README's "Long-document QA"):
+- "log-probability": log P(start) + log P(end | start), P(start) the window's softmax over all its tokens,
+  `[CLS]` included: the span's probability in its window, so a window that believes "no answer here" scores low.
+- "null-relative": the same minus log P([CLS]) = start_logit - start_logit[CLS] + log P(end | start): the span
+  against the window's own "no answer" score (the SQuAD 2.0 null-score difference).
+- "logit": the raw score, the rule before 2026-11-24 (not comparable across windows; kept as an option).
+Every rule is the raw score plus a per-window constant, so the order of candidates inside a window never changes.
 """
 
 from __future__ import annotations
@@ -20,7 +30,8 @@ from .data.features import QAFeature, features_for_rows
 from .data.batching import PaddedBatches
 from .data.html import ProcessedDocument
 
-DEFAULT_MAX_ANSWER_TOKENS = 64
+SCORING_RULES = ("log-probability", "null-relative", "logit")
+DEFAULT_SCORING = "log-probability"
 
 
 @dataclass
@@ -28,7 +39,7 @@ class Answer:
     text: str  # substring of the original context
     start: int  # character offsets in the original context
     end: int
-    score: float  # start logit + log P(end | start): how the best span is chosen across windows; higher is better
+    score: float  # the scoring rule's value (default log P(start) + log P(end | start)); higher is better
     window_index: int = 0
     # P(start) · P(end | start) within the answer's window (the conditional head's two softmaxes); None for 'linear'
     probability: float | None = None
@@ -78,15 +89,41 @@ def _document_tokens(features: list[QAFeature], length: int) -> torch.Tensor:
     return mask
 
 
+def window_offset(start_logits: torch.Tensor, end_logits: torch.Tensor | None, scoring: str) -> float:
+    """What `scoring` adds to every raw candidate score of one window (see the module docstring). `start_logits`
+    (l,) are the window's start logits over its real tokens, `[CLS]` at 0; `end_logits` (l,) the linear head's
+    independent end logits (None for the conditional head, whose end part is already a log-probability)."""
+    if scoring not in SCORING_RULES:
+        raise ValueError(f"unknown scoring rule {scoring!r}; use one of {', '.join(SCORING_RULES)}")
+    if scoring == "logit":
+        return 0.0
+    parts = [start_logits.float()] + ([end_logits.float()] if end_logits is not None else [])
+    if scoring == "log-probability":  # log-softmax over the window = logit - logsumexp
+        return -sum(float(torch.logsumexp(part, -1)) for part in parts)
+    return -sum(float(part[0]) for part in parts)  # null-relative: minus the [CLS] (no answer) score
+
+
+@dataclass
+class WindowCandidates:
+    """One window's decoded candidates: raw (score, start, end) best first, and what each rule adds to them."""
+
+    feature: QAFeature
+    spans: list[tuple[float, int, int]]
+    offsets: dict[str, float]
+    log_start_normaliser: float | None  # -logsumexp of the start logits (conditional head), for `probability`
+
+
 @torch.no_grad()
-def predict_features(model, features: list[QAFeature], documents: dict[str, ProcessedDocument],
-                     batch_size: int = 4, top_k: int | None = None,
-                     max_answer_tokens: int = DEFAULT_MAX_ANSWER_TOKENS, progress: bool = False) -> dict[str, Answer]:
-    """Best answer per example id over all of its windows. `documents` maps example id -> its document."""
+def score_windows(model, features: list[QAFeature], batch_size: int = 4, top_k: int | None = None,
+                  max_answer_tokens: int | None = None, progress: bool = False) -> list[WindowCandidates]:
+    """Run the model over `features` once and decode every window (all rules' offsets kept, so rules can be
+    compared without running the model again)."""
     model.eval()
     top_k = top_k or model.config.qa_top_k
+    max_answer_tokens = max_answer_tokens or model.config.qa_max_answer_tokens
+    conditional = model.config.qa_head == "conditional"
     collate = PaddedBatches(model.config.pad_token_id if model.config.pad_token_id is not None else 0)
-    best: dict[str, Answer] = {}
+    windows = []
     batches = range(0, len(features), batch_size)
     for begin in tqdm(batches, desc="predicting", unit="batch", disable=not progress):
         chunk = features[begin:begin + batch_size]
@@ -98,48 +135,82 @@ def predict_features(model, features: list[QAFeature], documents: dict[str, Proc
         start_top, end_top, start_logits = (t.float().cpu() if t.is_floating_point() else t.cpu()
                                             for t in (out.start_top_index, out.end_top_logits, out.start_logits))
         for row, feature in enumerate(chunk):
-            candidates = decode_window(feature, start_top[row], end_top[row], start_logits[row], top_k,
-                                       max_answer_tokens, normalise_ends=model.config.qa_head == "conditional")
-            document = documents[feature.example_id]
-            for score, start, end in candidates:
-                current = best.get(feature.example_id)
-                if current is not None and current.score >= score:
-                    break
-                span = document.to_source_span(*_without_edge_spaces(document.text, feature.offsets[start][0],
-                                                                     feature.offsets[end][1]))
-                if span is None or not document.source[span[0]:span[1]].strip():  # only tags or spaces: next candidate
-                    continue
-                probability = None
-                if model.config.qa_head == "conditional":  # score − start logit = log P(end | start)
-                    length = len(feature.input_ids)
-                    log_start = torch.log_softmax(start_logits[row, :length], -1)[start]
-                    probability = float(torch.exp(log_start + score - start_logits[row, start]))
-                best[feature.example_id] = Answer(document.source[span[0]:span[1]], span[0], span[1], score,
-                                                  feature.window_index, probability)
+            length = len(feature.input_ids)
+            spans = decode_window(feature, start_top[row], end_top[row], start_logits[row], top_k,
+                                  max_answer_tokens, normalise_ends=conditional)
+            ends = None if conditional else end_top[row, 0, :length]
+            offsets = {rule: window_offset(start_logits[row, :length], ends, rule) for rule in SCORING_RULES}
+            normaliser = offsets["log-probability"] if conditional else None
+            windows.append(WindowCandidates(feature, spans, offsets, normaliser))
+    return windows
+
+
+def merge_windows(windows: list[WindowCandidates], documents: dict[str, ProcessedDocument],
+                  scoring: str = DEFAULT_SCORING) -> dict[str, Answer]:
+    """Best answer per example id over all of its windows under `scoring`. `documents` maps example id -> its
+    document. A span that maps to only tags or spaces gives way to the window's next candidate."""
+    if scoring not in SCORING_RULES:
+        raise ValueError(f"unknown scoring rule {scoring!r}; use one of {', '.join(SCORING_RULES)}")
+    best: dict[str, Answer] = {}
+    for window in windows:
+        feature, offset = window.feature, window.offsets[scoring]
+        document = documents[feature.example_id]
+        for raw, start, end in window.spans:
+            score = raw + offset
+            current = best.get(feature.example_id)
+            if current is not None and current.score >= score:
                 break
+            span = document.to_source_span(*_without_edge_spaces(document.text, feature.offsets[start][0],
+                                                                 feature.offsets[end][1]))
+            if span is None or not document.source[span[0]:span[1]].strip():  # only tags or spaces: next candidate
+                continue
+            # raw = start logit + log P(end | start); adding -logsumexp(start logits) gives log P(start)P(end | start)
+            probability = (None if window.log_start_normaliser is None
+                           else float(torch.exp(torch.tensor(raw + window.log_start_normaliser))))
+            best[feature.example_id] = Answer(document.source[span[0]:span[1]], span[0], span[1], score,
+                                              feature.window_index, probability)
+            break
     return best
 
 
-def predict_rows(model, tokenizer, rows: Sequence[dict], max_length: int, doc_stride: int | None = None,
-                 max_windows: int | None = None, batch_size: int = 4,
-                 max_answer_tokens: int = DEFAULT_MAX_ANSWER_TOKENS, progress: bool = False) -> dict[str, Answer]:
-    """Answers for dataset rows (KorQuAD reader schema). Unanswerable windows never win over a real span."""
+def predict_features(model, features: list[QAFeature], documents: dict[str, ProcessedDocument],
+                     batch_size: int = 4, top_k: int | None = None, max_answer_tokens: int | None = None,
+                     scoring: str = DEFAULT_SCORING, progress: bool = False) -> dict[str, Answer]:
+    """Best answer per example id over all of its windows. `documents` maps example id -> its document;
+    `max_answer_tokens` defaults to the model's `qa_max_answer_tokens`."""
+    if scoring not in SCORING_RULES:  # before the model runs, not after
+        raise ValueError(f"unknown scoring rule {scoring!r}; use one of {', '.join(SCORING_RULES)}")
+    windows = score_windows(model, features, batch_size, top_k, max_answer_tokens, progress)
+    return merge_windows(windows, documents, scoring)
+
+
+def row_features(model, tokenizer, rows: Sequence[dict], max_length: int, doc_stride: int | None = None,
+                 max_windows: int | None = None) -> tuple[list[QAFeature], dict[str, ProcessedDocument]]:
+    """The windows of dataset rows (KorQuAD reader schema) and each example id's processed document."""
     cache: dict[tuple[str, bool], ProcessedDocument] = {}
     features = features_for_rows(tokenizer, rows, max_length, doc_stride, max_windows, with_labels=False,
                                  token_types=model.config.type_vocab_size >= 2,
                                  documents=cache)
-    documents = {row["id"]: cache[(row["context"], row["is_html"])] for row in rows}
+    return features, {row["id"]: cache[(row["context"], row["is_html"])] for row in rows}
+
+
+def predict_rows(model, tokenizer, rows: Sequence[dict], max_length: int, doc_stride: int | None = None,
+                 max_windows: int | None = None, batch_size: int = 4, max_answer_tokens: int | None = None,
+                 scoring: str = DEFAULT_SCORING, progress: bool = False) -> dict[str, Answer]:
+    """Answers for dataset rows (KorQuAD reader schema). Unanswerable windows never win over a real span."""
+    features, documents = row_features(model, tokenizer, rows, max_length, doc_stride, max_windows)
     return predict_features(model, features, documents, batch_size, max_answer_tokens=max_answer_tokens,
-                            progress=progress)
+                            scoring=scoring, progress=progress)
 
 
 def answer_question(model, tokenizer, document: str, question: str, is_html: bool, max_length: int | None = None,
-                    doc_stride: int | None = None, max_answer_tokens: int = DEFAULT_MAX_ANSWER_TOKENS) -> Answer | None:
+                    doc_stride: int | None = None, max_answer_tokens: int | None = None,
+                    scoring: str = DEFAULT_SCORING) -> Answer | None:
     """The best answer to `question` in `document` (plain text or HTML), or None if no span qualifies."""
     max_length = max_length or model.config.max_position_embeddings
     row = {"id": "question", "question": question, "context": document, "is_html": is_html}
-    return predict_rows(model, tokenizer, [row], max_length, doc_stride,
-                        max_answer_tokens=max_answer_tokens).get("question")
+    return predict_rows(model, tokenizer, [row], max_length, doc_stride, max_answer_tokens=max_answer_tokens,
+                        scoring=scoring).get("question")
 
 
 def answer_record(answer: Answer | None, is_html: bool) -> dict:

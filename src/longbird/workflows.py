@@ -29,7 +29,7 @@ from .heads import LongBirdForQuestionAnswering, LongBirdForSequenceClassificati
 from .modeling import enable_checkpointing
 from .metrics.classification import accuracy, macro_f1
 from .metrics.korquad import korquad_v1, korquad_v2, squad_v1
-from .qa import predict_rows
+from .qa import DEFAULT_SCORING, predict_rows
 from .training.finetune import FinetuneSettings, is_main_process, qa_training_items, train, world_size
 from .training.peft import base_record, is_tape_peft, load_tape_peft, save_tape_peft
 
@@ -178,7 +178,7 @@ def finetune_qa(model_path, train_data, out: str | Path, data_format: str = "kor
                 max_length: int = 4096, window_length: int | None = None, doc_stride: int | None = None,
                 max_windows: int | None = None, negative_fraction: float = 1.0, max_examples: int | None = None,
                 settings: FinetuneSettings | None = None, overwrite: bool = False, qa_head: str | None = None,
-                split: str | None = None) -> dict:
+                split: str | None = None, max_answer_tokens: int | None = None) -> dict:
     """Fine-tune a QA model and save it (with its tokenizer, which gains the HTML tag tokens) to `out`. `window_length` (default: the model's
     maximum) is the feature window; `max_windows=1` trains on the first window only (truncation)."""
     settings = settings or FinetuneSettings()
@@ -193,7 +193,9 @@ def finetune_qa(model_path, train_data, out: str | Path, data_format: str = "kor
                            "`evaluate --split dev` scores; pass --split train to hold them out", train_data,
                            len(dev_titles))
     rows = sample_questions(rows, max_examples, settings.seed)
-    overrides = {"qa_head": qa_head} if qa_head else {}  # a saved head is kept unless another is asked for
+    # a saved head (and its answer-length limit) is kept unless another is asked for
+    overrides = {key: value for key, value in (("qa_head", qa_head), ("qa_max_answer_tokens", max_answer_tokens))
+                 if value is not None}
     set_seed(settings.seed)  # a new head's initialisation is part of the run
     model, tokenizer = load_task_model(model_path, LongBirdForQuestionAnswering, preset, max_length, **overrides)
     add_tag_tokens(tokenizer, model)  # always, so the model can read HTML pages later (`longbird answer`)
@@ -224,9 +226,12 @@ def finetune_qa(model_path, train_data, out: str | Path, data_format: str = "kor
 def evaluate_qa(model_path, data, data_format: str = "korquad2", window_length: int | None = None,
                 doc_stride: int | None = None, max_windows: int | None = None, batch_size: int = 4,
                 max_examples: int | None = None, out: str | Path | None = None, progress: bool = False,
-                split: str | None = None, device: str | None = None, overwrite: bool = False) -> dict:
+                split: str | None = None, device: str | None = None, overwrite: bool = False,
+                max_answer_tokens: int | None = None, scoring: str = DEFAULT_SCORING) -> dict:
     """Predict every question and score with the official metric of the format. With `out`, writes
-    predictions.json ({id: text}) and metrics.json (scores, number of questions, model, data) there atomically."""
+    predictions.json ({id: text}) and metrics.json (scores, number of questions, model, data) there atomically.
+    `max_answer_tokens` defaults to the model's `qa_max_answer_tokens`; `scoring` ranks spans across windows
+    (`qa.SCORING_RULES`)."""
     _check_output(out, overwrite)
     rows, skipped = (data, 0) if isinstance(data, Dataset) else read_qa_data(data, data_format, split)
     rows = sample_questions(rows, max_examples)
@@ -234,7 +239,7 @@ def evaluate_qa(model_path, data, data_format: str = "korquad2", window_length: 
     check_tokenizer(model, tokenizer)
     window_length = window_length or model.config.max_position_embeddings
     answers = predict_rows(model, tokenizer, rows, window_length, doc_stride, max_windows, batch_size,
-                           progress=progress)
+                           max_answer_tokens=max_answer_tokens, scoring=scoring, progress=progress)
     predictions = {row["id"]: answers[row["id"]].text if row["id"] in answers else "" for row in rows}
     metrics = score_predictions(predictions, rows, data_format)
     if skipped:  # as the official scripts do, a question we could not read scores 0
@@ -244,7 +249,8 @@ def evaluate_qa(model_path, data, data_format: str = "korquad2", window_length: 
     if out is not None:
         record = {**metrics, "questions": len(rows), "model": str(model_path), "data": _describe_data(data),
                   "format": data_format, "split": split, "window_length": window_length, "doc_stride": doc_stride,
-                  "max_windows": max_windows}
+                  "max_windows": max_windows, "scoring": scoring,
+                  "max_answer_tokens": max_answer_tokens or model.config.qa_max_answer_tokens}
         _write_outputs(out, overwrite, predictions, record)
     return {"metrics": metrics, "predictions": predictions, "answers": answers}
 
@@ -390,7 +396,8 @@ def evaluate_cls(model_path, data, window_length: int | None = None, stride: int
 
 
 def answer(model, document: str, question: str, tokenizer=None, is_html: bool | None = None,
-           window_length: int | None = None, device: str | None = None) -> dict:
+           window_length: int | None = None, device: str | None = None, max_answer_tokens: int | None = None,
+           scoring: str = DEFAULT_SCORING) -> dict:
     """Answer `question` about `document` (a long text or HTML page, as a string) with a fine-tuned longbird QA model:
     a directory path, or a loaded model with its `tokenizer`. Returns `qa.answer_record`: the readable answer, the raw
     span, character offsets into `document`, score and probability (all None when no span qualifies).
@@ -409,7 +416,8 @@ def answer(model, document: str, question: str, tokenizer=None, is_html: bool | 
         raise ValueError(f"window_length {window_length} must lie in 1..{limit} (the model's maximum length)")
     if is_html is None:
         is_html = document.lstrip()[:1] == "<"
-    found = answer_question(model, tokenizer, document, question, is_html, window_length)
+    found = answer_question(model, tokenizer, document, question, is_html, window_length,
+                            max_answer_tokens=max_answer_tokens, scoring=scoring)
     return answer_record(found, is_html)
 
 
