@@ -323,3 +323,100 @@ def test_peft_checkpoint_of_a_base_with_spare_embedding_rows_round_trips(tmp_pat
     (out / "config.json").write_text(json.dumps({**config, "vocab_size": spare}))
     with pytest.raises(ValueError, match=f"fewer than the {pieces + 40} of its base.*fine-tune again"):
         load_on_device(out, LongBirdForQuestionAnswering)
+
+
+# Conversion overrides a PEFT checkpoint must keep: the TAPER schedule and tau shape the frozen position rows past the
+# source length, the BigBird settings (blocks of 16, transformers' random-block plan) the computation.
+PEFT_OVERRIDES = {"taper_schedule": "exp", "taper_tau": 3.0, "attention": "bigbird", "block_size": 16,
+                  "num_random_blocks": 1, "random_blocks": "transformers"}
+
+
+def _trained_peft_checkpoint(model_path, out, preset="tape", max_length=256, **overrides):
+    """A QA model loaded (or converted) as `finetune-qa --peft tape` does, its TAPE maps and head moved away from
+    their init as training would, saved the way every training command saves a PEFT run (with the tokenizer)."""
+    from longbird.heads import LongBirdForQuestionAnswering
+    from longbird.training.finetune import FinetuneSettings
+    from longbird.training.peft import tape_peft
+    from longbird.workflows import _save_trained, load_task_model
+
+    model, tokenizer = load_task_model(model_path, LongBirdForQuestionAnswering, preset, max_length, **overrides)
+    tape_peft(model)
+    _perturb_tape(model, seed=1)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.startswith("qa_"):
+                parameter.add_(0.1 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(2)))
+    out.mkdir()
+    _save_trained(model, out, FinetuneSettings(peft="tape"), model_path, preset, max_length)
+    tokenizer.save_pretrained(out)
+    return model.eval()
+
+
+def _qa_logits(model, input_ids):
+    with torch.no_grad():
+        out = model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids))
+    return torch.cat([out.start_logits, out.end_logits])
+
+
+def test_peft_checkpoint_keeps_the_conversion_overrides_of_its_base(tmp_path):
+    """A PEFT checkpoint of a base converted with config overrides rebuilds that base, not the preset's defaults: the
+    reloaded model has the trained config and exactly the trained outputs on an input past the source length (and
+    past the BigBird full-attention threshold), where exp rows differ from the default copy ones. A record without the
+    conversion settings is refused, naming the cause and the fix; its escape hatch (`"conversion": {}`, a base
+    converted with no overrides) reads it, and here shows what the settings prevent: another base, other outputs."""
+    from longbird.heads import LongBirdForQuestionAnswering
+    from longbird.workflows import load_task_model
+    from test_qa_cli import write_tiny_source
+
+    source = write_tiny_source(tmp_path / "source")
+    out = tmp_path / "qa-peft"
+    trained = _trained_peft_checkpoint(source, out, **PEFT_OVERRIDES)
+    record = json.loads((out / "longbird_peft.json").read_text())
+    conversion = record["base"]["conversion"]
+    assert {key: conversion[key] for key in PEFT_OVERRIDES} == PEFT_OVERRIDES
+    assert conversion["position"] == "tape" and conversion["max_position_embeddings"] == 256
+    assert "vocab_size" not in conversion and "id2label" not in conversion  # grown by added tokens / head settings
+    reloaded, tokenizer = load_task_model(out, LongBirdForQuestionAnswering)
+    for key, value in PEFT_OVERRIDES.items():
+        assert getattr(reloaded.config, key) == getattr(trained.config, key) == value, key
+    assert reloaded.config.full_attention_threshold == (5 + 2 * 1) * 16 < 200
+    position = "longbird.embeddings.position_embeddings.weight"
+    assert torch.equal(dict(reloaded.named_parameters())[position], dict(trained.named_parameters())[position])
+    input_ids = torch.randint(len(tokenizer), (2, 200), generator=torch.Generator().manual_seed(0))
+    expected = _qa_logits(trained, input_ids)
+    torch.testing.assert_close(_qa_logits(reloaded, input_ids), expected, rtol=0, atol=0)
+
+    del record["base"]["conversion"]  # a record written before the conversion settings were kept
+    (out / "longbird_peft.json").write_text(json.dumps(record))
+    with pytest.raises(ValueError, match=r"older longbird.*not the config overrides.*Re-run the --peft tape training"):
+        load_task_model(out, LongBirdForQuestionAnswering)
+    record["base"]["conversion"] = {}
+    (out / "longbird_peft.json").write_text(json.dumps(record))
+    defaults = load_task_model(out, LongBirdForQuestionAnswering)[0]
+    assert defaults.config.taper_schedule == "exp"  # the config still says exp, but the rows are copy's
+    assert not torch.equal(dict(defaults.named_parameters())[position], dict(trained.named_parameters())[position])
+    assert not torch.allclose(_qa_logits(defaults, input_ids), expected)
+
+
+def test_peft_checkpoint_of_a_converted_longbird_directory_round_trips_with_or_without_its_settings(tmp_path):
+    """A base saved by `convert --set ...` is loaded, not converted: the new record (its settings given to
+    from_pretrained) and a record without them both give back the trained model exactly."""
+    from longbird.heads import LongBirdForQuestionAnswering
+    from longbird.workflows import convert_to_directory, load_task_model
+    from test_qa_cli import write_tiny_source
+
+    source = write_tiny_source(tmp_path / "source")
+    base = tmp_path / "tape-256"
+    convert_to_directory(source, base, "tape", 256, **PEFT_OVERRIDES)
+    out = tmp_path / "qa-peft"
+    trained = _trained_peft_checkpoint(base, out)
+    input_ids = torch.randint(1000, (1, 200), generator=torch.Generator().manual_seed(0))
+    expected = _qa_logits(trained, input_ids)
+    record = json.loads((out / "longbird_peft.json").read_text())
+    assert record["base"]["conversion"]["taper_schedule"] == "exp"
+    torch.testing.assert_close(_qa_logits(load_task_model(out, LongBirdForQuestionAnswering)[0], input_ids), expected,
+                               rtol=0, atol=0)
+    del record["base"]["conversion"]
+    (out / "longbird_peft.json").write_text(json.dumps(record))
+    torch.testing.assert_close(_qa_logits(load_task_model(out, LongBirdForQuestionAnswering)[0], input_ids), expected,
+                               rtol=0, atol=0)

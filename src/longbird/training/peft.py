@@ -8,6 +8,7 @@ MLM transform) — never a parameter the head shares with the base model, such a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -49,10 +50,24 @@ def base_record(model_path, preset: str, max_length: int) -> dict:
     return {"model": model, "preset": preset, "max_length": max_length}
 
 
+def conversion_settings(config) -> dict:
+    """The model's values of every LongBirdConfig field of longbird's own (attention, position, TAPER, blocks, TAPE,
+    sizes, heads; not the generic PreTrainedConfig ones such as labels) but `vocab_size`, which adding tokens grows
+    after conversion: given to `convert` (or to `from_pretrained` of a longbird base) as overrides they rebuild the
+    base the model was trained on, with every override (`--set`, `**overrides`) its conversion had."""
+    from transformers import PreTrainedConfig
+
+    from ..config import LongBirdConfig
+
+    generic = {field.name for field in dataclasses.fields(PreTrainedConfig)}
+    return {field.name: getattr(config, field.name) for field in dataclasses.fields(LongBirdConfig)
+            if field.name not in generic and field.name != "vocab_size"}
+
+
 def save_tape_peft(model: nn.Module, directory: str | Path, base: dict) -> None:
     """Write only what PEFT trained (every parameter with requires_grad) and the word-embedding rows from the first
     token added to the base's vocabulary on (tag tokens, [QUESTION]), with the config and a reference to the base
-    (`base_record`)."""
+    (`base_record`) that keeps the model's conversion settings (`conversion_settings`)."""
     from safetensors.torch import save_file
 
     directory = Path(directory)
@@ -65,7 +80,8 @@ def save_tape_peft(model: nn.Module, directory: str | Path, base: dict) -> None:
     save_file(trained, str(directory / PEFT_WEIGHTS))
     model.config.architectures = [type(model).__name__]
     model.config.save_pretrained(directory)
-    record = {"peft": "tape", "base": {**base, "added_rows_from": first_added}, "trained": sorted(trained)}
+    record = {"peft": "tape", "base": {**base, "conversion": conversion_settings(model.config),
+                                       "added_rows_from": first_added}, "trained": sorted(trained)}
     (directory / PEFT_RECORD).write_text(json.dumps(record, indent=2), encoding="utf-8")
 
 
@@ -74,8 +90,9 @@ def is_tape_peft(directory: str | Path) -> bool:
 
 
 def load_tape_peft(directory: str | Path, task_class):
-    """The full model of a PEFT directory: its base rebuilt (converted again when it is a source model, loaded when
-    it is a longbird one), then the trained parameters and added embedding rows put back."""
+    """The full model of a PEFT directory: its base rebuilt with the conversion settings it was trained with
+    (converted again when it is a source model, loaded when it is a longbird one), then the trained parameters and
+    added embedding rows put back."""
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
@@ -84,8 +101,12 @@ def load_tape_peft(directory: str | Path, task_class):
     directory = Path(directory)
     record = json.loads((directory / PEFT_RECORD).read_text(encoding="utf-8"))
     base = record["base"]
+    conversion = base.get("conversion")
+    if conversion is None:
+        conversion = _settings_of_a_record_without_them(directory, base)
     model = task_class(AutoConfig.from_pretrained(directory, local_files_only=True))
-    state = load_task_model(base["model"], task_class, base["preset"], base["max_length"])[0].longbird.state_dict()
+    state = load_task_model(base["model"], task_class, base["preset"], base["max_length"],
+                            **conversion)[0].longbird.state_dict()
     word = "embeddings.word_embeddings.weight"
     table = model.longbird.state_dict()[word].clone()
     if table.shape[0] < state[word].shape[0]:  # written when adding tokens cut the table to the tokenizer's length
@@ -112,6 +133,28 @@ def load_tape_peft(directory: str | Path, task_class):
         raise ValueError(f"{directory}: the PEFT checkpoint does not fit its base {base['model']} (not restored: "
                          f"{sorted(not_restored)[:5]}, unexpected: {sorted(unexpected)[:5]}, unused: {sorted(saved)[:5]})")
     return model.eval()
+
+
+def _settings_of_a_record_without_them(directory: Path, base: dict) -> dict:
+    """Records written before 2026-11-24 keep only the preset and length of the base's conversion, not its config
+    overrides (taper_schedule, block_size, ...): a longbird base is loaded as it was saved (overrides there change
+    its config, which the PEFT directory keeps, not its saved weights); a converted one may not be rebuilt as it was
+    trained and is refused."""
+    from transformers import AutoConfig
+
+    from ..sources import resolve_model_directory
+
+    path = resolve_model_directory(base["model"])
+    if AutoConfig.from_pretrained(path, local_files_only=True).model_type == "longbird":
+        return {}
+    raise ValueError(
+        f"{directory}/{PEFT_RECORD} was written by an older longbird that kept only the preset "
+        f"({base.get('preset')!r}) and max_length ({base.get('max_length')}) of its base's conversion, not the config "
+        f"overrides {base['model']} was converted with (taper_schedule, block_size, ...: --set or **overrides), so "
+        "the base rebuilt from it may differ from the one trained (e.g. position rows past the source length extended "
+        "by another schedule). Re-run the --peft tape training with this longbird, whose record keeps them "
+        "(base.conversion); or, if the base was converted with no overrides, add \"conversion\": {} to the record's "
+        "\"base\"")
 
 
 def _first_added_row(base: dict) -> int:
