@@ -80,3 +80,34 @@ def test_accuracy_and_macro_f1_by_hand():
     assert macro_f1(predictions, golds) == pytest.approx(7 / 18)
     with pytest.raises(ValueError, match="equally many"):
         accuracy(["a"], ["a", "b"])
+
+
+def test_bootstrap_intervals_cover_the_mean_and_pair_the_questions():
+    from longbird.metrics.intervals import bootstrap_interval, paired_difference
+
+    assert bootstrap_interval([70.0] * 50) == (70.0, 70.0)
+    scores = [100.0] * 30 + [0.0] * 70
+    low, high = bootstrap_interval(scores)
+    assert low < 30.0 < high and high - low < 25.0  # binomial sd at n=100 is ~4.6 points: width ~18
+    # Paired: a method that equals the baseline on every question differs by exactly 0, however noisy the scores.
+    assert paired_difference(scores, scores) == {"difference": 0.0, "low": 0.0, "high": 0.0}
+    better = [100.0] * 40 + [0.0] * 60  # wins 10 questions, loses none
+    result = paired_difference(better, scores)
+    assert result["difference"] == 10.0 and 0.0 < result["low"] < 10.0 < result["high"]
+    with pytest.raises(ValueError, match="same questions"):
+        paired_difference(scores, scores[:-1])
+
+
+def test_per_question_scores_average_to_the_official_score():
+    from longbird.workflows import per_question_scores, score_predictions
+
+    rows = [{"id": "a", "answers": {"text": ["신중현"], "answer_start": [0]}},
+            {"id": "b", "answers": {"text": ["서울 특별시", "서울"], "answer_start": [0, 0]}},
+            {"id": "c", "answers": {"text": ["1,000대"], "answer_start": [0]}}]
+    predictions = {"a": "신중현", "b": "서울특별시"}  # c unanswered
+    per_question = per_question_scores(predictions, rows, "korquad1-articles")
+    official = score_predictions(predictions, rows, "korquad1-articles")
+    for metric in ("exact_match", "f1"):
+        mean = sum(scores[metric] for scores in per_question.values()) / len(rows)
+        assert abs(mean - official[metric]) < 1e-12  # 3 fp64 terms <= 100 summed in another order: ~1e-14
+    assert per_question["c"] == {"exact_match": 0.0, "f1": 0.0}

@@ -249,3 +249,16 @@ def test_held_out_check_refuses_a_reader_trained_without_a_split(tiny_qa, tmp_pa
     assert titles and not titles & dev_titles
     with pytest.raises(ValueError, match="held-out articles"):
         require_trained_apart(reader, dev_titles | {sorted(titles)[0]})
+
+
+def test_cli_scoring_defaults_are_the_librarys():
+    """The CLI spells the default rule out (importing qa would slow `longbird --help`); it must stay the library's."""
+    import inspect
+
+    from longbird import cli
+    from longbird.qa import DEFAULT_SCORING, SCORING_RULES
+
+    for command in (cli.answer, cli.evaluate):
+        option = inspect.signature(command).parameters["scoring"].default
+        assert option.default == DEFAULT_SCORING
+        assert all(rule in option.help for rule in SCORING_RULES)

@@ -287,6 +287,13 @@ def score_predictions(predictions: dict[str, str], rows, data_format: str) -> di
     return (squad_v1 if data_format == "squad" else korquad_v1)(predictions, dataset)
 
 
+def per_question_scores(predictions: dict[str, str], rows, data_format: str) -> dict[str, dict[str, float]]:
+    """{id: {"exact_match", "f1"}} (0-100) with the official metric of the format, one question at a time: what
+    bootstrap intervals resample. Their mean over `rows` equals `score_predictions`."""
+    return {row["id"]: score_predictions({row["id"]: predictions.get(row["id"], "")}, [row], data_format)
+            for row in rows}
+
+
 def _classification_rows(data, text_field: str, label_field: str):
     return data if isinstance(data, Dataset) else read_classification(data, text_field, label_field)
 
