@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from transformers import (
@@ -34,6 +36,19 @@ SOURCES = {
     "electra-mlm": lambda: ElectraForMaskedLM(
         ElectraConfig(**_SIZES, embedding_size=16, max_position_embeddings=SOURCE_LENGTH)),
 }
+
+
+FP32_UNIT_ROUNDOFF = 2.0 ** -24
+
+
+def kl_rounding_bound(keys: int) -> float:
+    """The largest |KL| fp32 rounding can leave between two attention maps over `keys` keys that are equal in exact
+    arithmetic (the distillation loss of a student identical to its teacher). KL = sum p log p - sum p log q: the two
+    sums cancel, and each has terms totalling at most the entropy bound log(keys); every term carries a few roundings
+    (exp/log, the product, the renormalised probabilities: 4 u) and a pairwise sum adds ceil(log2 keys) u (Higham,
+    Accuracy and Stability of Numerical Algorithms, 2nd ed., section 4.2). A mean over rows, heads and layers cannot
+    exceed its largest term. The maps' own first-order differences cancel, both being normalised."""
+    return (math.ceil(math.log2(keys)) + 4) * FP32_UNIT_ROUNDOFF * 2 * math.log(keys)
 
 
 def make_source(name: str, seed: int = 0):

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 import longbird
 from longbird.cli import app
 from longbird.training.distill import distillation_loss
-from conftest import BLOCK, make_batch, make_source
+from conftest import BLOCK, kl_rounding_bound, make_batch, make_source
 from test_qa_cli import tiny_source  # noqa: F401  (fixture)
 
 runner = CliRunner()
@@ -32,7 +32,7 @@ def test_loss_is_zero_when_the_student_is_the_teacher(preset):
     student = longbird.convert(teacher, preset=preset, max_length=256, block_size=BLOCK)
     input_ids, attention_mask = make_batch(60, batch=2)
     loss, parts = distillation_loss(teacher, student, {"input_ids": input_ids, "attention_mask": attention_mask})
-    assert abs(loss.item()) < 1e-6 and float(parts["pack_mass"]) == 0.0
+    assert abs(loss.item()) <= kl_rounding_bound(60) and float(parts["pack_mass"]) == 0.0
 
 
 def test_littlebird_loss_is_positive_and_one_step_lowers_it():
@@ -142,7 +142,7 @@ def test_rss_distillation_adds_the_span_loss_and_the_teacher_reads_its_mask(tiny
     assert QUESTION_TOKEN in tokenizer.get_vocab() and model.get_input_embeddings().weight.shape[0] == len(tokenizer)
 
     # The teacher sees its mask token where the student sees [QUESTION]: the loss equals one computed by hand that way.
-    teacher = _teacher().double()  # fp64 models: "zero" is ~1e-10, far below the KL of the wrong stand-in
+    teacher = _teacher().double()  # fp64 models; the KL itself is taken in fp32
     student = longbird.convert(teacher, preset="full", max_length=256).double()
     input_ids, attention_mask = make_batch(40, batch=2)
     question = teacher.config.vocab_size  # an id only the student has
@@ -155,10 +155,11 @@ def test_rss_distillation_adds_the_span_loss_and_the_teacher_reads_its_mask(tiny
                                 teacher_ids={question: 4})
     plain, _ = distillation_loss(teacher, student, {"input_ids": marked.masked_fill(marked == question, 4),
                                                     "attention_mask": attention_mask})
-    assert abs(loss.item()) < 1e-8 and abs(plain.item()) < 1e-8  # identical student: zero both ways (KL in fp32)
+    zero = kl_rounding_bound(40)  # identical student: zero both ways, up to the fp32 rounding of the KL
+    assert abs(loss.item()) <= zero and abs(plain.item()) <= zero
     wrong, _ = distillation_loss(teacher, student, {"input_ids": marked, "attention_mask": attention_mask},
                                  teacher_ids={question: 7})
-    assert wrong.item() > 1e-6  # the teacher read something else there
+    assert wrong.item() > zero  # the teacher read something else there: more than rounding can explain
 
 
 def test_slope_learning_rate_puts_the_bialibi_slopes_in_their_own_group():
@@ -193,7 +194,8 @@ def test_padding_insertion_moves_only_the_students_positions(tiny_source, tmp_pa
     forward = teacher.forward
     teacher.forward = lambda *args, **kwargs: seen.append(kwargs) or forward(*args, **kwargs)
     moved, _ = distillation_loss(teacher, student, {**batch, "position_ids": gapped})
-    assert abs(plain.item()) < 1e-9 and moved.item() > 1e-6  # 0 without the gap; the tiny model's KL is small
+    zero = kl_rounding_bound(60)  # 0 without the gap, up to fp32 rounding; with it more than rounding can explain
+    assert abs(plain.item()) <= zero and moved.item() > zero
     assert seen and all("position_ids" not in kwargs for kwargs in seen)  # the teacher reads its own positions
 
     corpus = tmp_path / "corpus.txt"
