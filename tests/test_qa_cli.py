@@ -262,3 +262,40 @@ def test_cli_scoring_defaults_are_the_librarys():
         option = inspect.signature(command).parameters["scoring"].default
         assert option.default == DEFAULT_SCORING
         assert all(rule in option.help for rule in SCORING_RULES)
+
+
+def test_answer_and_evaluate_read_with_the_window_the_model_was_trained_at(tiny_source, tmp_path):
+    """A model fine-tuned on 64-token windows of a 256-token model reads 64-token windows unless told otherwise (it
+    never learnt to read 256); `--window-length` overrides, and the output says which window was used."""
+    model = tmp_path / "qa64"
+    result = runner.invoke(app, ["finetune-qa", "--model", str(tiny_source), "--preset", "kobigbird",
+                                 "--max-length", "256", "--window-length", "64", "--doc-stride", "16",
+                                 "--train", str(PAGES[0]), "--out", str(model), "--max-steps", "1",
+                                 "--batch-size", "2", "--negative-fraction", "0.2"])
+    assert result.exit_code == 0, result.output
+    context = json.loads(PAGES[1].read_text(encoding="utf-8"))["data"][0]["context"]
+    page = tmp_path / "page.html"
+    page.write_text(context, encoding="utf-8")
+
+    def ask(*extra):
+        result = runner.invoke(app, ["answer", "--model", str(model), "--document", str(page),
+                                     "--question", "T-X의 초기 물량은 몇 대입니까?", *extra])
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    def ask_json(*extra):
+        output = ask("--json", *extra)
+        return json.loads(output[output.index('{"answer"'):])
+
+    default, explicit = ask_json(), ask_json("--window-length", "64", "--doc-stride", "16")
+    assert default["window_length"] == 64 and default["window_source"] == "trained"
+    assert {k: v for k, v in default.items() if k != "window_source"} == {
+        k: v for k, v in explicit.items() if k != "window_source"}
+    assert explicit["window_source"] == "given"
+    assert "read in 64-token windows (the window it was fine-tuned at)" in ask()
+    assert "read in 256-token windows (--window-length)" in ask("--window-length", "256")
+    result = runner.invoke(app, ["evaluate", "--model", str(model), "--data", str(PAGES[0]), "--out",
+                                 str(tmp_path / "eval")])
+    assert result.exit_code == 0, result.output
+    metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert metrics["window_length"] == 64 and metrics["doc_stride"] == 16 and metrics["window_source"] == "trained"

@@ -304,6 +304,9 @@ def _print_metrics(title: str, metrics: dict) -> None:
 
 MODEL_HELP = ("longbird model directory, a HF encoder directory to convert, or a named embedded source to convert: "
               "minilm (default) or multilingual-e5-small")
+READ_WINDOW_HELP = "Window in tokens (default: the window the model was fine-tuned at, else the model length)"
+WINDOW_SOURCES = {"given": "--window-length", "trained": "the window it was fine-tuned at",
+                  "model length": "the model length; no fine-tuning record"}
 MAX_ANSWER_HELP = ("Longest answer span in tokens (default: the model's qa_max_answer_tokens: 64 unless fine-tuning "
                    "set it)")
 SCORING_HELP = ("How spans of different windows are compared: log-probability (default: log P(start) + log P(end | "
@@ -364,8 +367,9 @@ def evaluate(
     out: Path = typer.Option(..., help="Directory for predictions.json and metrics.json"),
     task: str = typer.Option("qa", help="qa or classification"),
     data_format: str = typer.Option("korquad2", "--format", help=FORMAT_HELP + " (qa only)"),
-    window_length: Optional[int] = typer.Option(None, help="Window in tokens (default: the model length)"),
-    doc_stride: Optional[int] = typer.Option(None, help="Tokens shared by neighbouring windows"),
+    window_length: Optional[int] = typer.Option(None, help=READ_WINDOW_HELP + " (qa)"),
+    doc_stride: Optional[int] = typer.Option(None, help="Tokens shared by neighbouring windows (qa default: the "
+                                                         "trained stride)"),
     max_windows: Optional[int] = typer.Option(None, help="Use only the first N windows (1 = truncation)"),
     max_examples: Optional[int] = typer.Option(None, help="Use N questions drawn with seed 0"),
     split: Optional[str] = typer.Option(None, help="train or dev: one side of the fixed by-article split"),
@@ -412,7 +416,9 @@ def answer(
     model: Path = typer.Option(..., help="Fine-tuned longbird QA directory"),
     document: Path = typer.Option(..., help="Document: .html/.htm (preprocessed) or plain text"),
     question: str = typer.Option(..., help="The question"),
-    window_length: Optional[int] = typer.Option(None, help="Window in tokens (default: the model length)"),
+    window_length: Optional[int] = typer.Option(None, help=READ_WINDOW_HELP),
+    doc_stride: Optional[int] = typer.Option(None, help="Tokens shared by neighbouring windows (default: the trained "
+                                                         "stride, else 128 or window/2 for documents over 2 windows)"),
     max_answer_tokens: Optional[int] = typer.Option(None, min=1, help=MAX_ANSWER_HELP),
     scoring: str = typer.Option("log-probability", help=SCORING_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the answer as JSON (also when none is found)"),
@@ -430,7 +436,7 @@ def answer(
     device = resolve_device(device)
     config = json.loads((resolve_model_directory(model) / "config.json").read_text(encoding="utf-8"))
     limit = config.get("max_position_embeddings")
-    if window_length is not None and limit and not 1 <= window_length <= limit:
+    if window_length is not None and limit and not 1 <= window_length <= limit:  # before the model loads
         raise ValueError(f"--window-length {window_length} is above the model's maximum length {limit}; use at most "
                          f"{limit}")
     # Read as bytes and decoded as is: offsets count characters of the file, \r of CRLF line ends included.
@@ -446,7 +452,7 @@ def answer(
     with console.status(f"reading {document.name} ({len(text):,} characters)"), _autocast(device, bf16):
         record = answer_document(qa_model, document=text, question=question, tokenizer=tokenizer, is_html=is_html,
                                  window_length=window_length, max_answer_tokens=max_answer_tokens,
-                                 scoring=scoring)
+                                 scoring=scoring, doc_stride=doc_stride, model_dir=model)
     if as_json:
         print(json.dumps(record, ensure_ascii=False))
     elif record["answer"] is None:
@@ -458,6 +464,9 @@ def answer(
         probability = "" if record["probability"] is None else f", probability {record['probability']:.2f}"
         console.print(f"characters {record['start']}..{record['end']} of {document.name}{probability} "
                       f"(score {record['score']:.2f})", highlight=False)
+    if not as_json:
+        console.print(f"read in {record['window_length']}-token windows ({WINDOW_SOURCES[record['window_source']]})",
+                      style="dim", highlight=False)
     if record["answer"] is None:
         raise typer.Exit(1)
 

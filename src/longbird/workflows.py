@@ -85,6 +85,34 @@ def load_on_device(model_path, task_class, device: str | None = None):
     return (model.to(device) if device else model), tokenizer
 
 
+def trained_windows(model_path) -> tuple[int | None, int | None]:
+    """(window_length, doc_stride) a QA model was fine-tuned with, from its `longbird_finetune.json`; (None, None)
+    for a model without that record (converted or saved by hand), which then reads windows of its full length.
+    Reading with the trained window is the default of `answer` and `evaluate`: a model fine-tuned on 512-token
+    windows has never been trained to read 4096 (design: the trained window, not the model length)."""
+    record = resolve_model_directory(model_path) / "longbird_finetune.json"
+    if not record.exists():
+        return None, None
+    data = json.loads(record.read_text(encoding="utf-8"))
+    return (data.get("window_length"), data.get("doc_stride")) if data.get("task") == "qa" else (None, None)
+
+
+def reading_windows(model, model_path, window_length: int | None,
+                    doc_stride: int | None) -> tuple[int, int | None, str]:
+    """(window_length, doc_stride, where the window came from: "given", "trained" or "model length")."""
+    if window_length is not None:
+        source = "given"
+    else:
+        window_length, trained_stride = trained_windows(model_path) if model_path is not None else (None, None)
+        source = "trained" if window_length is not None else "model length"
+        doc_stride = doc_stride if doc_stride is not None else trained_stride
+    limit = model.config.max_position_embeddings
+    window_length = window_length or limit
+    if not 1 <= window_length <= limit:
+        raise ValueError(f"window_length {window_length} must lie in 1..{limit} (the model's maximum length)")
+    return window_length, doc_stride, source
+
+
 def load_task_model(model_path: str | Path | None, task_class, preset: str = "kobigbird", max_length: int = 4096,
                     **overrides: Any):
     """(model, tokenizer) for a task: a longbird directory is loaded, anything else is converted."""
@@ -237,7 +265,7 @@ def evaluate_qa(model_path, data, data_format: str = "korquad2", window_length: 
     rows = sample_questions(rows, max_examples)
     model, tokenizer = load_on_device(model_path, LongBirdForQuestionAnswering, device)
     check_tokenizer(model, tokenizer)
-    window_length = window_length or model.config.max_position_embeddings
+    window_length, doc_stride, window_source = reading_windows(model, model_path, window_length, doc_stride)
     answers = predict_rows(model, tokenizer, rows, window_length, doc_stride, max_windows, batch_size,
                            max_answer_tokens=max_answer_tokens, scoring=scoring, progress=progress)
     predictions = {row["id"]: answers[row["id"]].text if row["id"] in answers else "" for row in rows}
@@ -248,8 +276,9 @@ def evaluate_qa(model_path, data, data_format: str = "korquad2", window_length: 
                    "skipped_questions": skipped}
     if out is not None:
         record = {**metrics, "questions": len(rows), "model": str(model_path), "data": _describe_data(data),
-                  "format": data_format, "split": split, "window_length": window_length, "doc_stride": doc_stride,
-                  "max_windows": max_windows, "scoring": scoring,
+                  "format": data_format, "split": split, "window_length": window_length,
+                  "window_source": window_source, "doc_stride": doc_stride, "max_windows": max_windows,
+                  "scoring": scoring,
                   "max_answer_tokens": max_answer_tokens or model.config.qa_max_answer_tokens}
         _write_outputs(out, overwrite, predictions, record)
     return {"metrics": metrics, "predictions": predictions, "answers": answers}
@@ -404,28 +433,29 @@ def evaluate_cls(model_path, data, window_length: int | None = None, stride: int
 
 def answer(model, document: str, question: str, tokenizer=None, is_html: bool | None = None,
            window_length: int | None = None, device: str | None = None, max_answer_tokens: int | None = None,
-           scoring: str = DEFAULT_SCORING) -> dict:
+           scoring: str = DEFAULT_SCORING, doc_stride: int | None = None, model_dir=None) -> dict:
     """Answer `question` about `document` (a long text or HTML page, as a string) with a fine-tuned longbird QA model:
-    a directory path, or a loaded model with its `tokenizer`. Returns `qa.answer_record`: the readable answer, the raw
-    span, character offsets into `document`, score and probability (all None when no span qualifies).
-    transformers 5 has no question-answering pipeline; this is longbird's."""
+    a directory path, or a loaded model with its `tokenizer` (and `model_dir`, where its record lives). Returns
+    `qa.answer_record`: the readable answer, the raw span, character offsets into `document`, score and probability
+    (all None when no span qualifies), plus `window_length` and `window_source`: unless given, windows are the length
+    the model was fine-tuned at (`trained_windows`), else its full length. transformers 5 has no question-answering
+    pipeline; this is longbird's."""
     from .qa import answer_question, answer_record
 
     if not question or not question.strip():
         raise ValueError("the question is empty; ask a question about the document")
     if isinstance(model, (str, Path)):
+        model_dir = model
         model, tokenizer = load_on_device(model, LongBirdForQuestionAnswering, device)
     elif tokenizer is None:
         raise ValueError("a loaded model needs its tokenizer: answer(model, document, question, tokenizer=...)")
     check_tokenizer(model, tokenizer)
-    limit = model.config.max_position_embeddings
-    if window_length is not None and not 1 <= window_length <= limit:
-        raise ValueError(f"window_length {window_length} must lie in 1..{limit} (the model's maximum length)")
+    window_length, doc_stride, window_source = reading_windows(model, model_dir, window_length, doc_stride)
     if is_html is None:
         is_html = document.lstrip()[:1] == "<"
-    found = answer_question(model, tokenizer, document, question, is_html, window_length,
+    found = answer_question(model, tokenizer, document, question, is_html, window_length, doc_stride,
                             max_answer_tokens=max_answer_tokens, scoring=scoring)
-    return answer_record(found, is_html)
+    return answer_record(found, is_html) | {"window_length": window_length, "window_source": window_source}
 
 
 def distill(teacher_source, output_dir: str | Path, student_path=None, preset: str = "littlebird",
