@@ -1,5 +1,6 @@
 """Padding Insertion (LittleBird §3.4) inside the training commands: a run interrupted and resumed with --resume
-draws the gaps the uninterrupted run drew and ends at the same weights."""
+draws the gaps the uninterrupted run drew and ends at the same weights, and a TAPE model's position ids stay inside
+its position table."""
 
 from __future__ import annotations
 
@@ -91,3 +92,36 @@ def test_interrupted_and_resumed_run_equals_the_uninterrupted_one(command, tiny_
         assert torch.equal(mine, theirs)
     assert any((positions != torch.arange(positions.shape[1])).any() for positions in straight_draws)  # gaps happened
 
+
+def test_tape_model_gaps_stay_inside_its_position_table(tiny_source, tmp_path, drawn_positions):
+    """The `tape` preset keeps the source's learned position table (identity states): with --padding-insertion its
+    gaps are capped to the table's 128 rows (uncapped, the ids ran past it and the first forward pass raised), while
+    a TAPE model with RoPE states has no table and keeps its gaps whole."""
+    import longbird
+    from longbird.config import LongBirdConfig
+    from longbird.training.finetune import FinetuneSettings, make_padding_insertion
+    from transformers import AutoTokenizer
+
+    result = runner.invoke(app, ["finetune-qa", "--model", str(tiny_source), "--preset", "tape", "--max-length", "128",
+                                 "--window-length", "64", "--train", str(PAGES[0]), "--out", str(tmp_path / "qa"),
+                                 "--max-steps", "2", "--batch-size", "2", "--padding-insertion"])
+    assert result.exit_code == 0, result.output
+    assert longbird.LongBirdModel.from_pretrained(tmp_path / "qa").config.position == "tape"
+    assert drawn_positions and max(int(p.max()) for p in drawn_positions) <= 127
+    assert max(int(p.max()) for p in drawn_positions) > 63  # gaps survived the cap: windows hold 64 tokens
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_source)
+    settings = FinetuneSettings(padding_insertion=True)
+    sizes = dict(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                 intermediate_size=64, max_position_embeddings=128, source_max_positions=64)
+    tables = {init: LongBirdConfig(**sizes, attention="full", position="tape", tape_init=init)
+              for init in ("identity", "rope")}
+    models = {init: longbird.LongBirdModel(config).eval() for init, config in tables.items()}
+    capped = make_padding_insertion(models["identity"], tokenizer, settings)
+    free = make_padding_insertion(models["rope"], tokenizer, settings)
+    assert tables["identity"].uses_position_table and capped.max_positions == 128
+    assert not tables["rope"].uses_position_table and free.max_positions is None
+    far = {"input_ids": torch.full((1, 8), 5), "position_ids": torch.arange(8)[None] * 300}  # ids up to 2,100
+    assert torch.isfinite(models["rope"](**far).last_hidden_state).all()  # RoPE angles take any id
+    with pytest.raises(ValueError, match=r"position_ids must lie in 0\.\.127 for a learned position table"):
+        models["identity"](**far)

@@ -151,12 +151,13 @@ class LongBirdTrainer(Trainer):
 
 
 def make_padding_insertion(model, tokenizer, settings: FinetuneSettings) -> PaddingInsertion | None:
-    """Padding Insertion when the settings ask for it, seeded by the run's seed; with absolute positions the gaps
-    are capped so every id stays inside the table."""
+    """Padding Insertion when the settings ask for it, seeded by the run's seed; with a learned position table
+    (`config.uses_position_table`: absolute positions, and TAPE over a converted source) gaps are capped so every id
+    stays inside the table."""
     if not settings.padding_insertion:
         return None
     config = model.config
-    max_positions = config.max_position_embeddings if config.position == "absolute" else None
+    max_positions = config.max_position_embeddings if config.uses_position_table else None
     return PaddingInsertion(sentence_end_token_ids(tokenizer), settings.padding_insertion_probability,
                             settings.padding_insertion_max_gap, seed=settings.seed, max_positions=max_positions)
 
