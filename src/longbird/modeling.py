@@ -513,9 +513,10 @@ class LongBirdModel(LongBirdPreTrainedModel):
         if position_ids is not None and position_ids.numel():
             if position_ids.min() < 0:
                 raise ValueError(f"position_ids must be >= 0; got {int(position_ids.min())}")
-            # A learned table has `limit` rows; relative methods (BiALiBi) accept any gap (Padding Insertion).
+            # A learned table (absolute, TAPE over a converted source) has `limit` rows; relative methods (BiALiBi,
+            # TAPE's RoPE states) accept any gap (Padding Insertion).
             if self.config.uses_position_table and position_ids.max() >= limit:
-                raise ValueError(f"position_ids must lie in 0..{limit - 1} for absolute positions; "
+                raise ValueError(f"position_ids must lie in 0..{limit - 1} for a learned position table; "
                                  f"got max {int(position_ids.max())}")
         return shape
 

@@ -1,7 +1,8 @@
 """Trainer glue for fine-tuning: QA windows and classification documents through `transformers.Trainer`.
 
 Trainer brings the optimiser, schedule, logging and progress bars, and `accelerate launch` / `torchrun`
-turn the same call into multi-GPU training. Padding Insertion is applied to training batches only.
+turn the same call into multi-GPU training. Padding Insertion (LittleBird §3.4) is applied by the trainer to the
+training batches of each optimiser step, keyed by that step, so a resumed run continues it exactly.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from transformers import ProgressCallback, Trainer, TrainingArguments
 
 from ..data.batching import PaddedBatches
 from ..data.features import QAFeature
-from .padding_insertion import PaddingInsertion, PaddingInsertionCollator, sentence_end_token_ids
+from .padding_insertion import PaddingInsertion, sentence_end_token_ids
 
 
 logger = logging.getLogger(__name__)
@@ -89,12 +90,15 @@ class QuietProgressCallback(ProgressCallback):
 
 
 class LongBirdTrainer(Trainer):
-    """Trainer that switches a Padding Insertion collator off for evaluation and prediction, with a quiet progress
-    bar."""
+    """Trainer with Padding Insertion on training batches (`padding_insertion`), the BiALiBi slopes' own learning rate
+    and a quiet progress bar; a Padding Insertion collator passed as `data_collator` is switched off for evaluation
+    and prediction."""
 
-    def __init__(self, *args, slope_learning_rate: float | None = None, **kwargs):
+    def __init__(self, *args, slope_learning_rate: float | None = None,
+                 padding_insertion: PaddingInsertion | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.slope_learning_rate = slope_learning_rate
+        self.padding_insertion = padding_insertion
         if self.pop_callback(ProgressCallback) is not None:
             self.add_callback(QuietProgressCallback)
 
@@ -112,6 +116,18 @@ class LongBirdTrainer(Trainer):
                 group["params"] = [p for p in group["params"] if id(p) not in chosen]
             optimizer.add_param_group({"params": slopes, "weight_decay": 0.0, "lr": self.slope_learning_rate})
         return optimizer
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        """The micro-batches of the next optimiser step, with Padding Insertion's gaps keyed by (global step, micro-batch
+        index, process): `state.global_step` counts the updates done, so it names the step these batches train, and a
+        run resumed from checkpoint N draws at step N what the uninterrupted run drew there. Drawing in the collator
+        instead would tie the gaps to the generator's history, which a checkpoint does not hold (and the data loader
+        prefetches a batch ahead of the step). Evaluation never passes through here."""
+        batches, items = super().get_batch_samples(epoch_iterator, num_batches, device)
+        if self.padding_insertion is not None:
+            step, process = self.state.global_step, self.args.process_index
+            batches = [self.padding_insertion(batch, key=(step, index, process)) for index, batch in enumerate(batches)]
+        return batches, items
 
     @contextmanager
     def _evaluation_collator(self):
@@ -134,17 +150,16 @@ class LongBirdTrainer(Trainer):
             return super().predict(*args, **kwargs)
 
 
-def make_collator(model, tokenizer, settings: FinetuneSettings, collator=None):
-    """`collator` (default: PaddedBatches), wrapped in Padding Insertion when the settings ask for it."""
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    collator = collator or PaddedBatches(pad)
+def make_padding_insertion(model, tokenizer, settings: FinetuneSettings) -> PaddingInsertion | None:
+    """Padding Insertion when the settings ask for it, seeded by the run's seed; with a learned position table
+    (`config.uses_position_table`: absolute positions, and TAPE over a converted source) gaps are capped so every id
+    stays inside the table."""
     if not settings.padding_insertion:
-        return collator
+        return None
     config = model.config
-    max_positions = config.max_position_embeddings if config.position == "absolute" else None
-    insertion = PaddingInsertion(sentence_end_token_ids(tokenizer), settings.padding_insertion_probability,
-                                 settings.padding_insertion_max_gap, seed=settings.seed, max_positions=max_positions)
-    return PaddingInsertionCollator(collator, insertion)
+    max_positions = config.max_position_embeddings if config.uses_position_table else None
+    return PaddingInsertion(sentence_end_token_ids(tokenizer), settings.padding_insertion_probability,
+                            settings.padding_insertion_max_gap, seed=settings.seed, max_positions=max_positions)
 
 
 def check_training_device(settings: FinetuneSettings) -> None:
@@ -218,10 +233,11 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
         disable_tqdm=not settings.progress,
         dataloader_num_workers=0,
     )
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     trainer = (trainer_class or LongBirdTrainer)(
         model=model, args=arguments, train_dataset=items, processing_class=tokenizer,
-        data_collator=make_collator(model, tokenizer, settings, collator),
-        slope_learning_rate=settings.slope_learning_rate, **(trainer_kwargs or {}))
+        data_collator=collator or PaddedBatches(pad), slope_learning_rate=settings.slope_learning_rate,
+        padding_insertion=make_padding_insertion(model, tokenizer, settings), **(trainer_kwargs or {}))
     try:
         result = trainer.train(resume_from_checkpoint=True if settings.resume else None)
     except KeyboardInterrupt:
