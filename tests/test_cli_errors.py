@@ -167,3 +167,33 @@ def test_bf16_and_threads_options(tiny_qa, tmp_path):
     result = runner.invoke(app, ["evaluate", "--model", str(tiny_qa), "--data", str(PAGES[0]), "--out",
                                  str(tmp_path / "e"), "--bf16"])
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_bf16_on_a_cpu_without_bf16_arithmetic_is_warned_about(tiny_qa, tmp_path, monkeypatch, native):
+    """--bf16 where bf16 is emulated (AVX2-only CPUs: measured ~75x slower than fp32) says so on stderr, for inference
+    and training; the JSON answer on stdout stays parseable. Where bf16 is native nothing is said."""
+    import longbird.precision
+    from longbird.training.finetune import FinetuneSettings, check_training_device
+
+    monkeypatch.setattr(longbird.precision, "native_bf16", lambda device: native)
+    document = tmp_path / "doc.txt"
+    document.write_text("T-X 프로그램은 미국 공군의 고등훈련기 교체 사업이다. 초기 물량은 350대이다.", encoding="utf-8")
+    result = runner.invoke(app, ["answer", "--model", str(tiny_qa), "--document", str(document), "--question",
+                                 "초기 물량은?", "--json", "--bf16", "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    if native:
+        assert "bf16" not in result.stderr
+    else:
+        assert "no bf16 arithmetic" in result.stderr and "leave out --bf16" in result.stderr
+    json.loads(result.stdout)
+    settings = FinetuneSettings(bf16=True, device="cpu")
+    if native:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            check_training_device(settings)
+    else:
+        with pytest.warns(UserWarning, match="no bf16 arithmetic"):
+            check_training_device(settings)

@@ -391,6 +391,11 @@ def evaluate(
 def _autocast(device: str, bf16: bool):
     import torch
 
+    from .precision import slow_bf16_warning
+
+    slow = slow_bf16_warning(device) if bf16 else None
+    if slow:
+        error_console.print(f"[yellow]warning:[/] {slow}", highlight=False)
     return torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=bf16)
 
 

@@ -12,6 +12,7 @@ import os
 import logging
 import random
 import shutil
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from transformers import ProgressCallback, Trainer, TrainingArguments
 
 from ..data.batching import PaddedBatches
 from ..data.features import QAFeature
+from ..precision import slow_bf16_warning
 from .padding_insertion import PaddingInsertion, sentence_end_token_ids
 
 
@@ -175,6 +177,9 @@ def check_training_device(settings: FinetuneSettings) -> None:
         raise ValueError("--fp16 mixed precision needs a CUDA GPU; use --bf16 on CPU")
     if settings.fp16 and settings.bf16:
         raise ValueError("--fp16 and --bf16 exclude each other; pick one")
+    slow = slow_bf16_warning("cuda" if on_gpu else "cpu") if settings.bf16 else None
+    if slow:
+        warnings.warn(slow, stacklevel=2)
 
 
 def _distributed() -> bool:
