@@ -8,13 +8,15 @@ draw as `experiments/e4_korquad_articles.py --dev-questions 100`) with 95 % boot
 difference against the old rule (`logit`). The reader's own record is checked: trained on the train side only.
 
 Usage: python experiments/cross_window_scoring.py [--reader qa-model/kobigbird-e5-korquad] [--train-questions 200]
-       [--dev-questions 100]
+       [--dev-questions 100] [--precision auto|fp32|bf16]
+`--precision auto` (default) reads in bf16 autocast only where the CPU multiplies bf16 (`longbird.precision`), else fp32.
 Writes experiments/results/cross_window_scoring.{json,md}.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -31,6 +33,7 @@ from longbird.data.corpus import text_hash  # noqa: E402
 from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # noqa: E402
 from longbird.files import write_file_atomically  # noqa: E402
 from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
+from longbird.precision import native_bf16  # noqa: E402
 from longbird.metrics.intervals import bootstrap_interval, paired_difference  # noqa: E402
 from longbird.qa import DEFAULT_SCORING, SCORING_RULES, merge_windows, row_features, score_windows  # noqa: E402
 from longbird.workflows import load_task_model, per_question_scores, require_trained_apart, sample_questions  # noqa: E402
@@ -39,11 +42,11 @@ WINDOW, STRIDE = 512, 128
 BASELINE = "logit"
 
 
-def measure(model, tokenizer, rows, buckets) -> dict:
+def measure(model, tokenizer, rows, buckets, bf16: bool) -> dict:
     """Every rule's per-question scores on `rows` from one model pass."""
     started = time.time()
     features, documents = row_features(model, tokenizer, rows, WINDOW, STRIDE)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
         windows = score_windows(model, features, batch_size=8, progress=True)
     result = {"questions": len(rows), "windows": len(features), "seconds": time.time() - started, "rules": {}}
     for rule in SCORING_RULES:
@@ -86,13 +89,28 @@ def table(side: dict, title: str) -> list[str]:
     return lines
 
 
+def _reader_training(reader: Path) -> dict:
+    """The reader's own fine-tuning record, without its loss log."""
+    record = json.loads((reader / "longbird_finetune.json").read_text(encoding="utf-8"))
+    return {key: value for key, value in record.items() if key != "log_history"}
+
+
+def _describe_training(record: dict) -> str:
+    settings = {**record, **record.get("settings", {})}
+    parts = [f"{key} {settings[key]}" for key in ("max_steps", "batch_size", "learning_rate", "window_length", "bf16")
+             if key in settings]
+    return "fine-tuned on the train side: " + ", ".join(parts) if parts else "fine-tuned on the train side"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reader", type=Path, default=ROOT / "qa-model" / "kobigbird-e5-korquad")
     parser.add_argument("--train-questions", type=int, default=200)
     parser.add_argument("--dev-questions", type=int, default=100)
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
     parser.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
     args = parser.parse_args()
+    bf16 = args.precision == "bf16" or (args.precision == "auto" and native_bf16("cpu"))
     started = time.time()
     rows, _ = read_korquad_v1_articles(ROOT / "data" / "korquad" / "KorQuAD_v1.0_dev.json")
     split = split_by_title(rows)
@@ -103,10 +121,11 @@ def main() -> None:
         raise AssertionError("training-side and dev questions share articles")
     model, tokenizer = load_task_model(args.reader, LongBirdForQuestionAnswering)
     results = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
-               "reader": str(args.reader), "window": WINDOW, "doc_stride": STRIDE, "torch_threads":
+               "reader": str(args.reader), "reader_training": _reader_training(args.reader),
+               "precision": "bf16 autocast" if bf16 else "fp32", "window": WINDOW, "doc_stride": STRIDE, "torch_threads":
                torch.get_num_threads(), "sides": {}}
     for name, side_rows in (("train", train), ("dev", dev)):
-        measured = measure(model, tokenizer, side_rows, answer_buckets(side_rows, tokenizer))
+        measured = measure(model, tokenizer, side_rows, answer_buckets(side_rows, tokenizer), bf16)
         measured["titles"] = sorted(set(side_rows["title"]))
         measured["context_sha256"] = sorted({text_hash(c) for c in side_rows["context"]})
         results["sides"][name] = measured
@@ -116,8 +135,8 @@ def main() -> None:
     results["library_default"] = DEFAULT_SCORING
     results["wall_seconds"] = time.time() - started
     lines = [f"Command: `{results['command']}`  ",
-             f"Reader {args.reader.name} (make qa-model), sliding {WINDOW}-token windows, stride {STRIDE}, bf16 "
-             f"autocast, {results['torch_threads']} CPU threads, {results['wall_seconds'] / 60:.0f} min wall. "
+             f"Reader {args.reader.name} ({_describe_training(results['reader_training'])}), sliding {WINDOW}-token "
+             f"windows, stride {STRIDE}, {results['precision']}, {results['torch_threads']} CPU threads, {results['wall_seconds'] / 60:.0f} min wall. "
              f"Chosen on the training side: **{chosen}** (library default: {DEFAULT_SCORING}).", ""]
     lines += table(results["sides"]["train"], "Training side of the by-article split (chooses the default)") + [""]
     lines += table(results["sides"]["dev"], "E4 dev questions (unseen articles; reported, never used to choose)")
