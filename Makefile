@@ -25,17 +25,21 @@ test: install
 
 # The Korean QA recipe: multilingual-e5-small converted to a 4096-token kobigbird model (full attention up to 512
 # tokens = the source exactly; TAPER copy beyond), fine-tuned on the KorQuAD 1.0 training paragraphs of the
-# by-article split at 512-token windows, bf16 autocast, word embeddings frozen: 280 steps x 16 windows, about
+# by-article split at 512-token windows, bf16 autocast where native (below), word embeddings frozen: 280 steps x 16 windows, about
 # 37 minutes on the 2-core CPU (budget: 60). Then `longbird evaluate ... --format korquad1 --split dev` scores it and
 # experiments/qa_learning_curve.py scores the checkpoints kept every 70 steps (F1 against training windows seen).
 QA_MODEL ?= qa-model/kobigbird-e5-korquad
+# bf16 autocast only where the CPU multiplies bf16 (AVX-512 bf16 or AMX; longbird/precision.py): on an AVX2-only CPU
+# bf16 is emulated and about 75x slower, so the recipe runs in fp32 there (about 65 minutes). Deferred (?=), so it is
+# asked after `install`; set QA_BF16=--bf16 or QA_BF16= to choose.
+QA_BF16 ?= $(shell $(PY) -c "from longbird.precision import native_bf16; print('--bf16' if native_bf16('cpu') else '')")
 qa-model: install
 	$(VENV)/bin/longbird finetune-qa --model multilingual-e5-small --format korquad1 \
 		--train data/korquad/KorQuAD_v1.0_dev.json --split train --preset kobigbird --max-length 4096 \
-		--window-length 512 --max-steps 280 --batch-size 16 --learning-rate 1e-4 --bf16 --save-steps 70 \
+		--window-length 512 --max-steps 280 --batch-size 16 --learning-rate 1e-4 $(QA_BF16) --save-steps 70 \
 		--out $(QA_MODEL) --overwrite
 	$(VENV)/bin/longbird evaluate --model $(QA_MODEL) --format korquad1 --data data/korquad/KorQuAD_v1.0_dev.json \
-		--split dev --window-length 512 --out $(QA_MODEL)-eval --batch-size 16 --overwrite
+		--split dev --out $(QA_MODEL)-eval --batch-size 16 --overwrite
 	$(PY) experiments/qa_learning_curve.py --model $(QA_MODEL)
 
 bench: install
