@@ -73,4 +73,9 @@ def test_demo_job_on_the_embedded_model(tmp_path):
     assert results["max_abs_diff_vs_source"] <= 1e-5
     assert results["encoded_tokens"] == 1024 and results["document_tokens"] > 4096
     assert results["reload_identical"] is True
-    assert results["bf16_min_cosine_vs_fp32"] > 0.99
+    from longbird.precision import native_bf16
+
+    if native_bf16("cpu"):
+        assert results["bf16_skipped"] is None and results["bf16_min_cosine_vs_fp32"] > 0.99
+    else:  # emulated bf16 is not timed; the reason is reported (bf16 accuracy is tested in test_bigbird/littlebird)
+        assert "no bf16 arithmetic" in results["bf16_skipped"] and "bf16_seconds" not in results

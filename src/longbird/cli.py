@@ -179,8 +179,12 @@ def demo(
     table.add_row("max |converted - source| (fp32)", f"{results['max_abs_diff_vs_source']:.2e}")
     table.add_row("document tokens (encoded)", f"{results['document_tokens']} ({results['encoded_tokens']})")
     table.add_row("fp32 encode time / peak memory", f"{results['fp32_seconds']:.2f} s / {results['fp32_peak_mib']:.0f} MiB")
-    table.add_row("bf16 autocast time / peak memory", f"{results['bf16_seconds']:.2f} s / {results['bf16_peak_mib']:.0f} MiB")
-    table.add_row("bf16 vs fp32 min cosine", f"{results['bf16_min_cosine_vs_fp32']:.5f}")
+    if results["bf16_skipped"]:
+        table.add_row("bf16 autocast", f"skipped: {results['bf16_skipped']}")
+    else:
+        table.add_row("bf16 autocast time / peak memory",
+                      f"{results['bf16_seconds']:.2f} s / {results['bf16_peak_mib']:.0f} MiB")
+        table.add_row("bf16 vs fp32 min cosine", f"{results['bf16_min_cosine_vs_fp32']:.5f}")
     table.add_row("saved to / reload identical", f"{results['saved_to']} / {results['reload_identical']}")
     console.print(table)
     if results["max_abs_diff_vs_source"] > 1e-4 or not results["reload_identical"]:
