@@ -91,3 +91,18 @@ def test_sparse_attention_beyond_L_runs_forward_and_backward(source_name):
     assert torch.isfinite(hidden).all()
     word = model.get_input_embeddings().weight
     assert word.grad is not None and word.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("preset", ["littlebird", "tape"])
+def test_conversion_is_deterministic_and_leaves_the_callers_random_state_alone(preset):
+    """Parameters conversion creates (pack vectors, TAPE maps, BiALiBi slopes) come from a fixed seed: two conversions
+    under different global random states are identical, and the caller's random stream continues as if none ran."""
+    source = make_source("bert")
+    torch.manual_seed(1)
+    first = longbird.convert(source, preset=preset, max_length=256, block_size=BLOCK, pack_size=4).state_dict()
+    after_first = torch.rand(3)
+    torch.manual_seed(2)
+    second = longbird.convert(source, preset=preset, max_length=256, block_size=BLOCK, pack_size=4).state_dict()
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+    torch.manual_seed(1)
+    assert torch.equal(torch.rand(3), after_first)  # conversion drew nothing from the global generator

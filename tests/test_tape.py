@@ -420,3 +420,24 @@ def test_peft_checkpoint_of_a_converted_longbird_directory_round_trips_with_or_w
     (out / "longbird_peft.json").write_text(json.dumps(record))
     torch.testing.assert_close(_qa_logits(load_task_model(out, LongBirdForQuestionAnswering)[0], input_ids), expected,
                                rtol=0, atol=0)
+
+
+def test_peft_checkpoint_of_a_littlebird_tape_base_reloads_exactly(tmp_path):
+    """The pack vectors of a LittleBird base are created by conversion and stay frozen under TAPE PEFT, so the
+    checkpoint does not hold them: conversion draws them from a fixed seed, so the rebuilt base is the trained one
+    and the reloaded model gives exactly the trained outputs (at a length where the packed keys are read)."""
+    from longbird.heads import LongBirdForQuestionAnswering
+    from longbird.workflows import load_task_model
+    from test_qa_cli import write_tiny_source
+
+    source = write_tiny_source(tmp_path / "source")
+    out = tmp_path / "qa-peft"
+    torch.manual_seed(7)  # another global random state than the reload's: it must not matter
+    trained = _trained_peft_checkpoint(source, out, attention="littlebird", block_size=16, pack_size=4)
+    assert "longbird.encoder.pack_embeddings" not in json.loads((out / "longbird_peft.json").read_text())["trained"]
+    torch.manual_seed(8)
+    reloaded, tokenizer = load_task_model(out, LongBirdForQuestionAnswering)
+    pack = "longbird.encoder.pack_embeddings"
+    assert torch.equal(dict(reloaded.named_parameters())[pack], dict(trained.named_parameters())[pack])
+    input_ids = torch.randint(len(tokenizer), (2, 200), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(_qa_logits(reloaded, input_ids), _qa_logits(trained, input_ids), rtol=0, atol=0)

@@ -22,6 +22,8 @@ from .heads import LongBirdForMaskedLM
 from .modeling import LongBirdModel
 from .positions import extend_position_table
 
+CONVERSION_SEED = 0  # the seed of every parameter conversion creates (see `convert`)
+
 
 @dataclass(frozen=True)
 class Family:
@@ -169,8 +171,13 @@ def convert(
         : config.type_vocab_size
     ]
 
+    # Parameters with no source counterpart (pack vectors, TAPE maps) are drawn from a fixed seed, not the caller's
+    # random state (which is left as it was): the same source and settings always convert to the same model, so a
+    # base rebuilt from a record (a TAPE-PEFT checkpoint keeps only what it trained) is the base that was trained.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(CONVERSION_SEED)
+        model = LongBirdForMaskedLM(config) if config.has_lm_head else LongBirdModel(config)
     if config.has_lm_head:
-        model = LongBirdForMaskedLM(config)
         state = {f"longbird.{name}": tensor for name, tensor in state.items()}
         for ours, theirs in family.lm_head.items():
             if ours == "bias":
@@ -180,8 +187,6 @@ def convert(
             else:
                 state[f"lm_head.{ours}.weight"] = full_state[theirs + ".weight"]
                 state[f"lm_head.{ours}.bias"] = full_state[theirs + ".bias"]
-    else:
-        model = LongBirdModel(config)
     missing, unexpected = model.load_state_dict(state, strict=False)
     # New parameters with no source counterpart keep their initialisation (ALiBi slopes, pack vectors, TAPE maps).
     new = {name for name in missing if ".bialibi." in name or name.endswith("pack_embeddings") or ".tape_" in name}
