@@ -37,22 +37,28 @@ def source_without_dropout(tmp_path_factory):
                              attention_probs_dropout_prob=0.0)
 
 
-def _finetune(command_prefix, source, data, out, batch_size):
+def _finetune(command_prefix, source, data, out, batch_size, *extra, stderr: list | None = None):
     args = ["finetune-cls", "--model", str(source), "--max-length", "128", "--window-length", "128", "--stride", "32", "--train",
             str(data), "--out", str(out), "--max-steps", "3", "--batch-size", str(batch_size), "--learning-rate",
-            "1e-3", "--device", "cpu", "--logging-steps", "1"]
+            "1e-3", "--device", "cpu", "--logging-steps", "1", *extra]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     result = subprocess.run([*command_prefix, *args], capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    if stderr is not None:
+        stderr.append(result.stderr)
     return json.loads((out / "longbird_finetune.json").read_text())
+
+
+def _torchrun() -> list[str]:
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    return [torchrun, "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), "-m",
+            "longbird.cli"]
 
 
 def test_two_processes_equal_one_process_with_twice_the_batch(source_without_dropout, tmp_path):
     data = _law_and_bill_documents(tmp_path / "docs.jsonl")
     one = _finetune([sys.executable, "-m", "longbird.cli"], source_without_dropout, data, tmp_path / "one", 2)
-    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
-    two = _finetune([torchrun, "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port",
-                     str(_free_port()), "-m", "longbird.cli"], source_without_dropout, data, tmp_path / "two", 1)
+    two = _finetune(_torchrun(), source_without_dropout, data, tmp_path / "two", 1)
     losses = lambda summary: [entry["loss"] for entry in summary["log_history"] if "loss" in entry]  # noqa: E731
     assert one["processes"] == 1 and two["processes"] == 2
     assert len(losses(one)) == 3 and len(losses(two)) == 3
@@ -62,3 +68,35 @@ def test_two_processes_equal_one_process_with_twice_the_batch(source_without_dro
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4, msg=lambda m: f"{name}: {m}")
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith((".one", ".two"))) == []  # no leftovers
+
+
+def test_checkpoints_under_torchrun_hold_every_process_and_resume(source_without_dropout, tmp_path):
+    """Issue 22 under torchrun: every process writes its RNG state into a checkpoint, all into the same temporary
+    directory, which is renamed once all have written. A resume removes a killed save's leftover and says where it
+    resumes once (not once per process), and ends at the uninterrupted run's weights."""
+    data = _law_and_bill_documents(tmp_path / "docs.jsonl")
+    saving = ("--max-steps", "4", "--save-steps", "2")
+    _finetune(_torchrun(), source_without_dropout, data, tmp_path / "straight", 1, *saving)
+    checkpoints = tmp_path / "straight.checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["checkpoint-2", "checkpoint-4"]
+    for step in (2, 4):
+        assert {"rng_state_0.pth", "rng_state_1.pth", "trainer_state.json"} <= {
+            p.name for p in (checkpoints / f"checkpoint-{step}").iterdir()}
+
+    resumed = tmp_path / "resumed.checkpoints"
+    shutil.copytree(checkpoints / "checkpoint-2", resumed / "checkpoint-2")
+    leftover = resumed / ".checkpoint-4.partial" / "checkpoint-4"  # what a kill during the save of step 4 leaves
+    leftover.mkdir(parents=True)
+    (leftover / "model.safetensors").write_bytes(b"")
+    stderr: list[str] = []
+    summary = _finetune(_torchrun(), source_without_dropout, data, tmp_path / "resumed", 1, *saving, "--resume",
+                        stderr=stderr)
+    lines = stderr[0].splitlines()
+    assert lines.count("resuming from checkpoint-2, step 2 of 4") == 1, stderr[0]
+    skipped = "checkpoint-4 (its save was interrupted; removed the temporary .checkpoint-4.partial)"
+    assert lines.count(f"skipping incomplete {skipped}") == 1, stderr[0]
+    assert summary["resume"]["from_step"] == 2 and summary["resume"]["skipped_incomplete"] == [skipped]
+    assert sorted(p.name for p in resumed.iterdir()) == ["checkpoint-2", "checkpoint-4"]
+    a, b = (LongBirdForSequenceClassification.from_pretrained(tmp_path / name) for name in ("straight", "resumed"))
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        torch.testing.assert_close(x, y, atol=1e-6, rtol=0, msg=lambda m: f"{name}: {m}")

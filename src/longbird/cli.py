@@ -271,16 +271,19 @@ def bench(
 
 def _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insertion, bf16, fp16=False, device="auto",
               train_word_embeddings=False, save_steps=0, resume=False, logging_steps=20, peft=None,
-              slope_learning_rate=None, gradient_accumulation_steps=1):
-    from .training.finetune import FinetuneSettings, check_training_device
+              slope_learning_rate=None, gradient_accumulation_steps=1, save_total_limit=None):
+    from .training.finetune import FinetuneSettings, check_training_device, save_total_limit_error
 
+    if save_total_limit is not None and save_total_limit < 1:  # one line, exit 1, like the other errors
+        raise ValueError(save_total_limit_error(save_total_limit))
     try:  # before any data is read or model converted
         settings = FinetuneSettings(learning_rate=learning_rate, epochs=epochs, max_steps=max_steps,
                                     batch_size=batch_size, seed=seed, padding_insertion=padding_insertion, bf16=bf16,
                                     fp16=fp16, device=device, train_word_embeddings=train_word_embeddings,
                                     save_steps=save_steps, resume=resume, logging_steps=logging_steps, peft=peft,
                                     slope_learning_rate=slope_learning_rate,
-                                    gradient_accumulation_steps=gradient_accumulation_steps)
+                                    gradient_accumulation_steps=gradient_accumulation_steps,
+                                    save_total_limit=save_total_limit)
         check_training_device(settings)
     except ValueError as error:
         raise typer.BadParameter(str(error))
@@ -294,7 +297,9 @@ SLOPE_LR_HELP = ("Learning rate of the BiALiBi slopes (littlebird; default: --le
                  "a short run)")
 PEFT_HELP = "tape: train only the TAPE maps (+ the task head) of a TAPE model; saves only what was trained"
 SAVE_STEPS_HELP = "Checkpoint every N steps into OUT.checkpoints/ (0: none; Ctrl-C then keeps the model too)"
-RESUME_HELP = "Continue from the last checkpoint in OUT.checkpoints/ (same options as the interrupted run)"
+RESUME_HELP = ("Continue from the last complete checkpoint in OUT.checkpoints/ (same options as the interrupted run; "
+               "incomplete ones are skipped and reported)")
+SAVE_TOTAL_LIMIT_HELP = "Keep only the newest N checkpoints (default: all of them)"
 WORD_EMBEDDINGS_HELP = "Also train the word embeddings (frozen by default: with a 250K vocabulary they dominate a CPU step)"
 
 
@@ -303,6 +308,10 @@ def _print_metrics(title: str, metrics: dict) -> None:
     for key, value in metrics.items():
         if isinstance(value, (int, float, str)):
             table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+    resume = metrics.get("resume")
+    if resume and resume["steps_trained_by_this_run"]:  # train_loss is then the loss of the resumed steps only
+        first, last = resume["steps_trained_by_this_run"]
+        table.add_row("resumed", f"from {resume['from_checkpoint']}: train_loss covers steps {first}-{last} only")
     console.print(table)
 
 
@@ -347,6 +356,7 @@ def finetune_qa(
     device: str = typer.Option("auto", help=TRAIN_DEVICE_HELP),
     train_word_embeddings: bool = typer.Option(False, help=WORD_EMBEDDINGS_HELP),
     save_steps: int = typer.Option(0, help=SAVE_STEPS_HELP),
+    save_total_limit: Optional[int] = typer.Option(None, help=SAVE_TOTAL_LIMIT_HELP),
     logging_steps: int = typer.Option(20, help="Log the training loss every N steps (kept in longbird_finetune.json)"),
     peft: Optional[str] = typer.Option(None, help="tape: train only the TAPE maps and the task head of a TAPE model "
                                                   "(--preset tape); OUT then holds only what was trained"),
@@ -359,7 +369,8 @@ def finetune_qa(
     metrics = run(model, [str(p) for p in train] if len(train) > 1 else train[0], out, data_format, preset,
                   max_length, window_length, doc_stride, max_windows, negative_fraction, max_examples,
                   _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insertion, bf16, fp16, device,
-                            train_word_embeddings, save_steps, resume, logging_steps, peft),
+                            train_word_embeddings, save_steps, resume, logging_steps, peft,
+                            save_total_limit=save_total_limit),
                   overwrite, qa_head, split, max_answer_tokens=max_answer_tokens)
     _print_metrics(f"fine-tuned QA model saved to {out}", metrics)
 
@@ -501,8 +512,10 @@ def distill(
     learning_rate: float = typer.Option(1e-4), max_steps: int = typer.Option(100),
     batch_size: int = typer.Option(4), seed: int = typer.Option(0),
     save_steps: int = typer.Option(50, help="Checkpoint every N steps"),
+    save_total_limit: Optional[int] = typer.Option(None, help=SAVE_TOTAL_LIMIT_HELP),
     logging_steps: int = typer.Option(10, help="Log the losses every N steps"),
-    resume: bool = typer.Option(False, help="Continue from the last checkpoint in OUTPUT_DIR/checkpoints"),
+    resume: bool = typer.Option(False, help="Continue from the last complete checkpoint in OUTPUT_DIR/checkpoints "
+                                            "(incomplete ones are skipped and reported)"),
     bf16: bool = typer.Option(False, help="bf16 mixed precision"),
     gradient_checkpointing: bool = typer.Option(False, help="Recompute layers in backward"),
     slope_learning_rate: Optional[float] = typer.Option(None, help=SLOPE_LR_HELP),
@@ -516,7 +529,7 @@ def distill(
 
     settings = _settings(learning_rate, 1.0, max_steps, batch_size, seed, padding_insertion, bf16, False, device,
                          False, logging_steps=logging_steps, peft=peft, slope_learning_rate=slope_learning_rate,
-                         gradient_accumulation_steps=gradient_accumulation_steps)
+                         gradient_accumulation_steps=gradient_accumulation_steps, save_total_limit=save_total_limit)
     metrics = run(teacher, output_dir, student, preset, max_length, list(corpus) or None, length, settings,
                   alpha, beta, temperature, save_steps, resume, gradient_checkpointing, overwrite, rss)
     _print_metrics(f"distilled student saved to {metrics['model_dir']}", metrics)
@@ -535,6 +548,7 @@ def pretrain(
     batch_size: int = typer.Option(1), seed: int = typer.Option(0),
     padding_insertion: bool = typer.Option(False, help="Padding Insertion on training batches (LittleBird 3.4)"),
     save_steps: int = typer.Option(50, help=SAVE_STEPS_HELP),
+    save_total_limit: Optional[int] = typer.Option(None, help=SAVE_TOTAL_LIMIT_HELP),
     logging_steps: int = typer.Option(10, help="Log the loss every N steps"),
     resume: bool = typer.Option(False, help=RESUME_HELP),
     bf16: bool = typer.Option(False, help="bf16 mixed precision"),
@@ -550,7 +564,7 @@ def pretrain(
 
     settings = _settings(learning_rate, 1.0, max_steps, batch_size, seed, padding_insertion, bf16, False, device,
                          False, save_steps, resume, logging_steps, peft, slope_learning_rate,
-                         gradient_accumulation_steps)
+                         gradient_accumulation_steps, save_total_limit)
     metrics = run(model, output_dir, list(corpus) or None, length, preset, max_length, settings, overwrite=overwrite,
                   gradient_checkpointing=gradient_checkpointing)
     _print_metrics(f"pretrained model saved to {metrics['model_dir']}", metrics)
@@ -573,6 +587,7 @@ def finetune_cls(
     device: str = typer.Option("auto", help=TRAIN_DEVICE_HELP),
     train_word_embeddings: bool = typer.Option(False, help=WORD_EMBEDDINGS_HELP),
     save_steps: int = typer.Option(0, help=SAVE_STEPS_HELP),
+    save_total_limit: Optional[int] = typer.Option(None, help=SAVE_TOTAL_LIMIT_HELP),
     logging_steps: int = typer.Option(20, help="Log the training loss every N steps (kept in longbird_finetune.json)"),
     peft: Optional[str] = typer.Option(None, help="tape: train only the TAPE maps and the task head of a TAPE model "
                                                   "(--preset tape); OUT then holds only what was trained"),
@@ -584,7 +599,8 @@ def finetune_cls(
 
     metrics = run(model, train, out, preset, max_length, window_length, stride, text_field, label_field,
                   _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insertion, bf16, fp16, device,
-                            train_word_embeddings, save_steps, resume, logging_steps, peft),
+                            train_word_embeddings, save_steps, resume, logging_steps, peft,
+                            save_total_limit=save_total_limit),
                   overwrite)
     _print_metrics(f"fine-tuned classifier saved to {out}", metrics)
 

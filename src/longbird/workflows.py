@@ -242,8 +242,7 @@ def finetune_qa(model_path, train_data, out: str | Path, data_format: str = "kor
                    "source_model": _model_record(model_path, preset, max_length),
                    "train_examples": len(rows), "windows": len(features), "training_windows": len(items),
                    "window_length": window_length, "doc_stride": doc_stride, "settings": vars(settings),
-                   "processes": world_size(), "metrics": {k: v for k, v in metrics.items() if k != "log_history"},
-                   "log_history": metrics["log_history"]}
+                   "processes": world_size(), **_training_record(metrics)}
         (directory / "longbird_finetune.json").write_text(json.dumps(summary, indent=2, default=str))
 
     if is_main_process():  # under torchrun every process trains, the first one writes
@@ -357,9 +356,7 @@ def finetune_cls(model_path, train_data, out: str | Path, preset: str = "kobigbi
                    "label_field": label_field, "labels": labels,
                    "source_model": _model_record(model_path, preset, max_length), "documents": len(rows),
                    "windows": len(items), "window_length": window_length, "stride": stride,
-                   "settings": vars(settings), "processes": world_size(),
-               "metrics": {k: v for k, v in metrics.items() if k != "log_history"},
-                   "log_history": metrics["log_history"]}
+                   "settings": vars(settings), "processes": world_size(), **_training_record(metrics)}
         (directory / "longbird_finetune.json").write_text(json.dumps(summary, indent=2, default=str))
 
     if is_main_process():  # under torchrun every process trains, the first one writes
@@ -373,6 +370,13 @@ def _save_trained(model, directory: Path, settings: FinetuneSettings, model_path
         save_tape_peft(model, directory, base_record(model_path, preset, max_length))
     else:
         model.save_pretrained(directory)
+
+
+def _training_record(metrics: dict) -> dict:
+    """The training part of a run's summary: Trainer's metrics, the log history and "resume" (null, or from which
+    checkpoint and step the run resumed, what it skipped, and that its metrics cover only the steps it trained)."""
+    return {"metrics": {k: v for k, v in metrics.items() if k not in ("log_history", "resume")},
+            "log_history": metrics["log_history"], "resume": metrics["resume"]}
 
 
 def _data_record(data) -> list[str] | str:
@@ -518,8 +522,7 @@ def distill(teacher_source, output_dir: str | Path, student_path=None, preset: s
                "corpus": _corpus_record(corpus), "training_document_sha256": [text_hash(d) for d in documents],
                "windows": len(windows), "length": length, "alpha": alpha,
                "beta": beta, "temperature": temperature, "settings": vars(settings), "processes": world_size(),
-               "metrics": {k: v for k, v in metrics.items() if k != "log_history"},
-               "log_history": metrics["log_history"]}
+               **_training_record(metrics)}
 
     _write_trained_model(model_dir, student, tokenizer, "longbird_distill.json", summary, overwrite, settings,
                          (student_path or teacher_source, preset, max_length))
@@ -608,9 +611,7 @@ def pretrain(model_path, output_dir: str | Path, corpus=None, length: int = 512,
                "held_out_document_sha256": [text_hash(d) for d in held],
                "train_windows": len(train_items), "held_out_windows": len(held_items),
                "held_out_rss_accuracy_before": before, "held_out_rss_accuracy_after": after,
-               "settings": vars(settings), "processes": world_size(),
-               "metrics": {k: v for k, v in metrics.items() if k != "log_history"},
-               "log_history": metrics["log_history"]}
+               "settings": vars(settings), "processes": world_size(), **_training_record(metrics)}
     tokenizer.model_max_length = model.config.max_position_embeddings
 
     _write_trained_model(model_dir, model, tokenizer, "longbird_pretrain.json", summary, overwrite, settings,

@@ -8,9 +8,11 @@ training batches of each optimiser step, keyed by that step, so a resumed run co
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import logging
 import random
+import re
 import shutil
 import warnings
 from contextlib import contextmanager
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import torch
 from transformers import ProgressCallback, Trainer, TrainingArguments
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from ..data.batching import PaddedBatches
 from ..data.features import QAFeature
@@ -60,6 +63,8 @@ class FinetuneSettings:
     # the run (they are what a learning curve is read from).
     save_steps: int = 0
     resume: bool = False
+    # Keep only the newest N checkpoints (Trainer's save_total_limit; None: all of them).
+    save_total_limit: int | None = None
     # Learning rate of the BiALiBi slopes (α, β, γ; LittleBird §3.1) when set: they start at ALiBi's 0.004-0.63 and
     # move ~lr per Adam step, so at the encoder's 1e-4 a short run leaves them where they started.
     slope_learning_rate: float | None = None
@@ -67,6 +72,13 @@ class FinetuneSettings:
     def __post_init__(self):
         if self.peft not in (None, "tape"):
             raise ValueError(f"--peft must be 'tape' (or left out); got {self.peft!r}")
+        if self.save_total_limit is not None and self.save_total_limit < 1:
+            raise ValueError(save_total_limit_error(self.save_total_limit))
+
+
+def save_total_limit_error(limit: int) -> str:
+    return (f"--save-total-limit must be at least 1 (the number of newest checkpoints kept; leave it out to keep them "
+            f"all); got {limit}")
 
 
 def qa_training_items(features: list[QAFeature], negative_fraction: float = 1.0, seed: int = 0) -> list[dict]:
@@ -91,10 +103,32 @@ class QuietProgressCallback(ProgressCallback):
             super().on_log(args, state, control, logs=logs, **kwargs)
 
 
+# Checkpoints are written as `.checkpoint-N.partial/checkpoint-N` and renamed to `checkpoint-N` when complete; a
+# `checkpoint-N` saved again (a resumed run passing a step it had saved) is first moved to `.checkpoint-N.replaced`.
+# The leading dot keeps both out of Trainer's `checkpoint-*` globs (resume, rotation) and experiments' listings.
+CHECKPOINT_NAME = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+LEFTOVER_NAME = re.compile(rf"^\.{PREFIX_CHECKPOINT_DIR}-(\d+)\.(partial|replaced)$")
+TRAINER_STATE = "trainer_state.json"  # Trainer writes it last: a checkpoint without it is incomplete
+
+
+def _publish_checkpoint(written: Path, target: Path) -> None:
+    """Rename the complete checkpoint `written` to `target`. An existing `target` (saved at the same step by an
+    earlier run, or an incomplete one an older longbird left) is moved aside first and removed once `written` is in
+    place: a kill at any point leaves either checkpoint whole, never a mixture of the two."""
+    if not target.exists():
+        os.replace(written, target)
+        return
+    aside = target.parent / f".{target.name}.replaced"
+    shutil.rmtree(aside, ignore_errors=True)
+    os.replace(target, aside)
+    os.replace(written, target)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
 class LongBirdTrainer(Trainer):
-    """Trainer with Padding Insertion on training batches (`padding_insertion`), the BiALiBi slopes' own learning rate
-    and a quiet progress bar; a Padding Insertion collator passed as `data_collator` is switched off for evaluation
-    and prediction."""
+    """Trainer with Padding Insertion on training batches (`padding_insertion`), the BiALiBi slopes' own learning rate,
+    atomic checkpoints and a quiet progress bar; a Padding Insertion collator passed as `data_collator` is switched off
+    for evaluation and prediction."""
 
     def __init__(self, *args, slope_learning_rate: float | None = None,
                  padding_insertion: PaddingInsertion | None = None, **kwargs):
@@ -130,6 +164,37 @@ class LongBirdTrainer(Trainer):
             step, process = self.state.global_step, self.args.process_index
             batches = [self.padding_insertion(batch, key=(step, index, process)) for index, batch in enumerate(batches)]
         return batches, items
+
+    def _get_output_dir(self, trial):
+        # While `_save_checkpoint` runs, Trainer's run directory is the checkpoint's staging directory.
+        staging = getattr(self, "_checkpoint_staging", None)
+        return str(staging) if staging is not None else super()._get_output_dir(trial)
+
+    def _save_checkpoint(self, model, trial):
+        """Trainer's own checkpoint (same files, so `resume_from_checkpoint` reads it), written whole into the hidden
+        `.checkpoint-N.partial/` and renamed to `checkpoint-N` only when complete. A process killed mid-save (the
+        weights written, the trainer state not yet: issue 22) used to leave a `checkpoint-N` that `--resume` picked
+        and died on; now it leaves only the hidden directory, which the next run removes and reports. Trainer's
+        rotation (`save_total_limit`) then runs over the real directory."""
+        run_dir = Path(super()._get_output_dir(trial))
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        staging = run_dir / f".{name}.partial"
+        if self.args.should_save:
+            shutil.rmtree(staging, ignore_errors=True)  # a killed save of this step must not mix into this one
+        # Under torchrun every process writes into the checkpoint (its RNG state): all use the same staging name, it
+        # is emptied before any of them writes and renamed after all of them have.
+        self.accelerator.wait_for_everyone()
+        self._checkpoint_staging = staging
+        try:
+            super()._save_checkpoint(model, trial)  # its rotation sees only this checkpoint: it removes nothing
+        finally:
+            self._checkpoint_staging = None
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            _publish_checkpoint(staging / name, run_dir / name)
+            staging.rmdir()
+            rotate_checkpoints(output_dir=str(run_dir), save_total_limit=self.args.save_total_limit,
+                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
 
     @contextmanager
     def _evaluation_collator(self):
@@ -188,8 +253,11 @@ def _distributed() -> bool:
 
 def is_main_process() -> bool:
     """False in every process but the first of a `torchrun` / `accelerate launch` run: only the first writes the
-    outputs (all of them train; Trainer saves checkpoints from the first only)."""
-    return not _distributed() or torch.distributed.get_rank() == 0
+    outputs (all of them train; Trainer saves checkpoints from the first only). Before Trainer has set up the process
+    group (checkpoints are prepared before), the launcher's RANK says which process this is."""
+    if _distributed():
+        return torch.distributed.get_rank() == 0
+    return os.environ.get("RANK", "0") == "0"
 
 
 def world_size() -> int:
@@ -197,21 +265,81 @@ def world_size() -> int:
     return torch.distributed.get_world_size() if _distributed() else 1
 
 
+def _step_of(path: Path) -> int:
+    return int(CHECKPOINT_NAME.match(path.name).group(1))
+
+
+def prepare_checkpoints(checkpoint_dir: str | Path, resume: bool, max_steps: int = -1) -> dict | None:
+    """Before a run that keeps checkpoints in `checkpoint_dir`: remove the hidden leftovers of saves that were killed
+    (each reported), and with `resume` choose the last complete checkpoint, skipping (and reporting) any
+    `checkpoint-N` without trainer_state.json (what a kill mid-save left before saves were atomic). Says in one line
+    where it resumes. Returns the resume record for the run's summary (None without `resume`); its "checkpoint" is
+    the directory to pass to Trainer. `max_steps` (-1: from the checkpoint) is only for the report."""
+    checkpoint_dir = Path(checkpoint_dir)
+    entries = sorted(checkpoint_dir.iterdir()) if checkpoint_dir.is_dir() else []
+    skipped = []
+    for path in entries:
+        leftover = LEFTOVER_NAME.match(path.name)
+        if leftover and path.is_dir():
+            what = f"{PREFIX_CHECKPOINT_DIR}-{leftover.group(1)}"
+            skipped.append(f"{what} (its save was interrupted; removed the temporary {path.name})")
+            if is_main_process():  # the others see the same directory; one process removes
+                shutil.rmtree(path, ignore_errors=True)
+                logger.warning("skipping incomplete %s", skipped[-1])
+    if not resume:
+        return None
+    candidates = sorted((p for p in entries if CHECKPOINT_NAME.match(p.name) and p.is_dir()), key=_step_of)
+    complete = [p for p in candidates if (p / TRAINER_STATE).is_file()]
+    for path in candidates:
+        if path not in complete:
+            skipped.append(f"{path.name} (no {TRAINER_STATE})")
+            if is_main_process():
+                logger.warning("skipping incomplete %s", skipped[-1])
+    if not complete:
+        found = f"no complete checkpoint under {checkpoint_dir} (skipped: {'; '.join(skipped)})" if skipped else \
+            f"no checkpoint under {checkpoint_dir}"
+        raise FileNotFoundError(f"--resume: {found}; start without --resume")
+    chosen = complete[-1]
+    state = json.loads((chosen / TRAINER_STATE).read_text(encoding="utf-8"))
+    step = int(state["global_step"])
+    total = max_steps if max_steps > 0 else state.get("max_steps")
+    if is_main_process():
+        logger.warning("resuming from %s, step %d of %s", chosen.name, step, total)
+    return {"checkpoint": str(chosen), "from_step": step, "skipped": skipped}
+
+
+def _resume_summary(resume: dict, final_step: int) -> dict:
+    """What the summary says of a resumed run. The coverage is Trainer's (transformers 5): train_loss is the loss summed
+    over the steps trained since the resume divided by their number, and the restored TrainerState brings the log
+    history of the steps before it."""
+    first = resume["from_step"] + 1
+    trained = [first, final_step] if final_step >= first else []  # resumed from the last step: nothing left to train
+    return {"resumed": True, "from_checkpoint": Path(resume["checkpoint"]).name, "from_step": resume["from_step"],
+            "skipped_incomplete": resume["skipped"], "steps_trained_by_this_run": trained,
+            "metrics_cover": (f"steps {first}-{final_step} only: train_loss is the mean loss of the steps this run "
+                              "trained, train_runtime and the speeds are this run's") if trained else
+                             "no steps: the run resumed from its last step",
+            "log_history_covers": f"all steps: the entries up to step {resume['from_step']} are the interrupted "
+                                  f"run's (restored from the checkpoint), the first one after it averages steps "
+                                  f"from {first} only"}
+
+
 def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: FinetuneSettings,
           checkpoint_dir: str | Path | None = None, collator=None, trainer_class=None,
           trainer_kwargs: dict | None = None) -> dict:
     """Fine-tune `model` on prepared items with Trainer (scratch space: `out_dir`/trainer, removed after). With
     `settings.save_steps`, checkpoints (model, tokenizer, optimiser, scheduler and RNG states) go to `checkpoint_dir`
-    and stay; `settings.resume` continues from the last of them. Returns the training metrics. Saving the final model
-    is the caller's job (atomically)."""
+    and stay (the newest `settings.save_total_limit` of them, if set), each renamed into place when complete;
+    `settings.resume` continues from the last complete one (`prepare_checkpoints`). Returns the training metrics, the
+    log history and "resume" (None, or where the run resumed and what its metrics cover). Saving the final model is
+    the caller's job (atomically)."""
     check_training_device(settings)
     if not items:
         raise ValueError("no training items: every window was filtered out or the dataset is empty")
     keep = settings.save_steps > 0 or settings.resume
     if keep and checkpoint_dir is None:
         raise ValueError("checkpoints need a checkpoint directory")
-    if settings.resume and not any(Path(checkpoint_dir).glob("checkpoint-*")):
-        raise FileNotFoundError(f"--resume: no checkpoint under {checkpoint_dir}; start without --resume")
+    resume = prepare_checkpoints(checkpoint_dir, settings.resume, settings.max_steps) if keep else None
     model.get_input_embeddings().weight.requires_grad_(settings.train_word_embeddings)
     if settings.peft == "tape":
         from .peft import tape_peft
@@ -233,6 +361,7 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
         logging_steps=settings.logging_steps,
         save_strategy="steps" if settings.save_steps > 0 else "no",
         save_steps=max(settings.save_steps, 1),
+        save_total_limit=settings.save_total_limit,
         report_to=[],
         remove_unused_columns=False,
         disable_tqdm=not settings.progress,
@@ -244,7 +373,8 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
         data_collator=collator or PaddedBatches(pad), slope_learning_rate=settings.slope_learning_rate,
         padding_insertion=make_padding_insertion(model, tokenizer, settings), **(trainer_kwargs or {}))
     try:
-        result = trainer.train(resume_from_checkpoint=True if settings.resume else None)
+        # the checkpoint chosen above, not Trainer's `True` (the highest-numbered one, complete or not)
+        result = trainer.train(resume_from_checkpoint=resume["checkpoint"] if resume else None)
     except KeyboardInterrupt:
         if checkpoint_dir is not None:  # Ctrl-C: keep the model as it is and say where
             saved = Path(checkpoint_dir) / f"interrupted-step-{trainer.state.global_step}"
@@ -257,4 +387,5 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
             shutil.rmtree(arguments.output_dir, ignore_errors=True)  # nothing is saved there (save_strategy="no")
             with contextlib.suppress(OSError):
                 Path(arguments.output_dir).parent.rmdir()
-    return {**result.metrics, "log_history": trainer.state.log_history}
+    return {**result.metrics, "log_history": trainer.state.log_history,
+            "resume": _resume_summary(resume, trainer.state.global_step) if resume else None}
