@@ -237,9 +237,10 @@ def main() -> None:
             if args.reader is None:
                 raise SystemExit("--max-steps 0 needs --reader (a bare source has no QA head)")
             run_dir, metrics = start, {"training_windows": 0, "train_loss": None, "log_history": []}
-        settings = FinetuneSettings(learning_rate=args.learning_rate, epochs=args.epochs, max_steps=args.max_steps,
-                                    batch_size=args.batch_size, bf16=args.bf16, progress=False, logging_steps=10)
         if args.max_steps != 0:
+            settings = FinetuneSettings(learning_rate=args.learning_rate, epochs=args.epochs,
+                                        max_steps=args.max_steps, batch_size=args.batch_size, bf16=args.bf16,
+                                        progress=False, logging_steps=10)
             metrics = finetune_qa(start, train, run_dir, data_format="korquad1-articles",
                                   window_length=window, doc_stride=stride, max_windows=max_windows,
                                   negative_fraction=args.negative_fraction, settings=settings, overwrite=True)

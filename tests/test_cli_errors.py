@@ -199,3 +199,28 @@ def test_bf16_on_a_cpu_without_bf16_arithmetic_is_warned_about(tiny_qa, tmp_path
     else:
         with pytest.warns(UserWarning, match="no bf16 arithmetic"):
             check_training_device(settings)
+
+
+@pytest.mark.parametrize("command", ["finetune-qa", "finetune-cls", "distill", "pretrain"])
+@pytest.mark.parametrize("option, value, fragment", [
+    ("--max-steps", "-5", "--max-steps must be at least 1; got -5"), ("--max-steps", "0", "got 0"),
+    ("--learning-rate", "-1e-4", "--learning-rate must be a positive number"),
+    ("--batch-size", "0", "--batch-size must be at least 1"),
+    ("--logging-steps", "0", "--logging-steps must be at least 1"),
+])
+def test_invalid_training_numbers_are_refused_before_anything_runs(tiny_source, tmp_path, command, option, value,
+                                                                   fragment):
+    """Trainer reads any max_steps <= 0 as "train the epochs": --max-steps -5 trained a whole epoch and exited 0.
+    Every training command now refuses it (and other impossible numbers) in one line, writing nothing."""
+    data = {"finetune-qa": PAGES[0], "finetune-cls": tmp_path / "docs.jsonl"}
+    (tmp_path / "docs.jsonl").write_text('{"text": "a", "label": "x"}\n{"text": "b", "label": "y"}\n',
+                                         encoding="utf-8")
+    out = tmp_path / "out"
+    if command in data:
+        args = [command, "--model", str(tiny_source), "--train", str(data[command]), "--out", str(out)]
+    elif command == "distill":
+        args = [command, "--teacher", str(tiny_source), "--output-dir", str(out)]
+    else:
+        args = [command, "--model", str(tiny_source), "--output-dir", str(out)]
+    _fails_in_one_line(args + [option, value], fragment)
+    assert not out.exists()

@@ -74,6 +74,21 @@ class FinetuneSettings:
             raise ValueError(f"--peft must be 'tape' (or left out); got {self.peft!r}")
         if self.save_total_limit is not None and self.save_total_limit < 1:
             raise ValueError(save_total_limit_error(self.save_total_limit))
+        # Trainer reads any max_steps <= 0 as "train --epochs", so a typo such as --max-steps -5 would silently train
+        # a whole epoch: -1 (the default) is the only "not set".
+        if self.max_steps == 0 or self.max_steps < -1:
+            raise ValueError(f"--max-steps must be at least 1; got {self.max_steps} (leave it out to train --epochs)")
+        checks = (("--learning-rate", self.learning_rate, self.learning_rate > 0, "a positive number such as 5e-5"),
+                  ("--epochs", self.epochs, self.epochs > 0, "a positive number of passes over the data"),
+                  ("--batch-size", self.batch_size, self.batch_size >= 1, "at least 1"),
+                  ("--gradient-accumulation-steps", self.gradient_accumulation_steps,
+                   self.gradient_accumulation_steps >= 1, "at least 1"),
+                  ("--save-steps", self.save_steps, self.save_steps >= 0, "0 (no checkpoints) or more"),
+                  ("--logging-steps", self.logging_steps, self.logging_steps >= 1, "at least 1"),
+                  ("--warmup-ratio", self.warmup_ratio, 0 <= self.warmup_ratio < 1, "in [0, 1)"))
+        for option, value, valid, expected in checks:
+            if not valid:
+                raise ValueError(f"{option} must be {expected}; got {value}")
 
 
 def save_total_limit_error(limit: int) -> str:
