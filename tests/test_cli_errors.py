@@ -224,3 +224,24 @@ def test_invalid_training_numbers_are_refused_before_anything_runs(tiny_source, 
         args = [command, "--model", str(tiny_source), "--output-dir", str(out)]
     _fails_in_one_line(args + [option, value], fragment)
     assert not out.exists()
+
+
+def test_min_probability_turns_a_weak_answer_into_no_answer(tiny_qa, tmp_path):
+    """`--min-probability`: the best span below it is 'no answer' (exit 1, null fields, how close it came); at 0 the
+    same question is answered; a value outside [0, 1] is refused before the model loads."""
+    document = tmp_path / "doc.txt"
+    document.write_text("T-X 프로그램은 미국 공군의 고등훈련기 교체 사업이다. 초기 물량은 350대이다.", encoding="utf-8")
+    args = ["answer", "--model", str(tiny_qa), "--document", str(document), "--question", "초기 물량은?", "--json"]
+    answered = runner.invoke(app, args)
+    assert answered.exit_code == 0, answered.output
+    best = json.loads(answered.stdout)["probability"]
+    assert 0.0 < best < 1.0
+    refused = runner.invoke(app, args + ["--min-probability", str(min(1.0, best * 1.01 + 1e-6))])
+    assert refused.exit_code == 1, refused.output
+    record = json.loads(refused.stdout)
+    assert record["answer"] is None and record["start"] is None and record["best_probability"] == pytest.approx(best)
+    kept = runner.invoke(app, args + ["--min-probability", str(best * 0.99)])
+    assert kept.exit_code == 0 and json.loads(kept.stdout)["answer"] == json.loads(answered.stdout)["answer"]
+    plain = runner.invoke(app, args[:-1] + ["--min-probability", "1"])
+    assert plain.exit_code == 1 and "no answer with probability ≥ 1" in plain.output
+    _fails_in_one_line(args + ["--min-probability", "1.5"], "--min-probability must lie in [0, 1]; got 1.5")

@@ -441,18 +441,22 @@ def answer(
                                                          "stride, else 128 or window/2 for documents over 2 windows)"),
     max_answer_tokens: Optional[int] = typer.Option(None, min=1, help=MAX_ANSWER_HELP),
     scoring: str = typer.Option("log-probability", help=SCORING_HELP),
+    min_probability: float = typer.Option(0.0, help="Say 'no answer' (exit 1) when the best span's probability is "
+                                                    "below this (0-1; default 0: always answer)"),
     as_json: bool = typer.Option(False, "--json", help="Print the answer as JSON (also when none is found)"),
     device: str = typer.Option("auto", help=DEVICE_HELP),
     bf16: bool = typer.Option(False, help="bf16 autocast (about 2x faster on CPUs with AVX-512 bf16)"),
 ):
     """Answer a question about a long document: the answer, its character span in the file and its probability.
 
-    Exit status 1 when no span qualifies (with --json the fields are null)."""
+    Exit status 1 when no span qualifies or none reaches --min-probability (with --json the fields are null)."""
     from .data.reading import read_text_file
     from .sources import resolve_model_directory
 
     if not question.strip():
         raise ValueError("--question is empty; ask a question about the document")
+    if not 0.0 <= min_probability <= 1.0:  # before the model loads
+        raise ValueError(f"--min-probability must lie in [0, 1]; got {min_probability}")
     device = resolve_device(device)
     config = json.loads((resolve_model_directory(model) / "config.json").read_text(encoding="utf-8"))
     limit = config.get("max_position_embeddings")
@@ -472,9 +476,13 @@ def answer(
     with console.status(f"reading {document.name} ({len(text):,} characters)"), _autocast(device, bf16):
         record = answer_document(qa_model, document=text, question=question, tokenizer=tokenizer, is_html=is_html,
                                  window_length=window_length, max_answer_tokens=max_answer_tokens,
-                                 scoring=scoring, doc_stride=doc_stride, model_dir=model)
+                                 scoring=scoring, doc_stride=doc_stride, model_dir=model,
+                                 min_probability=min_probability)
     if as_json:
         print(json.dumps(record, ensure_ascii=False))
+    elif record.get("best_probability") is not None:
+        console.print(f"[yellow]no answer with probability ≥ {min_probability:g}[/] (the best span had "
+                      f"{record['best_probability']:.2f})", highlight=False)
     elif record["answer"] is None:
         console.print("[yellow]no answer span found[/]")
     else:

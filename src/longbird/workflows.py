@@ -437,17 +437,22 @@ def evaluate_cls(model_path, data, window_length: int | None = None, stride: int
 
 def answer(model, document: str, question: str, tokenizer=None, is_html: bool | None = None,
            window_length: int | None = None, device: str | None = None, max_answer_tokens: int | None = None,
-           scoring: str = DEFAULT_SCORING, doc_stride: int | None = None, model_dir=None) -> dict:
+           scoring: str = DEFAULT_SCORING, doc_stride: int | None = None, model_dir=None,
+           min_probability: float = 0.0) -> dict:
     """Answer `question` about `document` (a long text or HTML page, as a string) with a fine-tuned longbird QA model:
     a directory path, or a loaded model with its `tokenizer` (and `model_dir`, where its record lives). Returns
     `qa.answer_record`: the readable answer, the raw span, character offsets into `document`, score and probability
     (all None when no span qualifies), plus `window_length` and `window_source`: unless given, windows are the length
-    the model was fine-tuned at (`trained_windows`), else its full length. transformers 5 has no question-answering
-    pipeline; this is longbird's."""
+    the model was fine-tuned at (`trained_windows`), else its full length. With `min_probability` > 0 a best span
+    whose probability is below it is no answer (all fields None; `best_probability` says how close it came), so a
+    caller can tell "not in this document" from a guess. transformers 5 has no question-answering pipeline; this is
+    longbird's."""
     from .qa import answer_question, answer_record
 
     if not question or not question.strip():
         raise ValueError("the question is empty; ask a question about the document")
+    if not 0.0 <= min_probability <= 1.0:
+        raise ValueError(f"--min-probability must lie in [0, 1]; got {min_probability}")
     if isinstance(model, (str, Path)):
         model_dir = model
         model, tokenizer = load_on_device(model, LongBirdForQuestionAnswering, device)
@@ -459,7 +464,14 @@ def answer(model, document: str, question: str, tokenizer=None, is_html: bool | 
         is_html = document.lstrip()[:1] == "<"
     found = answer_question(model, tokenizer, document, question, is_html, window_length, doc_stride,
                             max_answer_tokens=max_answer_tokens, scoring=scoring)
-    return answer_record(found, is_html) | {"window_length": window_length, "window_source": window_source}
+    windows = {"window_length": window_length, "window_source": window_source}
+    if min_probability > 0 and found is not None:
+        if found.probability is None:
+            raise ValueError("--min-probability needs the conditional-end head's probability; this model has the "
+                             "linear head (qa_head='linear'): leave --min-probability out")
+        if found.probability < min_probability:
+            return answer_record(None, is_html) | windows | {"best_probability": found.probability}
+    return answer_record(found, is_html) | windows
 
 
 def distill(teacher_source, output_dir: str | Path, student_path=None, preset: str = "littlebird",
