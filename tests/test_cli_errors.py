@@ -245,3 +245,19 @@ def test_min_probability_turns_a_weak_answer_into_no_answer(tiny_qa, tmp_path):
     plain = runner.invoke(app, args[:-1] + ["--min-probability", "1"])
     assert plain.exit_code == 1 and "no answer with probability ≥ 1" in plain.output
     _fails_in_one_line(args + ["--min-probability", "1.5"], "--min-probability must lie in [0, 1]; got 1.5")
+
+
+def test_a_question_longer_than_the_reader_reads_is_warned_about(tiny_qa, tmp_path):
+    """Questions are cut to their first 64 tokens in every window; a 5,000-character question used to be cut without a
+    word. The CLI warns on stderr (stdout stays JSON) and the record says how many tokens were read."""
+    from longbird.data.features import MAX_QUESTION_TOKENS
+
+    document = tmp_path / "doc.txt"
+    document.write_text("T-X 프로그램은 미국 공군의 고등훈련기 교체 사업이다. 초기 물량은 350대이다.", encoding="utf-8")
+    args = ["answer", "--model", str(tiny_qa), "--document", str(document), "--json", "--question"]
+    short = runner.invoke(app, args + ["초기 물량은?"])
+    assert short.exit_code == 0 and "warning" not in short.stderr and "question_cut" not in json.loads(short.stdout)
+    long = runner.invoke(app, args + ["초기 물량은 " * 1000 + "몇 대인가?"])
+    record = json.loads(long.stdout)
+    assert record["question_cut"]["read"] == MAX_QUESTION_TOKENS < record["question_cut"]["tokens"]
+    assert f"only its first {MAX_QUESTION_TOKENS} were read" in long.stderr

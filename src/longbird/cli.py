@@ -478,6 +478,10 @@ def answer(
                                  window_length=window_length, max_answer_tokens=max_answer_tokens,
                                  scoring=scoring, doc_stride=doc_stride, model_dir=model,
                                  min_probability=min_probability)
+    cut = record.get("question_cut")
+    if cut:
+        error_console.print(f"[yellow]warning:[/] the question has {cut['tokens']} tokens; only its first "
+                            f"{cut['read']} were read", highlight=False)
     if as_json:
         print(json.dumps(record, ensure_ascii=False))
     elif record.get("best_probability") is not None:

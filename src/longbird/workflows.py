@@ -465,6 +465,11 @@ def answer(model, document: str, question: str, tokenizer=None, is_html: bool | 
     found = answer_question(model, tokenizer, document, question, is_html, window_length, doc_stride,
                             max_answer_tokens=max_answer_tokens, scoring=scoring)
     windows = {"window_length": window_length, "window_source": window_source}
+    from .data.features import MAX_QUESTION_TOKENS, question_token_count
+
+    question_tokens = question_token_count(tokenizer, question)
+    if question_tokens > MAX_QUESTION_TOKENS:  # windows read only its start: say so rather than answer in silence
+        windows["question_cut"] = {"tokens": question_tokens, "read": MAX_QUESTION_TOKENS}
     if min_probability > 0 and found is not None:
         if found.probability is None:
             raise ValueError("--min-probability needs the conditional-end head's probability; this model has the "

@@ -40,6 +40,11 @@ def prepare_document(context: str, is_html: bool) -> ProcessedDocument:
     return preprocess_html(context) if is_html else plain_document(context)
 
 
+def question_token_count(tokenizer, question: str) -> int:
+    """Tokens of `question` alone; above `MAX_QUESTION_TOKENS` only its first tokens are read (`_question_prefix`)."""
+    return len(tokenizer(question, add_special_tokens=False)["input_ids"])
+
+
 def _question_prefix(tokenizer, question: str, max_question_tokens: int) -> tuple[str, int]:
     """(question cut to at most `max_question_tokens` tokens, its token count)."""
     offsets = tokenizer(question, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
