@@ -261,3 +261,29 @@ def test_a_question_longer_than_the_reader_reads_is_warned_about(tiny_qa, tmp_pa
     record = json.loads(long.stdout)
     assert record["question_cut"]["read"] == MAX_QUESTION_TOKENS < record["question_cut"]["tokens"]
     assert f"only its first {MAX_QUESTION_TOKENS} were read" in long.stderr
+
+
+def test_a_training_set_read_many_times_over_is_warned_about(tiny_source, tmp_path):
+    """One question (one window) and 12 steps of 1 window: read 12 times, more than 10 passes is memorising. The run
+    trains (the user may mean it) and warns; 8 steps (8 passes) does not."""
+    from longbird.training.finetune import FinetuneSettings, repeated_passes
+
+    assert repeated_passes(4, FinetuneSettings(max_steps=20, batch_size=2, gradient_accumulation_steps=3)) == 30.0
+    assert repeated_passes(4, FinetuneSettings(epochs=50)) == 0.0  # --epochs is already a number of passes
+    data = tmp_path / "one.json"
+    data.write_text(json.dumps({"version": "1", "data": [{"title": "t", "paragraphs": [{
+        "context": "T-X 프로그램의 초기 물량은 350대이다.", "qas": [{"id": "q1", "question": "초기 물량은?",
+                                                                  "answers": [{"text": "350대", "answer_start": 17}]}]}]}]},
+                               ensure_ascii=False), encoding="utf-8")
+    args = ["finetune-qa", "--model", str(tiny_source), "--max-length", "128", "--train", str(data), "--format",
+            "squad", "--batch-size", "1"]
+    with pytest.warns(UserWarning, match=r"1 window\(s\) and 12 steps of 1 windows read each about 12 times"):
+        result = runner.invoke(app, args + ["--max-steps", "12", "--out", str(tmp_path / "a")])
+    assert result.exit_code == 0, result.output
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        warnings.filterwarnings("ignore", message=r"(?!the training set)")  # only ours is an error here
+        result = runner.invoke(app, args + ["--max-steps", "8", "--out", str(tmp_path / "b")])
+    assert result.exit_code == 0, result.output

@@ -244,6 +244,17 @@ def make_padding_insertion(model, tokenizer, settings: FinetuneSettings) -> Padd
                             settings.padding_insertion_max_gap, seed=settings.seed, max_positions=max_positions)
 
 
+TINY_TRAINING_SET_PASSES = 10  # more passes over the same windows than this is memorising, not fine-tuning
+
+
+def repeated_passes(windows: int, settings: FinetuneSettings) -> float:
+    """How many times `settings.max_steps` read each of `windows` training windows (0 when training by --epochs,
+    whose count the user chose in passes already)."""
+    if settings.max_steps < 1:
+        return 0.0
+    return settings.max_steps * settings.batch_size * settings.gradient_accumulation_steps * world_size() / windows
+
+
 def check_training_device(settings: FinetuneSettings) -> None:
     """Clear errors for devices and precisions Trainer cannot honour here."""
     if settings.device not in ("auto", "cpu", "cuda"):
@@ -351,6 +362,12 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
     check_training_device(settings)
     if not items:
         raise ValueError("no training items: every window was filtered out or the dataset is empty")
+    passes = repeated_passes(len(items), settings)
+    if passes > TINY_TRAINING_SET_PASSES:
+        warnings.warn(f"the training set has {len(items):,} window(s) and {settings.max_steps:,} steps of "
+                      f"{settings.batch_size * settings.gradient_accumulation_steps} windows read each about "
+                      f"{passes:.0f} times: the model will learn these windows by heart; give more data or fewer "
+                      "--max-steps", stacklevel=2)
     keep = settings.save_steps > 0 or settings.resume
     if keep and checkpoint_dir is None:
         raise ValueError("checkpoints need a checkpoint directory")
