@@ -261,6 +261,15 @@ def test_a_question_longer_than_the_reader_reads_is_warned_about(tiny_qa, tmp_pa
     record = json.loads(long.stdout)
     assert record["question_cut"]["read"] == MAX_QUESTION_TOKENS < record["question_cut"]["tokens"]
     assert f"only its first {MAX_QUESTION_TOKENS} were read" in long.stderr
+    from longbird.data.features import question_token_count
+    from transformers import AutoTokenizer
+
+    medium = "초기 물량은 " * 15 + "몇 대인가?"
+    assert MAX_QUESTION_TOKENS < question_token_count(AutoTokenizer.from_pretrained(tiny_qa), medium) <= 100
+    more = runner.invoke(app, args + [medium, "--max-question-tokens", "100"])
+    assert more.exit_code == 0 and "question_cut" not in json.loads(more.stdout)  # read whole
+    fewer = json.loads(runner.invoke(app, args + ["초기 물량은 몇 대인가?", "--max-question-tokens", "2"]).stdout)
+    assert fewer["question_cut"]["read"] == 2
 
 
 def test_a_training_set_read_many_times_over_is_warned_about(tiny_source, tmp_path):

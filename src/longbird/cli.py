@@ -441,6 +441,8 @@ def answer(
                                                          "stride, else 128 or window/2 for documents over 2 windows)"),
     max_answer_tokens: Optional[int] = typer.Option(None, min=1, help=MAX_ANSWER_HELP),
     scoring: str = typer.Option("log-probability", help=SCORING_HELP),
+    max_question_tokens: int = typer.Option(64, min=1, help="Read at most this many tokens of the question in every "
+                                                         "window (a longer one is cut, with a warning)"),
     min_probability: float = typer.Option(0.0, help="Say 'no answer' (exit 1) when the best span's probability is "
                                                     "below this (0-1; default 0: always answer)"),
     as_json: bool = typer.Option(False, "--json", help="Print the answer as JSON (also when none is found)"),
@@ -477,7 +479,7 @@ def answer(
         record = answer_document(qa_model, document=text, question=question, tokenizer=tokenizer, is_html=is_html,
                                  window_length=window_length, max_answer_tokens=max_answer_tokens,
                                  scoring=scoring, doc_stride=doc_stride, model_dir=model,
-                                 min_probability=min_probability)
+                                 min_probability=min_probability, max_question_tokens=max_question_tokens)
     cut = record.get("question_cut")
     if cut:
         error_console.print(f"[yellow]warning:[/] the question has {cut['tokens']} tokens; only its first "

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from .data.features import QAFeature, features_for_rows
+from .data.features import MAX_QUESTION_TOKENS, QAFeature, features_for_rows
 from .data.batching import PaddedBatches
 from .data.html import ProcessedDocument
 
@@ -185,32 +185,35 @@ def predict_features(model, features: list[QAFeature], documents: dict[str, Proc
 
 
 def row_features(model, tokenizer, rows: Sequence[dict], max_length: int, doc_stride: int | None = None,
-                 max_windows: int | None = None) -> tuple[list[QAFeature], dict[str, ProcessedDocument]]:
+                 max_windows: int | None = None, max_question_tokens: int = MAX_QUESTION_TOKENS,
+                 ) -> tuple[list[QAFeature], dict[str, ProcessedDocument]]:
     """The windows of dataset rows (KorQuAD reader schema) and each example id's processed document."""
     cache: dict[tuple[str, bool], ProcessedDocument] = {}
     features = features_for_rows(tokenizer, rows, max_length, doc_stride, max_windows, with_labels=False,
                                  token_types=model.config.type_vocab_size >= 2,
-                                 documents=cache)
+                                 documents=cache, max_question_tokens=max_question_tokens)
     return features, {row["id"]: cache[(row["context"], row["is_html"])] for row in rows}
 
 
 def predict_rows(model, tokenizer, rows: Sequence[dict], max_length: int, doc_stride: int | None = None,
                  max_windows: int | None = None, batch_size: int = 4, max_answer_tokens: int | None = None,
-                 scoring: str = DEFAULT_SCORING, progress: bool = False) -> dict[str, Answer]:
+                 scoring: str = DEFAULT_SCORING, progress: bool = False,
+                 max_question_tokens: int = MAX_QUESTION_TOKENS) -> dict[str, Answer]:
     """Answers for dataset rows (KorQuAD reader schema). Unanswerable windows never win over a real span."""
-    features, documents = row_features(model, tokenizer, rows, max_length, doc_stride, max_windows)
+    features, documents = row_features(model, tokenizer, rows, max_length, doc_stride, max_windows,
+                                       max_question_tokens)
     return predict_features(model, features, documents, batch_size, max_answer_tokens=max_answer_tokens,
                             scoring=scoring, progress=progress)
 
 
 def answer_question(model, tokenizer, document: str, question: str, is_html: bool, max_length: int | None = None,
                     doc_stride: int | None = None, max_answer_tokens: int | None = None,
-                    scoring: str = DEFAULT_SCORING) -> Answer | None:
+                    scoring: str = DEFAULT_SCORING, max_question_tokens: int = MAX_QUESTION_TOKENS) -> Answer | None:
     """The best answer to `question` in `document` (plain text or HTML), or None if no span qualifies."""
     max_length = max_length or model.config.max_position_embeddings
     row = {"id": "question", "question": question, "context": document, "is_html": is_html}
     return predict_rows(model, tokenizer, [row], max_length, doc_stride, max_answer_tokens=max_answer_tokens,
-                        scoring=scoring).get("question")
+                        scoring=scoring, max_question_tokens=max_question_tokens).get("question")
 
 
 def answer_record(answer: Answer | None, is_html: bool) -> dict:

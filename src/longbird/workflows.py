@@ -438,7 +438,7 @@ def evaluate_cls(model_path, data, window_length: int | None = None, stride: int
 def answer(model, document: str, question: str, tokenizer=None, is_html: bool | None = None,
            window_length: int | None = None, device: str | None = None, max_answer_tokens: int | None = None,
            scoring: str = DEFAULT_SCORING, doc_stride: int | None = None, model_dir=None,
-           min_probability: float = 0.0) -> dict:
+           min_probability: float = 0.0, max_question_tokens: int | None = None) -> dict:
     """Answer `question` about `document` (a long text or HTML page, as a string) with a fine-tuned longbird QA model:
     a directory path, or a loaded model with its `tokenizer` (and `model_dir`, where its record lives). Returns
     `qa.answer_record`: the readable answer, the raw span, character offsets into `document`, score and probability
@@ -462,14 +462,19 @@ def answer(model, document: str, question: str, tokenizer=None, is_html: bool | 
     window_length, doc_stride, window_source = reading_windows(model, model_dir, window_length, doc_stride)
     if is_html is None:
         is_html = document.lstrip()[:1] == "<"
-    found = answer_question(model, tokenizer, document, question, is_html, window_length, doc_stride,
-                            max_answer_tokens=max_answer_tokens, scoring=scoring)
-    windows = {"window_length": window_length, "window_source": window_source}
     from .data.features import MAX_QUESTION_TOKENS, question_token_count
 
+    max_question_tokens = max_question_tokens or MAX_QUESTION_TOKENS
+    if max_question_tokens >= window_length - 3:  # [CLS] question [SEP] window [SEP] must leave room for the text
+        raise ValueError(f"--max-question-tokens {max_question_tokens} leaves no room in {window_length}-token "
+                         f"windows; use at most {window_length // 2}")
+    found = answer_question(model, tokenizer, document, question, is_html, window_length, doc_stride,
+                            max_answer_tokens=max_answer_tokens, scoring=scoring,
+                            max_question_tokens=max_question_tokens)
+    windows = {"window_length": window_length, "window_source": window_source}
     question_tokens = question_token_count(tokenizer, question)
-    if question_tokens > MAX_QUESTION_TOKENS:  # windows read only its start: say so rather than answer in silence
-        windows["question_cut"] = {"tokens": question_tokens, "read": MAX_QUESTION_TOKENS}
+    if question_tokens > max_question_tokens:  # windows read only its start: say so rather than answer in silence
+        windows["question_cut"] = {"tokens": question_tokens, "read": max_question_tokens}
     if min_probability > 0 and found is not None:
         if found.probability is None:
             raise ValueError("--min-probability needs the conditional-end head's probability; this model has the "

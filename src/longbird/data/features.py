@@ -134,10 +134,12 @@ def label_window(offsets: list[tuple[int, int] | None], target: tuple[int, int])
 
 def features_for_rows(tokenizer, rows, max_length: int, doc_stride: int | None = None,
                       max_windows: int | None = None, with_labels: bool = True,
-                      documents: dict | None = None, token_types: bool = False) -> list[QAFeature]:
+                      documents: dict | None = None, token_types: bool = False,
+                      max_question_tokens: int = MAX_QUESTION_TOKENS) -> list[QAFeature]:
     """Features for dataset rows (`read_korquad_v2` / `read_korquad_v1_articles` schema); the first gold answer
     labels the windows that hold it. `documents` caches processed contexts by (context, is_html); each
-    document is processed once however many questions it has. `token_types` as in `make_features`."""
+    document is processed once however many questions it has. `token_types` and `max_question_tokens` as in
+    `make_features`."""
     documents = {} if documents is None else documents
     features = []
     for row in rows:
@@ -149,5 +151,6 @@ def features_for_rows(tokenizer, rows, max_length: int, doc_stride: int | None =
             start = row["answers"]["answer_start"][0]
             span = (start, start + len(row["answers"]["text"][0]))
         features.extend(make_features(tokenizer, row["id"], row["question"], documents[key], max_length,
-                                      doc_stride, span, max_windows, token_types=token_types))
+                                      doc_stride, span, max_windows, token_types=token_types,
+                                      max_question_tokens=max_question_tokens))
     return features
