@@ -102,11 +102,10 @@ def test_both_heads_save_and_load(tmp_path, qa_head):
     torch.testing.assert_close(a.end_top_logits, b.end_top_logits)
 
 
-class GoldLogits:
-    """A stand-in model whose logits point at a chosen (window, start, end): decoding must recover that span."""
+class StandInReader:
+    """What decoding reads of a QA model besides its logits: a conditional head's config, a device, eval()."""
 
-    def __init__(self, gold: dict[int, tuple[int, int]], top_k=3):
-        self.gold = gold
+    def __init__(self, top_k: int):
         self.config = SimpleNamespace(qa_top_k=top_k, qa_max_answer_tokens=64, pad_token_id=0, qa_head="conditional",
                                       type_vocab_size=2)
         self.device = torch.device("cpu")
@@ -114,6 +113,14 @@ class GoldLogits:
 
     def eval(self):
         return self
+
+
+class GoldLogits(StandInReader):
+    """A stand-in model whose logits point at a chosen (window, start, end): decoding must recover that span."""
+
+    def __init__(self, gold: dict[int, tuple[int, int]], top_k=3):
+        super().__init__(top_k)
+        self.gold = gold
 
     def __call__(self, input_ids, attention_mask, top_k, token_type_ids=None, start_candidates=None):
         batch, length = input_ids.shape
@@ -250,19 +257,13 @@ def test_start_candidates_restrict_the_top_starts_only():
     torch.testing.assert_close(free.start_logits, limited.start_logits)
 
 
-class FixedLogits:
+class FixedLogits(StandInReader):
     """A stand-in model that returns given start logits (one row per window) and, for each start, end logits that
     put all the weight on the start token itself (P(end = start | start) = 1 up to e^-30): one-token spans."""
 
     def __init__(self, start_logits: list[list[float]]):
+        super().__init__(top_k=2)
         self.start_logits = torch.tensor(start_logits)
-        self.config = SimpleNamespace(qa_top_k=2, qa_max_answer_tokens=64, pad_token_id=0, qa_head="conditional",
-                                      type_vocab_size=2)
-        self.device = torch.device("cpu")
-        self.calls = 0
-
-    def eval(self):
-        return self
 
     def __call__(self, input_ids, attention_mask, top_k, token_type_ids=None, start_candidates=None):
         batch, length = input_ids.shape
