@@ -22,6 +22,7 @@ def _fails_in_one_line(args, *fragments):
     lines = result.output.strip().splitlines()
     assert result.exit_code == 1, result.output
     assert len(lines) == 1 and lines[0].startswith("error:"), result.output
+    assert "BadParameter" not in lines[0] and "--debug" not in lines[0], lines[0]  # our own words, not a type name
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
     return lines[0]
@@ -296,3 +297,15 @@ def test_a_training_set_read_many_times_over_is_warned_about(tiny_source, tmp_pa
         warnings.filterwarnings("ignore", message=r"(?!the training set)")  # only ours is an error here
         result = runner.invoke(app, args + ["--max-steps", "8", "--out", str(tmp_path / "b")])
     assert result.exit_code == 0, result.output
+
+
+def test_hints_are_spelled_as_the_options_a_user_types(tiny_source, tmp_path):
+    """The library says `max_length=1024` (a Python argument); the CLI says `--max-length 1024` for the same error."""
+    from longbird.cli import cli_spelling
+
+    _fails_in_one_line(["convert", str(tiny_source), "--preset", "kobigbird", "--max-length", "1000",
+                        "--out", str(tmp_path / "c")], "--max-length (1000) must be a multiple", "use --max-length 1024")
+    assert cli_spelling("convert with random_blocks='transformers' for an export") == \
+        "convert with --set random_blocks=transformers for an export"
+    assert cli_spelling("doc_stride (900) must lie in 0..400") == "--doc-stride (900) must lie in 0..400"
+    assert cli_spelling("a max_length_of 3") == "a max_length_of 3"  # only whole argument names

@@ -74,7 +74,7 @@ def test_default_stride_is_half_a_window(tokenizer):
     assert resolve_doc_stride(tokenizer, 8192, None, 10) == 4089  # ~ the paper's 4K stride for 8K windows
     with pytest.raises(ValueError, match=r"doc_stride \(600\) must lie in 0\.\.498"):
         resolve_doc_stride(tokenizer, 512, 600, 10)
-    with pytest.raises(ValueError, match="leaves no room"):
+    with pytest.raises(ValueError, match="leave no room"):
         resolve_doc_stride(tokenizer, 12, None, 10)
     # A document of about 1.5 windows: two windows sharing half a window of document tokens.
     document = plain_document("대한민국 헌법 제1조 대한민국은 민주공화국이다. " * 40)

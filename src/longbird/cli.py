@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -23,7 +24,9 @@ class _OneLineErrors(TyperGroup):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort, typer.Exit, typer.Abort):
+        # typer 0.29 vendors click (typer._click): its usage errors are TyperExceptions, not click's own classes.
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort, typer.Exit, typer.Abort,
+                typer.exceptions.TyperException):
             raise
         except Exception as error:
             if ctx.params.get("debug"):
@@ -32,9 +35,27 @@ class _OneLineErrors(TyperGroup):
             raise typer.Exit(1) from None
 
 
+# The library's messages name Python arguments (`max_length=1024`); someone who typed a command reads the options
+# they type instead. Only spellings whose option is unambiguous are rewritten.
+CLI_SPELLINGS = (
+    (re.compile(r"\b(random_blocks|taper_schedule|position_extension|attention)='(\w+)'"), r"--set \1=\2"),
+    (re.compile(r"\bmax_length=(\d+)"), r"--max-length \1"),
+    (re.compile(r"\bmax_length \((\d+)\)"), r"--max-length (\1)"),
+    (re.compile(r"\bdoc_stride \((\d+)\)"), r"--doc-stride (\1)"),
+)
+
+
+def cli_spelling(text: str) -> str:
+    """`text` with Python argument spellings replaced by the CLI options a user types (`CLI_SPELLINGS`)."""
+    for pattern, replacement in CLI_SPELLINGS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
 def one_line(error: BaseException) -> str:
-    """The error as one line: our messages as they are; anything else prefixed by its type, with where to look."""
-    text = " ".join(str(error).split()) or type(error).__name__
+    """The error as one line: our messages as they are (in CLI spelling); anything else prefixed by its type, with
+    where to look."""
+    text = cli_spelling(" ".join(str(error).split())) or type(error).__name__
     if isinstance(error, (ValueError, OSError, ImportError, KeyError)):
         return text.strip("'\"") if isinstance(error, KeyError) else text
     return f"{type(error).__name__}: {text} (longbird --debug ... shows the traceback)"
@@ -67,7 +88,7 @@ def _root(
     """longbird: long-context encoders from short ones."""
     if threads is not None:
         if threads < 1:
-            raise typer.BadParameter(f"--threads must be >= 1; got {threads}")
+            raise ValueError(f"--threads must be >= 1; got {threads}")
         import torch
 
         torch.set_num_threads(threads)
@@ -85,7 +106,7 @@ def _parse_options(options: list[str]) -> dict:
     parsed = {}
     for option in options:
         if "=" not in option:
-            raise typer.BadParameter(f"--set expects KEY=VALUE; got {option!r}")
+            raise ValueError(f"--set expects KEY=VALUE; got {option!r}")
         key, value = option.split("=", 1)
         try:
             parsed[key] = json.loads(value)
@@ -201,9 +222,9 @@ def resolve_device(device: str | None) -> str:
     try:
         parsed = torch.device(device)
     except RuntimeError as error:
-        raise typer.BadParameter(f"--device {device!r} is not a device name ({error}); use cpu, cuda or cuda:N")
+        raise ValueError(f"--device {device!r} is not a device name ({error}); use cpu, cuda or cuda:N") from None
     if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise typer.BadParameter(f"--device {device}: CUDA is not available on this machine (torch "
+        raise ValueError(f"--device {device}: CUDA is not available on this machine (torch "
                                  f"{torch.__version__}); use --device cpu")
     return str(parsed)
 
@@ -247,14 +268,11 @@ def bench(
             lengths = [512, 1024]
         if ctx.get_parameter_source("repeats").name == "DEFAULT":
             repeats = 1
-    try:
-        settings = SweepSettings(models=list(models), lengths=list(lengths), modes=list(modes), dtypes=list(dtypes),
-                                 repeats=repeats, max_seconds=max_seconds, max_memory_gib=max_memory_gib,
-                                 device=resolve_device(device), sizes=["smoke"] if smoke else list(sizes),
-                                 batches=list(batches), max_batch=max_batch,
-                                 gradient_checkpointing=gradient_checkpointing)
-    except ValueError as error:
-        raise typer.BadParameter(str(error))
+    settings = SweepSettings(models=list(models), lengths=list(lengths), modes=list(modes), dtypes=list(dtypes),
+                             repeats=repeats, max_seconds=max_seconds, max_memory_gib=max_memory_gib,
+                             device=resolve_device(device), sizes=["smoke"] if smoke else list(sizes),
+                             batches=list(batches), max_batch=max_batch,
+                             gradient_checkpointing=gradient_checkpointing)
     stem = name or ("bench_smoke" if smoke else "bench")
     partial = out / f"{stem}.partial.json"
     steps = len(settings.sizes) * len(dtypes) * len(modes) * len(batches) * len(lengths)
@@ -272,21 +290,17 @@ def bench(
 def _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insertion, bf16, fp16=False, device="auto",
               train_word_embeddings=False, save_steps=0, resume=False, logging_steps=20, peft=None,
               slope_learning_rate=None, gradient_accumulation_steps=1, save_total_limit=None):
-    from .training.finetune import FinetuneSettings, check_training_device, save_total_limit_error
+    from .training.finetune import FinetuneSettings, check_training_device
 
-    if save_total_limit is not None and save_total_limit < 1:  # one line, exit 1, like the other errors
-        raise ValueError(save_total_limit_error(save_total_limit))
-    try:  # before any data is read or model converted
-        settings = FinetuneSettings(learning_rate=learning_rate, epochs=epochs, max_steps=max_steps,
-                                    batch_size=batch_size, seed=seed, padding_insertion=padding_insertion, bf16=bf16,
-                                    fp16=fp16, device=device, train_word_embeddings=train_word_embeddings,
-                                    save_steps=save_steps, resume=resume, logging_steps=logging_steps, peft=peft,
-                                    slope_learning_rate=slope_learning_rate,
-                                    gradient_accumulation_steps=gradient_accumulation_steps,
-                                    save_total_limit=save_total_limit)
-        check_training_device(settings)
-    except ValueError as error:
-        raise typer.BadParameter(str(error))
+    # Checked before any data is read or model converted; a ValueError is one line and exit 1, like every error.
+    settings = FinetuneSettings(learning_rate=learning_rate, epochs=epochs, max_steps=max_steps,
+                                batch_size=batch_size, seed=seed, padding_insertion=padding_insertion, bf16=bf16,
+                                fp16=fp16, device=device, train_word_embeddings=train_word_embeddings,
+                                save_steps=save_steps, resume=resume, logging_steps=logging_steps, peft=peft,
+                                slope_learning_rate=slope_learning_rate,
+                                gradient_accumulation_steps=gradient_accumulation_steps,
+                                save_total_limit=save_total_limit)
+    check_training_device(settings)
     return settings
 
 

@@ -59,14 +59,14 @@ def resolve_doc_stride(tokenizer, max_length: int, doc_stride: int | None, quest
     """The stride for windows of `max_length` after a question of `question_tokens` (default: half a window)."""
     room = max_length - question_tokens - tokenizer.num_special_tokens_to_add(pair=True)
     if room < 2:
-        raise ValueError(f"max_length ({max_length}) leaves no room for the document after a question of "
-                         f"{question_tokens} tokens; use a larger max_length")
+        raise ValueError(f"{max_length}-token windows leave no room for the document after a question of "
+                         f"{question_tokens} tokens; use longer windows")
     if doc_stride is None:
         # Half a window (LittleBird A.2); it only matters for documents longer than one window.
         doc_stride = min(max_length // 2, room // 2)
     if not 0 <= doc_stride < room:
-        raise ValueError(f"doc_stride ({doc_stride}) must lie in 0..{room - 1}: windows of max_length={max_length} "
-                         f"hold {room} document tokens after this question")
+        raise ValueError(f"doc_stride ({doc_stride}) must lie in 0..{room - 1}: {max_length}-token windows hold "
+                         f"{room} document tokens after this question")
     return doc_stride
 
 
