@@ -309,3 +309,21 @@ def test_hints_are_spelled_as_the_options_a_user_types(tiny_source, tmp_path):
         "convert with --set random_blocks=transformers for an export"
     assert cli_spelling("doc_stride (900) must lie in 0..400") == "--doc-stride (900) must lie in 0..400"
     assert cli_spelling("a max_length_of 3") == "a max_length_of 3"  # only whole argument names
+
+
+def test_the_dev_side_warning_fires_only_for_files_scored_on_the_split(tiny_source, tmp_path, caplog):
+    """Training on a whole KorQuAD 1.0 file warns that `evaluate --split dev` would score trained-on articles;
+    training on KorQuAD 2.x pages (not scored that way) says nothing."""
+    import logging
+
+    from longbird.training.finetune import FinetuneSettings
+    from longbird.workflows import finetune_qa
+
+    settings = FinetuneSettings(max_steps=1, batch_size=1, progress=False)
+    with caplog.at_level(logging.WARNING, logger="longbird"):
+        finetune_qa(tiny_source, PAGES[0], tmp_path / "pages", "korquad2", max_length=128, settings=settings)
+    assert "dev side of the by-article split" not in caplog.text
+    with caplog.at_level(logging.WARNING, logger="longbird"):
+        finetune_qa(tiny_source, KORQUAD1, tmp_path / "korquad1", "korquad1", max_length=128, max_examples=2,
+                    settings=settings)
+    assert "dev side of the by-article split" in caplog.text and "--split train" in caplog.text

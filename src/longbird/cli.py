@@ -351,10 +351,11 @@ def finetune_qa(
     preset: str = typer.Option("kobigbird", help="Preset when MODEL is converted: " + PRESET_HELP),
     max_length: int = typer.Option(4096, help="Model length when MODEL is converted"),
     window_length: Optional[int] = typer.Option(None, help="Feature window in tokens (default: the model length)"),
-    doc_stride: Optional[int] = typer.Option(None, help="Tokens shared by neighbouring windows (default: 128, "
-                                                         "or window/2 for documents over 2 windows)"),
+    doc_stride: Optional[int] = typer.Option(None, help="Tokens shared by neighbouring windows (default: half a "
+                                                         "window, at most half the room the question leaves)"),
     max_windows: Optional[int] = typer.Option(None, help="Use only the first N windows (1 = truncation)"),
-    negative_fraction: float = typer.Option(1.0, help="Keep this fraction of windows without the answer"),
+    negative_fraction: float = typer.Option(1.0, help="Keep this fraction of windows without the answer (default: "
+                                                      "all; E4 keeps 0.1)"),
     max_examples: Optional[int] = typer.Option(None, help="Use N questions drawn with --seed"),
     split: Optional[str] = typer.Option(None, help="train or dev: one side of the fixed by-article split"),
     qa_head: Optional[str] = typer.Option(None, help="conditional (start, then end given start; the default for "
@@ -452,7 +453,7 @@ def answer(
     question: str = typer.Option(..., help="The question"),
     window_length: Optional[int] = typer.Option(None, help=READ_WINDOW_HELP),
     doc_stride: Optional[int] = typer.Option(None, help="Tokens shared by neighbouring windows (default: the trained "
-                                                         "stride, else 128 or window/2 for documents over 2 windows)"),
+                                                         "stride, else half a window)"),
     max_answer_tokens: Optional[int] = typer.Option(None, min=1, help=MAX_ANSWER_HELP),
     scoring: str = typer.Option("log-probability", help=SCORING_HELP),
     max_question_tokens: int = typer.Option(64, min=1, help="Read at most this many tokens of the question in every "
