@@ -62,6 +62,8 @@ def test_finetune_qa_saves_model_tokenizer_and_summary(tiny_qa, tiny_source):
     assert summary["split"] is None and summary["task"] == "qa"
     assert summary["source_model"]["model"] == str(tiny_source) and summary["source_model"]["preset_if_converted"] == "kobigbird"
     assert summary["settings"]["max_steps"] == 3 and any("train_loss" in entry for entry in summary["log_history"])
+    # 3 steps, shorter than the default --logging-steps 20: the loss is still logged (at the last step)
+    assert [entry["step"] for entry in summary["log_history"] if "loss" in entry] == [3]
     assert not any(p.name.startswith(".") for p in tiny_qa.parent.iterdir())  # no work or partial dirs left
 
 

@@ -390,7 +390,9 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
         bf16=settings.bf16,
         fp16=settings.fp16,
         use_cpu=settings.device == "cpu" or not torch.cuda.is_available(),
-        logging_steps=settings.logging_steps,
+        # A run shorter than the logging interval would record no loss at all: log at its last step then.
+        logging_steps=min(settings.logging_steps, settings.max_steps) if settings.max_steps > 0
+        else settings.logging_steps,
         save_strategy="steps" if settings.save_steps > 0 else "no",
         save_steps=max(settings.save_steps, 1),
         save_total_limit=settings.save_total_limit,
