@@ -336,8 +336,9 @@ WINDOW_SOURCES = {"given": "--window-length", "trained": "the window it was fine
                   "model length": "the model length; no fine-tuning record"}
 MAX_ANSWER_HELP = ("Longest answer span in tokens (default: the model's qa_max_answer_tokens: 64 unless fine-tuning "
                    "set it)")
-SCORING_HELP = ("How spans of different windows are compared: log-probability (default: log P(start) + log P(end | "
-                "start) within the window), null-relative (minus the window's [CLS] score) or logit (raw start logit)")
+SCORING_HELP = ("How spans of different windows are compared: null-relative (default: start logit minus the window's "
+                "[CLS] start logit, plus log P(end | start)), log-probability (log P(start) + log P(end | start) within "
+                "the window) or logit (raw start logit + log P(end | start))")
 FORMAT_HELP = ("korquad2 (HTML pages), korquad1-articles (KorQuAD 1.0 joined per article), korquad1 (its paragraphs) "
                "or squad (SQuAD 1.1 paragraphs)")
 
@@ -404,7 +405,7 @@ def evaluate(
     max_examples: Optional[int] = typer.Option(None, help="Use N questions drawn with seed 0"),
     split: Optional[str] = typer.Option(None, help="train or dev: one side of the fixed by-article split"),
     max_answer_tokens: Optional[int] = typer.Option(None, min=1, help=MAX_ANSWER_HELP),
-    scoring: str = typer.Option("log-probability", help=SCORING_HELP),
+    scoring: str = typer.Option("null-relative", help=SCORING_HELP),
     batch_size: int = typer.Option(4),
     device: str = typer.Option("auto", help=DEVICE_HELP),
     overwrite: bool = typer.Option(False, help="Replace OUT if longbird wrote it"),
@@ -430,7 +431,7 @@ def _autocast(device: str, bf16: bool):
 
 
 def _evaluate(model, data, out, task, data_format, window_length, doc_stride, max_windows, max_examples, split,
-              batch_size, device, overwrite, max_answer_tokens=None, scoring="log-probability"):
+              batch_size, device, overwrite, max_answer_tokens=None, scoring="null-relative"):
     from .workflows import evaluate_cls, evaluate_qa
 
     if task == "qa":
@@ -455,7 +456,7 @@ def answer(
     doc_stride: Optional[int] = typer.Option(None, help="Tokens shared by neighbouring windows (default: the trained "
                                                          "stride, else half a window)"),
     max_answer_tokens: Optional[int] = typer.Option(None, min=1, help=MAX_ANSWER_HELP),
-    scoring: str = typer.Option("log-probability", help=SCORING_HELP),
+    scoring: str = typer.Option("null-relative", help=SCORING_HELP),
     max_question_tokens: int = typer.Option(64, min=1, help="Read at most this many tokens of the question in every "
                                                          "window (a longer one is cut, with a warning)"),
     min_probability: float = typer.Option(0.0, help="Say 'no answer' (exit 1) when the best span's probability is "

@@ -469,10 +469,7 @@ def answer(model, document: str, question: str, tokenizer=None, is_html: bool | 
         is_html = document.lstrip()[:1] == "<"
     from .data.features import MAX_QUESTION_TOKENS, question_token_count
 
-    max_question_tokens = max_question_tokens or MAX_QUESTION_TOKENS
-    if max_question_tokens >= window_length - 3:  # [CLS] question [SEP] window [SEP] must leave room for the text
-        raise ValueError(f"--max-question-tokens {max_question_tokens} leaves no room in {window_length}-token "
-                         f"windows; use at most {window_length // 2}")
+    max_question_tokens = max_question_tokens or MAX_QUESTION_TOKENS  # a question too long for the window is named
     found = answer_question(model, tokenizer, document, question, is_html, window_length, doc_stride,
                             max_answer_tokens=max_answer_tokens, scoring=scoring,
                             max_question_tokens=max_question_tokens)
