@@ -57,6 +57,11 @@ def test_bench_refuses_cuda_without_a_gpu_and_bad_settings(tmp_path):
         assert result.exit_code != 0 and "CUDA is not available" in result.output
     result = CliRunner().invoke(app, ["bench", "--smoke", "--batch", "0", "--out", str(tmp_path)])
     assert result.exit_code != 0 and "batch must be a positive number or 'max'" in result.output
+    earlier = tmp_path / "bench_smoke.json"  # results already in OUT are never replaced without --overwrite
+    earlier.write_text("{}")
+    result = CliRunner().invoke(app, ["bench", "--smoke", "--out", str(tmp_path)])
+    assert result.exit_code == 1 and "bench_smoke.json already exists; pass --overwrite" in result.output
+    assert earlier.read_text() == "{}"
 
 
 def test_a_run_out_of_memory_is_recorded_as_a_skip_not_a_crash():

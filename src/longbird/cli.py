@@ -225,7 +225,7 @@ def resolve_device(device: str | None) -> str:
         raise ValueError(f"--device {device!r} is not a device name ({error}); use cpu, cuda or cuda:N") from None
     if parsed.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {device}: CUDA is not available on this machine (torch "
-                                 f"{torch.__version__}); use --device cpu")
+                         f"{torch.__version__}); use --device cpu")
     return str(parsed)
 
 
@@ -252,6 +252,7 @@ def bench(
     smoke: bool = typer.Option(False, help="Quick check, under a minute: tiny model (2 layers, 128 hidden), lengths "
                                            "512 and 1024, one timed call (unless --length/--repeats are given)"),
     name: str = typer.Option("", help="File stem of the results (default: bench, or bench_smoke with --smoke)"),
+    overwrite: bool = typer.Option(False, help="Replace earlier results of the same name in OUT"),
 ):
     """Latency and peak memory vs length for longbird presets and transformers baselines, with plots."""
     import json
@@ -274,6 +275,9 @@ def bench(
                              batches=list(batches), max_batch=max_batch,
                              gradient_checkpointing=gradient_checkpointing)
     stem = name or ("bench_smoke" if smoke else "bench")
+    if (out / f"{stem}.json").exists() and not overwrite:  # committed results are evidence: never replaced silently
+        raise FileExistsError(f"{out / f'{stem}.json'} already exists; pass --overwrite to replace it or --name to "
+                              "write beside it")
     partial = out / f"{stem}.partial.json"
     steps = len(settings.sizes) * len(dtypes) * len(modes) * len(batches) * len(lengths)
     with Progress(console=console) as progress:
