@@ -1,13 +1,16 @@
 """torch.export, ONNX and torch.compile for every preset (issue 11, item 6): each computes what eager longbird computes,
-and tracing never leaves fake tensors in longbird's caches."""
+and tracing never leaves fake tensors in longbird's caches. Exported kobigbird graphs hold the random-block plan as a
+constant even when no eager call drew it first (issue 22, item 1)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from transformers import AutoModel
 
 import longbird
 from conftest import BLOCK, make_batch, make_source
+from longbird.attention import bigbird, flex, patterns
 
 PRESETS = ["kobigbird", "littlebird", "full"]
 
@@ -59,3 +62,63 @@ def test_torch_compile_equals_eager_with_the_per_row_plan(preset):
         compiled = torch.compile(model)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
     real = attention_mask.bool()
     assert (compiled - eager)[real].abs().max() <= 1e-5
+
+
+@pytest.fixture
+def cold_plan_caches():
+    """No length has run in this process: what a model loaded from disk in a fresh process sees. The plan caches are
+    process-wide, so without this an earlier test (or the eager call these tests used to make first) would have drawn
+    the plan already and the trace would never draw one."""
+    for cache in (patterns.bigbird_pattern, bigbird._middle_key_blocks, flex.bigbird_block_table):
+        cache.cache_clear()
+
+
+def _kobigbird_from_disk(tmp_path):
+    longbird.convert(make_source("bert"), preset="kobigbird", max_length=256, block_size=BLOCK).save_pretrained(
+        tmp_path / "kobigbird")
+    return AutoModel.from_pretrained(tmp_path / "kobigbird").eval()
+
+
+def _random_ops(graph_module):
+    return [str(node.target) for node in graph_module.graph.nodes
+            if node.op == "call_function" and any(word in str(node.target) for word in ("rand", "bernoulli", "normal"))]
+
+
+def test_export_of_kobigbird_fresh_from_disk_holds_the_plan_as_a_constant(tmp_path, cold_plan_caches):
+    """BigBird's random blocks (Zaheer et al. 2020, §2) are a pure function of (seed, layer, n), drawn outside the
+    trace: before, a cold cache drew them inside it (aten::rand), so the program differed from eager and from itself."""
+    model = _kobigbird_from_disk(tmp_path)
+    input_ids, _ = make_batch(200, batch=1, padded_rows=0)  # 25 blocks > L = 64 tokens: the sparse path
+    exported = torch.export.export(model, (), {"input_ids": input_ids})  # no eager call before it
+    assert _random_ops(exported.graph_module) == []
+    first = exported.module()(input_ids=input_ids)[0]
+    second = exported.module()(input_ids=input_ids)[0]
+    with torch.no_grad():
+        eager = model(input_ids=input_ids).last_hidden_state
+    assert torch.equal(first, second)
+    torch.testing.assert_close(first, eager, atol=1e-5, rtol=1e-5)
+    # The plan is the one of its length: a graph exported at 200 tokens refuses 256 instead of using the wrong plan.
+    with pytest.raises(AssertionError, match="Guard failed"):
+        exported.module()(input_ids=make_batch(256, batch=1, padded_rows=0)[0])
+
+
+def test_onnx_of_kobigbird_fresh_from_disk_equals_pytorch(tmp_path, cold_plan_caches):
+    """Before, the dynamo exporter failed on the traced plan's generator (aten::rand ... found 'CustomObjArgument')."""
+    onnx = pytest.importorskip("onnx", reason="needs the onnx extra: pip install longbird[onnx]")
+    pytest.importorskip("onnxscript", reason="ONNX export needs the onnx extra: pip install longbird[onnx]")
+    onnxruntime = pytest.importorskip("onnxruntime", reason="needs the onnx extra: pip install longbird[onnx]")
+    model = _kobigbird_from_disk(tmp_path)
+    input_ids, _ = make_batch(200, batch=1, padded_rows=0)
+    mask = torch.ones_like(input_ids)
+    path = tmp_path / "kobigbird.onnx"
+    torch.onnx.export(model, (input_ids, mask), path, input_names=["input_ids", "attention_mask"],
+                      output_names=["last_hidden_state"], dynamo=True)
+    assert not [node.op_type for node in onnx.load(str(path)).graph.node if node.op_type.startswith("Random")]
+    session = onnxruntime.InferenceSession(str(path))
+    feed = {"input_ids": input_ids.numpy(), "attention_mask": mask.numpy()}
+    (first, *_), (second, *_) = session.run(None, feed), session.run(None, feed)
+    with torch.no_grad():
+        eager = model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+    assert (first == second).all()
+    assert abs(first - eager.numpy()).max() <= 1e-5
+
