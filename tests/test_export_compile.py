@@ -1,15 +1,17 @@
 """torch.export, ONNX and torch.compile for every preset (issue 11, item 6): each computes what eager longbird computes,
 and tracing never leaves fake tensors in longbird's caches. Exported kobigbird graphs hold the random-block plan as a
-constant even when no eager call drew it first (issue 22, item 1)."""
+constant even when no eager call drew it first (issue 22, item 1), and dynamic sequence lengths export where the
+attention pattern allows them."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch.export import Dim
 from transformers import AutoModel
 
 import longbird
-from conftest import BLOCK, make_batch, make_source
+from conftest import BLOCK, SOURCE_LENGTH, make_batch, make_source
 from longbird.attention import bigbird, flex, patterns
 
 PRESETS = ["kobigbird", "littlebird", "full"]
@@ -122,3 +124,63 @@ def test_onnx_of_kobigbird_fresh_from_disk_equals_pytorch(tmp_path, cold_plan_ca
     assert (first == second).all()
     assert abs(first - eager.numpy()).max() <= 1e-5
 
+
+# Dynamic sequence lengths: full attention takes any length, littlebird any block multiple (its blocks are fixed-size
+# windows); kobigbird only within full attention, since above it each block count has its own random plan.
+DYNAMIC = {"full": Dim("seq", max=256), "littlebird": BLOCK * Dim("blocks", max=256 // BLOCK)}
+
+
+@pytest.mark.parametrize("preset", list(DYNAMIC))
+def test_dynamic_sequence_length_exports_one_graph_for_every_length(preset):
+    model = _model(preset)
+    input_ids, _ = make_batch(200, batch=1, padded_rows=0)
+    exported = torch.export.export(model, (), {"input_ids": input_ids},
+                                   dynamic_shapes={"input_ids": {1: DYNAMIC[preset]}})
+    for length in (40, 120, 256):
+        other, _ = make_batch(length, batch=1, padded_rows=0)
+        with torch.no_grad():
+            eager = model(input_ids=other).last_hidden_state
+        torch.testing.assert_close(exported.module()(input_ids=other)[0], eager, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("preset", list(DYNAMIC))
+def test_onnx_with_a_dynamic_sequence_length_runs_other_lengths(preset, tmp_path):
+    pytest.importorskip("onnxscript", reason="ONNX export needs the onnx extra: pip install longbird[onnx]")
+    onnxruntime = pytest.importorskip("onnxruntime", reason="needs the onnx extra: pip install longbird[onnx]")
+    model = _model(preset)
+    input_ids, _ = make_batch(200, batch=1, padded_rows=0)
+    path = tmp_path / f"{preset}.onnx"
+    seq = DYNAMIC[preset]
+    torch.onnx.export(model, (input_ids, torch.ones_like(input_ids)), path,
+                      input_names=["input_ids", "attention_mask"], output_names=["last_hidden_state"], dynamo=True,
+                      dynamic_shapes={"input_ids": {1: seq}, "attention_mask": {1: seq}})
+    session = onnxruntime.InferenceSession(str(path))
+    for length in (40, 256):
+        other, _ = make_batch(length, batch=1, padded_rows=0)
+        mask = torch.ones_like(other)
+        (out, *_) = session.run(None, {"input_ids": other.numpy(), "attention_mask": mask.numpy()})
+        with torch.no_grad():
+            eager = model(input_ids=other, attention_mask=mask).last_hidden_state
+        assert abs(out - eager.numpy()).max() <= 1e-5
+
+
+def test_kobigbird_exports_a_dynamic_length_within_full_attention():
+    model = _model("kobigbird")
+    assert model.config.full_attention_threshold == SOURCE_LENGTH
+    input_ids, _ = make_batch(50, batch=1, padded_rows=0)
+    exported = torch.export.export(model, (), {"input_ids": input_ids},
+                                   dynamic_shapes={"input_ids": {1: Dim("seq", max=SOURCE_LENGTH)}})
+    for length in (9, SOURCE_LENGTH):
+        other, _ = make_batch(length, batch=1, padded_rows=0)
+        with torch.no_grad():
+            eager = model(input_ids=other).last_hidden_state
+        torch.testing.assert_close(exported.module()(input_ids=other)[0], eager, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("example_length", [48, 200])  # full or sparse at the example: the range reaches past L
+def test_kobigbird_dynamic_length_over_the_sparse_path_is_a_clear_error(example_length):
+    model = _model("kobigbird")
+    input_ids, _ = make_batch(example_length, batch=1, padded_rows=0)
+    with pytest.raises(ValueError, match=r"random blocks are drawn per block count.*Export at a fixed length"):
+        torch.export.export(model, (), {"input_ids": input_ids},
+                            dynamic_shapes={"input_ids": {1: BLOCK * Dim("blocks", max=256 // BLOCK)}})

@@ -26,7 +26,7 @@ from .attention.rows import RowGroup, padded_length, plan_batch, plan_rows, run_
 from .config import LongBirdConfig
 from .positions import tape as tape_states
 from .positions.alibi import BiALiBi, alibi_slopes
-from .tracing import graph_cannot_branch_on_data, is_tracing
+from .tracing import check_dynamic_length, graph_cannot_branch_on_data, is_tracing
 
 REFERENCE = "reference"
 
@@ -384,6 +384,7 @@ class LongBirdEncoder(nn.Module):
     def forward(self, hidden_states, key_mask, position_ids, use_reference=False, output_hidden_states=False):
         config = self.config
         length = hidden_states.shape[1]
+        check_dynamic_length(length, config.block_size, config.attention, config.full_attention_threshold)
         if config.attention == "littlebird":
             return self._forward_littlebird(hidden_states, key_mask, position_ids, use_reference, output_hidden_states)
         # Per row: full or sparse, its block count, its last global block and its random plan (attention/rows.py).

@@ -5,7 +5,8 @@ Two rules. Values that depend only on Python ints (block patterns, block indices
 an lru_cache would make every later model in the process return FakeTensors, and a random plan drawn while being
 recorded would be redrawn by the exported graph on every call. And a traced graph cannot branch on tensor data, so the
 per-row attention plan (which reads each row's real length from the mask) falls back to one decision for the whole
-batch from its length.
+batch from its length. An exported dynamic sequence length is accepted only where one graph can serve every length
+(`check_dynamic_length`).
 """
 
 from __future__ import annotations
@@ -70,3 +71,30 @@ def real_tensors():
         return contextlib.nullcontext()
     return unset_fake_temporarily()
 
+
+def is_dynamic(size) -> bool:
+    """True for a symbolic size: a dimension exported with `dynamic_shapes` (Dim / Dim.AUTO / dynamic_axes)."""
+    from torch.fx.experimental.symbolic_shapes import is_concrete_int
+
+    return isinstance(size, torch.SymInt) and not is_concrete_int(size)
+
+
+def check_dynamic_length(length, block_size: int, attention: str, full_max_length: int) -> None:
+    """What a graph with a dynamic sequence length can compute, as a clear error at export instead of a graph that
+    silently holds one length (or a page of guards).
+
+    full: any length. littlebird: multiples of block_size (`block_size * Dim("blocks", ...)`; torch.export checks
+    that itself, as a guard on the length). bigbird: only within full attention (lengths <= full_max_length).
+    Above it each length has its own block count n and BigBird's random blocks are drawn per (layer, n) (Zaheer et
+    al. 2020, §2), a constant of the graph: the sparse path is exported one length at a time.
+    """
+    if not (graph_cannot_branch_on_data() and is_dynamic(length)):
+        return  # torch.compile is left alone: dynamo guards on the length and recompiles per block count itself
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    if attention == "bigbird" and not statically_known_true(length <= full_max_length):
+        raise ValueError(
+            f"BigBird (kobigbird) sparse attention (above {full_max_length} tokens) cannot be exported with a dynamic "
+            "sequence length: its random blocks are drawn per block count, so every length is its own graph. Export "
+            "at a fixed length (no dynamic_shapes / dynamic_axes on the sequence axis), or bound the dynamic length at "
+            f"max={full_max_length}, where attention is full")
