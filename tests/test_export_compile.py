@@ -1,13 +1,18 @@
 """torch.export, ONNX and torch.compile for every preset (issue 11, item 6): each computes what eager longbird computes,
-and tracing never leaves fake tensors in longbird's caches."""
+and tracing never leaves fake tensors in longbird's caches. Exported kobigbird graphs hold the random-block plan as a
+constant even when no eager call drew it first (issue 22, item 1), and dynamic sequence lengths export where the
+attention pattern allows them."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch.export import Dim
+from transformers import AutoModel
 
 import longbird
-from conftest import BLOCK, make_batch, make_source
+from conftest import BLOCK, SOURCE_LENGTH, make_batch, make_source
+from longbird.attention import bigbird, flex, patterns
 
 PRESETS = ["kobigbird", "littlebird", "full"]
 
@@ -59,3 +64,123 @@ def test_torch_compile_equals_eager_with_the_per_row_plan(preset):
         compiled = torch.compile(model)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
     real = attention_mask.bool()
     assert (compiled - eager)[real].abs().max() <= 1e-5
+
+
+@pytest.fixture
+def cold_plan_caches():
+    """No length has run in this process: what a model loaded from disk in a fresh process sees. The plan caches are
+    process-wide, so without this an earlier test (or the eager call these tests used to make first) would have drawn
+    the plan already and the trace would never draw one."""
+    for cache in (patterns.bigbird_pattern, bigbird._middle_key_blocks, flex.bigbird_block_table):
+        cache.cache_clear()
+
+
+def _kobigbird_from_disk(tmp_path):
+    longbird.convert(make_source("bert"), preset="kobigbird", max_length=256, block_size=BLOCK).save_pretrained(
+        tmp_path / "kobigbird")
+    return AutoModel.from_pretrained(tmp_path / "kobigbird").eval()
+
+
+def _random_ops(graph_module):
+    return [str(node.target) for node in graph_module.graph.nodes
+            if node.op == "call_function" and any(word in str(node.target) for word in ("rand", "bernoulli", "normal"))]
+
+
+def test_export_of_kobigbird_fresh_from_disk_holds_the_plan_as_a_constant(tmp_path, cold_plan_caches):
+    """BigBird's random blocks (Zaheer et al. 2020, §2) are a pure function of (seed, layer, n), drawn outside the
+    trace: before, a cold cache drew them inside it (aten::rand), so the program differed from eager and from itself."""
+    model = _kobigbird_from_disk(tmp_path)
+    input_ids, _ = make_batch(200, batch=1, padded_rows=0)  # 25 blocks > L = 64 tokens: the sparse path
+    exported = torch.export.export(model, (), {"input_ids": input_ids})  # no eager call before it
+    assert _random_ops(exported.graph_module) == []
+    first = exported.module()(input_ids=input_ids)[0]
+    second = exported.module()(input_ids=input_ids)[0]
+    with torch.no_grad():
+        eager = model(input_ids=input_ids).last_hidden_state
+    assert torch.equal(first, second)
+    torch.testing.assert_close(first, eager, atol=1e-5, rtol=1e-5)
+    # The plan is the one of its length: a graph exported at 200 tokens refuses 256 instead of using the wrong plan.
+    with pytest.raises(AssertionError, match="Guard failed"):
+        exported.module()(input_ids=make_batch(256, batch=1, padded_rows=0)[0])
+
+
+def test_onnx_of_kobigbird_fresh_from_disk_equals_pytorch(tmp_path, cold_plan_caches):
+    """Before, the dynamo exporter failed on the traced plan's generator (aten::rand ... found 'CustomObjArgument')."""
+    onnx = pytest.importorskip("onnx", reason="needs the onnx extra: pip install longbird[onnx]")
+    pytest.importorskip("onnxscript", reason="ONNX export needs the onnx extra: pip install longbird[onnx]")
+    onnxruntime = pytest.importorskip("onnxruntime", reason="needs the onnx extra: pip install longbird[onnx]")
+    model = _kobigbird_from_disk(tmp_path)
+    input_ids, _ = make_batch(200, batch=1, padded_rows=0)
+    mask = torch.ones_like(input_ids)
+    path = tmp_path / "kobigbird.onnx"
+    torch.onnx.export(model, (input_ids, mask), path, input_names=["input_ids", "attention_mask"],
+                      output_names=["last_hidden_state"], dynamo=True)
+    assert not [node.op_type for node in onnx.load(str(path)).graph.node if node.op_type.startswith("Random")]
+    session = onnxruntime.InferenceSession(str(path))
+    feed = {"input_ids": input_ids.numpy(), "attention_mask": mask.numpy()}
+    (first, *_), (second, *_) = session.run(None, feed), session.run(None, feed)
+    with torch.no_grad():
+        eager = model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+    assert (first == second).all()
+    assert abs(first - eager.numpy()).max() <= 1e-5
+
+
+# Dynamic sequence lengths: full attention takes any length, littlebird any block multiple (its blocks are fixed-size
+# windows); kobigbird only within full attention, since above it each block count has its own random plan.
+DYNAMIC = {"full": Dim("seq", max=256), "littlebird": BLOCK * Dim("blocks", max=256 // BLOCK)}
+
+
+@pytest.mark.parametrize("preset", list(DYNAMIC))
+def test_dynamic_sequence_length_exports_one_graph_for_every_length(preset):
+    model = _model(preset)
+    input_ids, _ = make_batch(200, batch=1, padded_rows=0)
+    exported = torch.export.export(model, (), {"input_ids": input_ids},
+                                   dynamic_shapes={"input_ids": {1: DYNAMIC[preset]}})
+    for length in (40, 120, 256):
+        other, _ = make_batch(length, batch=1, padded_rows=0)
+        with torch.no_grad():
+            eager = model(input_ids=other).last_hidden_state
+        torch.testing.assert_close(exported.module()(input_ids=other)[0], eager, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("preset", list(DYNAMIC))
+def test_onnx_with_a_dynamic_sequence_length_runs_other_lengths(preset, tmp_path):
+    pytest.importorskip("onnxscript", reason="ONNX export needs the onnx extra: pip install longbird[onnx]")
+    onnxruntime = pytest.importorskip("onnxruntime", reason="needs the onnx extra: pip install longbird[onnx]")
+    model = _model(preset)
+    input_ids, _ = make_batch(200, batch=1, padded_rows=0)
+    path = tmp_path / f"{preset}.onnx"
+    seq = DYNAMIC[preset]
+    torch.onnx.export(model, (input_ids, torch.ones_like(input_ids)), path,
+                      input_names=["input_ids", "attention_mask"], output_names=["last_hidden_state"], dynamo=True,
+                      dynamic_shapes={"input_ids": {1: seq}, "attention_mask": {1: seq}})
+    session = onnxruntime.InferenceSession(str(path))
+    for length in (40, 256):
+        other, _ = make_batch(length, batch=1, padded_rows=0)
+        mask = torch.ones_like(other)
+        (out, *_) = session.run(None, {"input_ids": other.numpy(), "attention_mask": mask.numpy()})
+        with torch.no_grad():
+            eager = model(input_ids=other, attention_mask=mask).last_hidden_state
+        assert abs(out - eager.numpy()).max() <= 1e-5
+
+
+def test_kobigbird_exports_a_dynamic_length_within_full_attention():
+    model = _model("kobigbird")
+    assert model.config.full_attention_threshold == SOURCE_LENGTH
+    input_ids, _ = make_batch(50, batch=1, padded_rows=0)
+    exported = torch.export.export(model, (), {"input_ids": input_ids},
+                                   dynamic_shapes={"input_ids": {1: Dim("seq", max=SOURCE_LENGTH)}})
+    for length in (9, SOURCE_LENGTH):
+        other, _ = make_batch(length, batch=1, padded_rows=0)
+        with torch.no_grad():
+            eager = model(input_ids=other).last_hidden_state
+        torch.testing.assert_close(exported.module()(input_ids=other)[0], eager, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("example_length", [48, 200])  # full or sparse at the example: the range reaches past L
+def test_kobigbird_dynamic_length_over_the_sparse_path_is_a_clear_error(example_length):
+    model = _model("kobigbird")
+    input_ids, _ = make_batch(example_length, batch=1, padded_rows=0)
+    with pytest.raises(ValueError, match=r"random blocks are drawn per block count.*Export at a fixed length"):
+        torch.export.export(model, (), {"input_ids": input_ids},
+                            dynamic_shapes={"input_ids": {1: BLOCK * Dim("blocks", max=256 // BLOCK)}})

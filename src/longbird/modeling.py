@@ -26,7 +26,7 @@ from .attention.rows import RowGroup, padded_length, plan_batch, plan_rows, run_
 from .config import LongBirdConfig
 from .positions import tape as tape_states
 from .positions.alibi import BiALiBi, alibi_slopes
-from .tracing import graph_cannot_branch_on_data, is_tracing, real_tensors
+from .tracing import check_dynamic_length, graph_cannot_branch_on_data, is_tracing
 
 REFERENCE = "reference"
 
@@ -384,6 +384,7 @@ class LongBirdEncoder(nn.Module):
     def forward(self, hidden_states, key_mask, position_ids, use_reference=False, output_hidden_states=False):
         config = self.config
         length = hidden_states.shape[1]
+        check_dynamic_length(length, config.block_size, config.attention, config.full_attention_threshold)
         if config.attention == "littlebird":
             return self._forward_littlebird(hidden_states, key_mask, position_ids, use_reference, output_hidden_states)
         # Per row: full or sparse, its block count, its last global block and its random plan (attention/rows.py).
@@ -406,11 +407,11 @@ class LongBirdEncoder(nn.Module):
         for index, layer in enumerate(self.layer):
             plan = None
             if sparse:
-                with real_tensors():  # the pattern cache must never hold a traced (fake) tensor
-                    plan = (groups, [bigbird_pattern(int(group.num_blocks), config.block_size,
-                                                     config.num_attention_heads, config.num_random_blocks,
-                                                     config.random_seed, index, config.random_blocks)
-                                     if group.sparse else None for group in groups])
+                # Drawn outside any trace from (seed, layer, n): an exported graph holds it as a constant.
+                plan = (groups, [bigbird_pattern(int(group.num_blocks), config.block_size,
+                                                 config.num_attention_heads, config.num_random_blocks,
+                                                 config.random_seed, index, config.random_blocks)
+                                 if group.sparse else None for group in groups])
             if tape is None:
                 hidden_states = self._call_layer(layer, hidden_states, key_mask, plan, use_reference, workspace,
                                                  backend, backend=backend)

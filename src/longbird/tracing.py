@@ -1,9 +1,12 @@
 """Tracing (torch.export, torch.compile, torch.jit / ONNX): what the model must do differently while traced.
 
-Two rules. Caches (block patterns, block indices) may only ever hold real tensors: a tensor made under FakeTensorMode
-and kept in an lru_cache would make every later model in the process return FakeTensors. And a traced graph cannot
-branch on tensor data, so the per-row attention plan (which reads each row's real length from the mask) falls back to
-one decision for the whole batch from its length.
+Two rules. Values that depend only on Python ints (block patterns, block indices) are computed outside the trace
+(`outside_the_trace`): real tensors that are not recorded as graph ops. A tensor made under FakeTensorMode and kept in
+an lru_cache would make every later model in the process return FakeTensors, and a random plan drawn while being
+recorded would be redrawn by the exported graph on every call. And a traced graph cannot branch on tensor data, so the
+per-row attention plan (which reads each row's real length from the mask) falls back to one decision for the whole
+batch from its length. An exported dynamic sequence length is accepted only where one graph can serve every length
+(`check_dynamic_length`).
 """
 
 from __future__ import annotations
@@ -36,10 +39,62 @@ def fake_mode_active() -> bool:
     return detect_fake_mode() is not None
 
 
+@contextlib.contextmanager
+def outside_the_trace():
+    """A context in which tensor ops are neither faked nor recorded, even inside a trace: for values that depend only
+    on Python ints (the random-block plan, its block indices) and are cached.
+
+    Keeping fake tensors out is not enough. Non-strict torch.export (and the dynamo ONNX exporter built on it) records
+    every op through a proxy dispatch mode, and torch.jit records through its tracing state: a plan drawn on a cache
+    miss while tracing put `aten::rand` (with its torch.Generator) into the graph, so the exported program drew a new
+    plan on every call and the ONNX exporter failed on the generator. With every mode off the plan is computed once,
+    eagerly, and the trace sees only the finished tensors, which it keeps as constants.
+    """
+    try:
+        from torch.utils._python_dispatch import _disable_current_modes
+    except ImportError:  # pragma: no cover - older torch: at least keep fake tensors out of the caches
+        _disable_current_modes = real_tensors
+    jit_state = torch._C._get_tracing_state()
+    torch._C._set_tracing_state(None)
+    try:
+        with _disable_current_modes():
+            yield
+    finally:
+        torch._C._set_tracing_state(jit_state)
+
+
 def real_tensors():
-    """A context in which tensors are real even inside a fake-tensor trace (for values that are cached)."""
+    """A context in which tensors are real even inside a fake-tensor trace (ops are still recorded by a tracer)."""
     try:
         from torch._subclasses.fake_tensor import unset_fake_temporarily
     except ImportError:  # pragma: no cover - older torch
         return contextlib.nullcontext()
     return unset_fake_temporarily()
+
+
+def is_dynamic(size) -> bool:
+    """True for a symbolic size: a dimension exported with `dynamic_shapes` (Dim / Dim.AUTO / dynamic_axes)."""
+    from torch.fx.experimental.symbolic_shapes import is_concrete_int
+
+    return isinstance(size, torch.SymInt) and not is_concrete_int(size)
+
+
+def check_dynamic_length(length, block_size: int, attention: str, full_max_length: int) -> None:
+    """What a graph with a dynamic sequence length can compute, as a clear error at export instead of a graph that
+    silently holds one length (or a page of guards).
+
+    full: any length. littlebird: multiples of block_size (`block_size * Dim("blocks", ...)`; torch.export checks
+    that itself, as a guard on the length). bigbird: only within full attention (lengths <= full_max_length).
+    Above it each length has its own block count n and BigBird's random blocks are drawn per (layer, n) (Zaheer et
+    al. 2020, §2), a constant of the graph: the sparse path is exported one length at a time.
+    """
+    if not (graph_cannot_branch_on_data() and is_dynamic(length)):
+        return  # torch.compile is left alone: dynamo guards on the length and recompiles per block count itself
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    if attention == "bigbird" and not statically_known_true(length <= full_max_length):
+        raise ValueError(
+            f"BigBird (kobigbird) sparse attention (above {full_max_length} tokens) cannot be exported with a dynamic "
+            "sequence length: its random blocks are drawn per block count, so every length is its own graph. Export "
+            "at a fixed length (no dynamic_shapes / dynamic_axes on the sequence axis), or bound the dynamic length at "
+            f"max={full_max_length}, where attention is full")

@@ -13,6 +13,7 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
+from ..tracing import outside_the_trace
 from .patterns import BigBirdPattern
 from .workspace import scratch_buffer
 
@@ -29,17 +30,12 @@ def _gather_blocks(blocks, index, workspace, name):
     return blocks.index_select(1, index) if out is None else torch.index_select(blocks, 1, index, out=out)
 
 
-def _middle_key_blocks(pattern: BigBirdPattern, device: torch.device):
-    """The pattern's block indices on the input's device, copied once per (layer plan, device)."""
-    from ..tracing import real_tensors
-
-    with real_tensors():  # cached: never a traced (fake) tensor
-        return _cached_middle_key_blocks(pattern, device)
-
-
 @lru_cache(maxsize=512)
-def _cached_middle_key_blocks(pattern: BigBirdPattern, device: torch.device):
-    return tuple(tensor.to(device) for tensor in pattern.middle_key_blocks())
+def _middle_key_blocks(pattern: BigBirdPattern, device: torch.device):
+    """The pattern's block indices on the input's device, copied once per (layer plan, device); computed outside any
+    trace (cached, and a constant of an exported graph)."""
+    with outside_the_trace():
+        return tuple(tensor.to(device) for tensor in pattern.middle_key_blocks())
 
 
 def bigbird_attention(

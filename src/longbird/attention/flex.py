@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
+from ..tracing import outside_the_trace
 from .patterns import BigBirdPattern, sliding_window_blocks
 
 GPU_TILE = 128  # flex's default sparse block: every default GPU kernel configuration divides it
@@ -118,8 +119,9 @@ def _once_per_call(workspace: dict | None, key, build):
 
 @functools.lru_cache(maxsize=96)  # 8 lengths x 12 layers; a table at 32K is H x 512 x 512 bytes on the device
 def bigbird_block_table(pattern: BigBirdPattern, device: torch.device) -> torch.Tensor:
-    """The pattern's (H, n, n) block table on `device`, copied once per (layer plan, device)."""
-    return pattern.block_table().to(device)
+    """The pattern's (H, n, n) block table on `device`, copied once per (layer plan, device), outside any trace."""
+    with outside_the_trace():
+        return pattern.block_table().to(device)
 
 
 def bigbird_flex_attention(query, key, value, key_mask, pattern: BigBirdPattern, compiled: bool = True,

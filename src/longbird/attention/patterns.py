@@ -17,6 +17,8 @@ from functools import lru_cache
 
 import torch
 
+from ..tracing import outside_the_trace
+
 WINDOW_BLOCKS = 3
 GLOBAL_BLOCKS = 2
 RANDOM_BLOCK_PLANS = ("seeded", "transformers")
@@ -104,10 +106,19 @@ def bigbird_pattern(
     plan: str = "seeded",
 ) -> BigBirdPattern:
     """Draw the random blocks for (layer, length) once from a seeded generator; same plan in train and eval.
-    plan="transformers": every random block is block 0 (transformers' BigBird at inference)."""
+    plan="transformers": every random block is block 0 (transformers' BigBird at inference).
+
+    A pure function of its ints, computed outside any trace (`tracing.outside_the_trace`): an exported graph holds
+    the drawn plan as a constant and never draws it itself, whether or not this length ran eagerly before."""
     if plan not in RANDOM_BLOCK_PLANS:
         raise ValueError(f"random-block plan must be one of {RANDOM_BLOCK_PLANS}; got {plan!r}")
-    n, r = num_blocks, num_random_blocks
+    with outside_the_trace():
+        return _draw_pattern(num_blocks, block_size, num_heads, num_random_blocks, seed, layer, plan)
+
+
+def _draw_pattern(n: int, block_size: int, num_heads: int, r: int, seed: int, layer: int, plan: str) -> BigBirdPattern:
+    # BigBird's random blocks (Zaheer et al. 2020, §2 and App. D): r key blocks per middle query block and head, drawn
+    # from the blocks that are neither global nor in the window.
     middle = max(n - 2, 0)
     if middle == 0 or r == 0:
         return BigBirdPattern(n, block_size, torch.full((num_heads, middle, r), -1, dtype=torch.long))
