@@ -327,3 +327,16 @@ def test_the_dev_side_warning_fires_only_for_files_scored_on_the_split(tiny_sour
         finetune_qa(tiny_source, KORQUAD1, tmp_path / "korquad1", "korquad1", max_length=128, max_examples=2,
                     settings=settings)
     assert "dev side of the by-article split" in caplog.text and "--split train" in caplog.text
+
+
+@pytest.mark.parametrize("preset", ["littlebird", "tape"])
+def test_export_of_a_preset_bigbird_cannot_hold_names_the_ones_it_can_and_the_alternatives(tiny_source, tmp_path,
+                                                                                           preset):
+    model = tmp_path / preset
+    result = runner.invoke(app, ["convert", str(tiny_source), "--preset", preset, "--max-length", "128", "--out",
+                                 str(model)])
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "exported"
+    _fails_in_one_line(["export", str(model), "--out", str(out)], "the kobigbird and full presets",
+                       "torch.export or torch.onnx.export")
+    assert not out.exists()

@@ -19,10 +19,14 @@ logger = logging.getLogger("longbird.export")
 
 
 def to_bigbird_config(config: LongBirdConfig) -> BigBirdConfig:
-    if config.position != "absolute":
-        raise ValueError(f"hf-bigbird export needs absolute positions; this model uses position={config.position!r}")
-    if config.attention not in ("bigbird", "full"):
-        raise ValueError(f"hf-bigbird export needs attention 'bigbird' or 'full'; got {config.attention!r}")
+    if config.position != "absolute" or config.attention not in ("bigbird", "full"):
+        # transformers' BigBirdModel has absolute positions and BigBird/full attention only: a LittleBird (BiALiBi,
+        # sliding window, pack) or TAPE model has no counterpart there, but the traced graph formats carry it as is.
+        raise ValueError(f"hf-bigbird export needs absolute positions and bigbird or full attention (the kobigbird and "
+                         f"full presets); this model has position={config.position!r}, "
+                         f"attention={config.attention!r}. Use the model as a longbird directory (Auto classes), or "
+                         "export its graph with torch.export or torch.onnx.export (README: 'torch.export, ONNX, "
+                         "torch.compile')")
     if config.embedding_size != config.hidden_size:
         raise ValueError(
             f"hf-bigbird has no embedding projection: embedding_size ({config.embedding_size}) != hidden_size "
