@@ -477,8 +477,9 @@ def answer(
 
     if not question.strip():
         raise ValueError("--question is empty; ask a question about the document")
-    if not 0.0 <= min_probability <= 1.0:  # before the model loads
-        raise ValueError(f"--min-probability must lie in [0, 1]; got {min_probability}")
+    from .workflows import check_min_probability
+
+    check_min_probability(min_probability)  # before the model loads
     device = resolve_device(device)
     config = json.loads((resolve_model_directory(model) / "config.json").read_text(encoding="utf-8"))
     limit = config.get("max_position_embeddings")

@@ -440,6 +440,12 @@ def evaluate_cls(model_path, data, window_length: int | None = None, stride: int
     return {"metrics": metrics, "predictions": predictions}
 
 
+def check_min_probability(min_probability: float) -> None:
+    """`answer`'s threshold is a probability; the CLI asks before the model loads, the library on every call."""
+    if not 0.0 <= min_probability <= 1.0:
+        raise ValueError(f"--min-probability must lie in [0, 1]; got {min_probability}")
+
+
 def answer(model, document: str, question: str, tokenizer=None, is_html: bool | None = None,
            window_length: int | None = None, device: str | None = None, max_answer_tokens: int | None = None,
            scoring: str = DEFAULT_SCORING, doc_stride: int | None = None, model_dir=None,
@@ -456,8 +462,7 @@ def answer(model, document: str, question: str, tokenizer=None, is_html: bool | 
 
     if not question or not question.strip():
         raise ValueError("the question is empty; ask a question about the document")
-    if not 0.0 <= min_probability <= 1.0:
-        raise ValueError(f"--min-probability must lie in [0, 1]; got {min_probability}")
+    check_min_probability(min_probability)
     if isinstance(model, (str, Path)):
         model_dir = model
         model, tokenizer = load_on_device(model, LongBirdForQuestionAnswering, device)
