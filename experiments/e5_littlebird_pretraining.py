@@ -3,7 +3,8 @@
 Source: the embedded multilingual-e5-small (Korean-capable, 12 layers, 384 hidden). Corpus: the default Korean corpus
 (`longbird.data.corpus.default_corpus`): training documents = KorQuAD 1.0 articles of the by-article train split,
 KorQuAD 2.1 pages, TyDi QA Korean documents, laws and bills; held-out = the 28 KorQuAD 1.0 dev-split articles. The
-objective is Recurring Span Selection everywhere (LittleBird §4.1). Runs (all bf16 autocast, lr 2e-4 with the BiALiBi
+objective is Recurring Span Selection everywhere (LittleBird §4.1). Runs (one precision for all rows, `--precision`:
+bf16 autocast where the CPU multiplies bf16, else fp32; lr 2e-4 with the BiALiBi
 slopes at 1e-2 (`--slope-learning-rate`; at 2e-4 a run this short leaves them at ALiBi's values), seed 0):
 - A   littlebird converted at 4096, distilled at 512: RSS + attention KL to the teacher (`longbird distill --rss`).
 - A'  littlebird converted at 4096, RSS at 512 without distillation, same steps as A.
@@ -25,7 +26,8 @@ disjoint from the training side's (asserted, both lists in the JSON), and every 
 SHA-256 of the documents it trained on, none of which may be held out (asserted before scoring). Before 2026-11-24
 rows A', B, C and D trained with `held_out=0`, which put the held-out articles into their training corpus.
 
-Usage: python experiments/e5_littlebird_pretraining.py [--steps-512 40] [--steps-2k 300] [--qa-steps 30] [--resume]
+Usage: python experiments/e5_littlebird_pretraining.py [--steps-512 40] [--steps-2k 300] [--qa-steps 30]
+       [--precision auto|fp32|bf16] [--resume]
 Writes experiments/results/e5_littlebird_pretraining.{json,md,png}; models go to experiments/runs/e5/.
 """
 
@@ -37,6 +39,8 @@ import sys
 import time
 from pathlib import Path
 
+import contextlib
+
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,6 +50,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 from longbird.data.corpus import corpus_windows, default_corpus_titled, text_hash  # noqa: E402
 from longbird.files import save_figure_atomically, write_file_atomically  # noqa: E402
 from longbird.heads import LongBirdForQuestionAnswering, LongBirdForSpanSelection  # noqa: E402
+from longbird.precision import native_bf16  # noqa: E402
 from longbird.sources import resolve_model_directory  # noqa: E402
 from longbird.training.distill import attention_kl, load_teacher  # noqa: E402
 from longbird.training.finetune import FinetuneSettings  # noqa: E402
@@ -60,9 +65,17 @@ LABELS = {"init": "littlebird, converted (no training)", "A": "A: littlebird dis
           "B": "B: A continued at 2K", "C": "C: A continued at 4K", "D": "D: kobigbird at 4K, no distillation"}
 
 
+BF16 = True  # set by main() from --precision; one precision for every row of the table
+
+
 def settings_for(steps: int, batch: int, accumulation: int = 1) -> FinetuneSettings:
     return FinetuneSettings(learning_rate=2e-4, slope_learning_rate=1e-2, max_steps=steps, batch_size=batch,
-                            gradient_accumulation_steps=accumulation, bf16=True, logging_steps=5, progress=True)
+                            gradient_accumulation_steps=accumulation, bf16=BF16, logging_steps=5, progress=True)
+
+
+def reading_precision():
+    """bf16 autocast for scoring when the runs train in bf16, else plain fp32."""
+    return torch.autocast("cpu", dtype=torch.bfloat16) if BF16 else contextlib.nullcontext()
 
 
 def train_runs(args, work: Path, results: dict) -> None:
@@ -178,7 +191,7 @@ def evaluate_rss(args, work: Path, results: dict, held: list[str]) -> None:
         for length in LENGTHS:
             items = rss_examples(held, tokenizer, length, seed=0)
             started = time.time()
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with reading_precision():
                 row[str(length)] = {"accuracy": rss_accuracy(model, items, batch_size=max(1, 2048 // length)),
                                     "windows": len(items), "questions": sum(len(i["question_positions"]) for i in items),
                                     "seconds": time.time() - started}
@@ -239,7 +252,7 @@ def qa_comparison(args, work: Path, results: dict) -> None:
             continue
         out = work / ("qa-" + label.split()[0])
         started = time.time()
-        settings = FinetuneSettings(learning_rate=1e-4, max_steps=args.qa_steps, batch_size=2, bf16=True,
+        settings = FinetuneSettings(learning_rate=1e-4, max_steps=args.qa_steps, batch_size=2, bf16=BF16,
                                     logging_steps=5)
         metrics = finetune_qa(start, train, out, data_format="korquad1-articles", preset=preset or "littlebird",
                               max_length=4096, window_length=4096, negative_fraction=0.1, settings=settings,
@@ -248,7 +261,7 @@ def qa_comparison(args, work: Path, results: dict) -> None:
         model, tokenizer = load_task_model(out, LongBirdForQuestionAnswering)
         buckets = answer_buckets(dev, tokenizer)
         started = time.time()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with reading_precision():
             _, scores = read_and_score(model, tokenizer, dev, buckets, 4096, None, None)
         results["qa"][label] = {"scores": scores, "train_seconds": train_seconds,
                                 "eval_seconds": time.time() - started, "steps": args.qa_steps,
@@ -271,7 +284,7 @@ def save(results: dict, args) -> None:
 def table(results: dict) -> str:
     runs, rss = results["runs"], results["rss"]
     lines = [f"Command: `{results['command']}`  ",
-             "Source multilingual-e5-small; RSS objective; bf16 autocast; lr 2e-4, BiALiBi slopes 1e-2; 2 CPU threads; held-out = the 28 "
+             f"Source multilingual-e5-small; RSS objective; {results.get('precision', 'bf16 autocast')}; lr 2e-4, BiALiBi slopes 1e-2; 2 CPU threads; held-out = the 28 "
              f"KorQuAD 1.0 dev-split articles; {results.get('wall_seconds', 0) / 60:.0f} min wall in all.", "",
              "| row | trained at | steps x windows | train min | RSS acc 512 | RSS acc 2K | RSS acc 4K | attention KL 512 "
              "| pack mass |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -357,16 +370,24 @@ def main() -> None:
     parser.add_argument("--qa-train-questions", type=int, default=100)
     parser.add_argument("--qa-dev-questions", type=int, default=60)
     parser.add_argument("--skip-qa", action="store_true")
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+                        help="auto: bf16 autocast where the CPU multiplies bf16 (longbird.precision), else fp32")
     parser.add_argument("--resume", action="store_true", help="Keep finished runs and scores of an earlier run")
     parser.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
     parser.add_argument("--work", type=Path, default=ROOT / "experiments" / "runs" / "e5")
     args = parser.parse_args()
+    global BF16
+    BF16 = args.precision == "bf16" or (args.precision == "auto" and native_bf16("cpu"))
     command = "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:])
     results = {"command": command, "settings": {k: str(v) for k, v in vars(args).items()}, "runs": {}, "rss": {},
-               "qa": {}, "_started": time.time()}
+               "qa": {}, "precision": "bf16 autocast" if BF16 else "fp32", "torch_threads": torch.get_num_threads(),
+               "_started": time.time()}
     previous = args.out / "e5_littlebird_pretraining.json"
     if args.resume and previous.exists():
         old = json.loads(previous.read_text())
+        if old.get("precision", "bf16 autocast") != results["precision"]:
+            raise SystemExit(f"--resume: the earlier run used {old.get('precision', 'bf16 autocast')}, this one "
+                             f"{results['precision']}; one table needs one precision (pass --precision or start over)")
         results.update({k: old[k] for k in ("runs", "rss", "qa")})
         results["command"] = old["command"] + " && " + command
         results["_started"] -= old.get("wall_seconds", 0.0)
