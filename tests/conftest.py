@@ -74,6 +74,18 @@ def make_batch(length: int, batch: int = 2, pad_id: int = 0, seed: int = 0, padd
     return input_ids, attention_mask
 
 
+@pytest.fixture(scope="session", autouse=True)
+def flex_failures_of_this_session(tmp_path_factory):
+    """The suite records flex compile failures in a file of its own, never in the user's cache directory (a test that
+    makes flex fail on purpose must not turn flex off for the user's later runs)."""
+    from longbird.attention import flex_failures
+
+    record = tmp_path_factory.mktemp("flex-failures") / flex_failures.RECORD_NAME
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(flex_failures, "record_path", lambda: record)
+        yield record
+
+
 @pytest.fixture(params=list(SOURCES))
 def source_name(request):
     return request.param

@@ -5,17 +5,19 @@ import logging
 import pytest
 import torch
 
-from longbird.attention import backend
+from longbird.attention import backend, flex_failures
 from longbird.attention.backend import CPU_FLEX_MIN_LENGTH, SparseBackend, choose_backend
 
 CPU = torch.device("cpu")
 
 
 @pytest.fixture(autouse=True)
-def fresh_state(monkeypatch):
-    monkeypatch.setattr(backend, "_broken", {})
+def fresh_state(monkeypatch, tmp_path):
+    monkeypatch.setattr(flex_failures, "_in_process", {})
+    monkeypatch.setattr(flex_failures, "record_path", lambda: tmp_path / flex_failures.RECORD_NAME)
     monkeypatch.setattr(backend, "_last_logged", None)
     monkeypatch.delenv("LONGBIRD_ATTENTION_BACKEND", raising=False)
+    monkeypatch.delenv("LONGBIRD_VERBOSE", raising=False)
 
 
 def test_cpu_rule_follows_autograd_and_length(caplog):
@@ -43,6 +45,9 @@ def test_explicit_requests_and_the_environment_variable(monkeypatch):
         assert choose_backend("auto", CPU, 8192, 64).name == "blocked"
 
 
+QUERY = torch.zeros(1, 2, 8, 16)
+
+
 def test_a_failing_flex_call_falls_back_and_stays_on_the_blocked_kernel(caplog):
     calls = []
 
@@ -56,12 +61,113 @@ def test_a_failing_flex_call_falls_back_and_stays_on_the_blocked_kernel(caplog):
 
     chosen = SparseBackend("flex", "test")
     with caplog.at_level(logging.WARNING, logger="longbird.attention"):
-        chosen.run(broken, blocked, CPU)
-        chosen.run(broken, blocked, CPU)  # e.g. a checkpoint's recomputation: the same kernel as the forward
+        chosen.run(broken, blocked, QUERY, "bigbird")
+        chosen.run(broken, blocked, QUERY, "bigbird")  # e.g. a checkpoint's recomputation: the same kernel again
     assert calls == ["flex", "blocked", "blocked"]
-    assert "RuntimeError: no C++ compiler" in caplog.text
-    with torch.no_grad():
-        assert choose_backend("auto", CPU, 8192, 64).name == "blocked"
+    assert "RuntimeError: no C++ compiler" in caplog.text and "long details" not in caplog.text
+    assert "--verbose shows the error" in caplog.text
     with pytest.raises(RuntimeError, match="no C"):  # an explicit flex request is never silently replaced
-        backend._broken.clear()
-        SparseBackend("flex", "test", strict=True).run(broken, blocked, CPU)
+        SparseBackend("flex", "test", strict=True).run(broken, blocked, QUERY, "bigbird")
+
+
+def test_a_failure_is_remembered_for_its_family_only():
+    """Another kernel, head dimension or dtype is a different compilation: tried afresh."""
+    calls = []
+
+    def broken():
+        calls.append("flex")
+        raise RuntimeError("InductorError: CppCompileError")
+
+    def working():
+        calls.append("flex ok")
+        return torch.ones(1)
+
+    chosen = SparseBackend("flex", "test")
+    chosen.run(broken, lambda: torch.zeros(1), QUERY, "bigbird")
+    assert chosen.run(working, lambda: torch.zeros(1), QUERY, "usw").item() == 1
+    assert chosen.run(working, lambda: torch.zeros(1), torch.zeros(1, 2, 8, 32), "bigbird").item() == 1
+    assert chosen.run(working, lambda: torch.zeros(1), QUERY.bfloat16(), "bigbird").item() == 1
+    assert chosen.run(working, lambda: torch.zeros(1), QUERY, "bigbird").item() == 0  # the failed family
+    assert calls == ["flex", "flex ok", "flex ok", "flex ok"]
+    key = flex_failures.family("bigbird", QUERY)
+    assert f"torch-{torch.__version__}" in key and torch.backends.cpu.get_cpu_capability() in key
+    assert "head_dim=16" in key and "float32" in key
+
+
+def test_verbose_shows_the_compilers_message(caplog, monkeypatch):
+    monkeypatch.setenv("LONGBIRD_VERBOSE", "1")
+
+    def broken():
+        raise RuntimeError("C++ compile error\nerror: 'cur_kvSplitSize8' was not declared in this scope")
+
+    with caplog.at_level(logging.WARNING, logger="longbird.attention"):
+        SparseBackend("flex", "test").run(broken, lambda: torch.zeros(1), QUERY, "bigbird")
+    assert "'cur_kvSplitSize8' was not declared" in caplog.text
+
+
+def test_an_unreadable_or_unwritable_record_keeps_the_memory_in_process(monkeypatch, tmp_path):
+    record = tmp_path / "not-a-directory"
+    record.write_text("{ not json")
+    assert flex_failures.known_failure(flex_failures.family("bigbird", QUERY)) is None  # unreadable: ignored
+    monkeypatch.setattr(flex_failures, "record_path", lambda: record / flex_failures.RECORD_NAME)  # cannot be made
+
+    def broken():
+        raise RuntimeError("no compiler")
+
+    chosen = SparseBackend("flex", "test")
+    chosen.run(broken, lambda: torch.zeros(1), QUERY, "bigbird")
+    assert flex_failures.known_failure(flex_failures.family("bigbird", QUERY))["error"] == "RuntimeError: no compiler"
+
+
+# A whole model in a fresh process per call, as `longbird answer` is: flex made to fail in the first process, never
+# attempted in the second (before the record, every process paid the failed compile again).
+CHILD = """
+import sys, torch
+from longbird.attention import backend
+import longbird.modeling as modeling
+from longbird import LongBirdConfig, LongBirdModel
+
+calls = []
+def flex(*args, **kwargs):
+    calls.append(1)
+    raise RuntimeError("InductorError: CppCompileError: C++ compile error\\nerror: 'cur_kvSplitSize8' was not declared")
+modeling.bigbird_flex_attention = flex
+backend.CPU_FLEX_MIN_LENGTH = 0  # CPU inference at any length picks flex
+torch.manual_seed(0)
+config = LongBirdConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=256, block_size=8, attention="bigbird",
+                        source_max_positions=32, num_random_blocks=1)
+model = LongBirdModel(config).eval()
+with torch.no_grad():
+    out = model(input_ids=torch.randint(5, 50, (1, 128))).last_hidden_state
+print("flex calls", len(calls), "sum", float(out.double().sum()))
+"""
+
+
+def test_the_failure_is_remembered_by_the_next_process(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    environment = {**os.environ, "LONGBIRD_CACHE": str(tmp_path / "cache")}
+    runs = [subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=environment, timeout=300)
+            for _ in range(2)]
+    for run in runs:
+        assert run.returncode == 0, run.stderr
+    first, second = (run.stdout.split() for run in runs)
+    assert first[2] != "0" and second[2] == "0", (first, second)  # the second process never tried flex
+    assert first[4] == second[4]  # and computed the same thing on the blocked kernels
+    assert "flex_attention failed" in runs[0].stderr and "flex_attention failed" not in runs[1].stderr
+    record = tmp_path / "cache" / flex_failures.RECORD_NAME
+    assert "cur_kvSplitSize8" in record.read_text()
+
+
+def test_the_one_line_summary_names_the_compilers_error_not_its_warnings():
+    message = ("backend='inductor' raised:\nCppCompileError: C++ compile error\n"
+               "x.cpp:10:5: warning: comparison of integer expressions\n"
+               "x.cpp:250:26: error: 'transpose_block' is not a member of 'at::vec'\n" + "note: padding\n" * 500)
+    failure = flex_failures.describe(RuntimeError(message))
+    assert failure["error"] == ("RuntimeError: backend='inductor' raised error: 'transpose_block' is not a member "
+                                "of 'at::vec'")
+    assert failure["detail"].startswith("CppCompileError: C++ compile error\nx.cpp:250:26: error:")
+    assert "comparison of integer" not in failure["detail"]

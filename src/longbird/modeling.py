@@ -114,7 +114,7 @@ class LongBirdSelfAttention(nn.Module):
             return (backend or SparseBackend()).run(
                 lambda: bigbird_flex_attention(q, k, v, mask, pattern, workspace=workspace),
                 lambda: bigbird_attention(q, k, v, mask, pattern, workspace, self.attention_dropout()),
-                q.device)
+                q, "bigbird")
 
         groups, patterns = plan
         return run_groups(groups, patterns, query, key, value, key_mask, attend)
@@ -294,7 +294,7 @@ class LittleBirdLayer(nn.Module):
                 lambda: usw_attention(query, key, value, layout or usw_layout(key_mask, positions, self.block_size),
                                       self.bialibi, pack_key, pack_value, workspace, unpack.attention_dropout(),
                                       scale),
-                query.device)
+                query, "usw")
         if tape is not None:
             context, attended_states = tape_states.split_states(context, unpack.head_dim)
             tape = tape + tape_states.mix_heads(unpack.tape_post, attended_states.to(tape.dtype))

@@ -1,4 +1,5 @@
-"""Attention kernels. Imports only torch. Layout (b, h, n, d); `*_mask` is bool, True = may attend."""
+"""Attention kernels. Imports only torch (the flex failure record, `flex_failures.py`, also uses longbird's stdlib-only
+`sources.cache_root` and `files`). Layout (b, h, n, d); `*_mask` is bool, True = may attend."""
 
 from .bigbird import bigbird_attention
 from .full import full_attention

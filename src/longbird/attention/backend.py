@@ -8,8 +8,10 @@ INFO when the choice changes, DEBUG on every call). Measured reasons behind the 
   per-token mask_mod that costs ~10x in the tiles it runs in; the blocked kernels are faster there, so they train.
 - CPU: flex has no backward, so training uses the blocked kernels; for inference compiled flex is faster from
   CPU_FLEX_MIN_LENGTH tokens on, and below that the first call's compile time is never repaid.
-A compile or kernel failure (no C++ compiler, an unsupported GPU) logs a warning and falls back to the blocked
-kernels for that device type for the rest of the process.
+A compile or kernel failure (no C++ compiler, an unsupported GPU, an Inductor code-generation bug) logs a warning once
+(the compiler's whole message with `longbird --verbose`) and falls back to the blocked kernels. The failure is
+remembered for its family (kernel, device and capability, torch version, head dimension, dtype) across processes in
+the cache directory (`flex_failures.py`), so the next process skips the failed compilation instead of paying for it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from typing import Callable
 
 import torch
 
+from . import flex_failures
+
 BACKENDS = ("auto", "blocked", "flex")
 # From benchmarks/results/flex_cpu.md (`python benchmarks/flex_cpu.py`): compiled flex beats the blocked kernels
 # for CPU inference from 4096 tokens on (model forward, base size).
@@ -29,7 +33,6 @@ FLEX_MIN_BLOCK_SIZE = 16
 
 logger = logging.getLogger("longbird.attention")
 _last_logged: tuple[str, str] | None = None
-_broken: dict[str, str] = {}  # device type -> why flex failed there
 
 
 @dataclass(frozen=True)
@@ -41,15 +44,21 @@ class SparseBackend:
     strict: bool = False
 
     def run(self, flex_call: Callable[[], torch.Tensor], blocked_call: Callable[[], torch.Tensor],
-            device: torch.device) -> torch.Tensor:
-        # Once flex failed on this device, every later call (a checkpoint's recomputation too) takes the blocked kernel.
-        if self.name == "flex" and device.type not in _broken:
-            try:
-                return flex_call()
-            except Exception as error:  # compile/kernel failure: fall back unless flex was asked for
-                if self.strict:
-                    raise
-                mark_broken(device, error)
+            query: torch.Tensor, kernel: str) -> torch.Tensor:
+        """`kernel` ("bigbird" or "usw") and `query` (b, h, n, d) name the compilation's family."""
+        if self.name != "flex":
+            return blocked_call()
+        key = flex_failures.family(kernel, query)
+        # Once flex failed for this family (in any process), every later call (a checkpoint's recomputation too)
+        # takes the blocked kernel; an explicit request for flex still tries, and raises.
+        if not self.strict and flex_failures.known_failure(key) is not None:
+            return blocked_call()
+        try:
+            return flex_call()
+        except Exception as error:  # compile/kernel failure: fall back unless flex was asked for
+            mark_broken(key, error)
+            if self.strict:
+                raise
         return blocked_call()
 
 
@@ -92,8 +101,6 @@ def choose_backend(requested: str, device: torch.device, length: int, block_size
 
 
 def _flex_unusable(device: torch.device, grad: bool, block_size: int) -> str | None:
-    if device.type in _broken:
-        return f"flex_attention failed earlier on {device.type}: {_broken[device.type]}"
     if device.type == "cpu" and grad:
         return "CPU with autograd on: flex_attention has no backward on CPU"
     if device.type == "cuda" and block_size < FLEX_MIN_BLOCK_SIZE:
@@ -103,11 +110,13 @@ def _flex_unusable(device: torch.device, grad: bool, block_size: int) -> str | N
     return None
 
 
-def mark_broken(device: torch.device, error: Exception) -> None:
-    """Remember that flex failed on this device type; later calls take the blocked kernels."""
-    _broken[device.type] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-    logger.warning("flex_attention failed on %s (%s); using the blocked kernels from now on",
-                   device.type, _broken[device.type])
+def mark_broken(key: str, error: Exception) -> None:
+    """Remember that flex failed for this family, here and for later processes; later calls take the blocked
+    kernels. The warning names the error; `longbird --verbose` (LONGBIRD_VERBOSE=1) adds the compiler's message."""
+    failure = flex_failures.remember_failure(key, error)
+    detail = f"\n{failure['detail']}" if os.environ.get("LONGBIRD_VERBOSE") == "1" else " (--verbose shows the error)"
+    logger.warning("flex_attention failed for %s (%s); using the blocked kernels, in later processes too (recorded "
+                   "in %s; delete it to retry)%s", key, failure["error"], failure["record"], detail)
 
 
 def _logged(backend: str, reason: str, strict: bool = False) -> SparseBackend:
