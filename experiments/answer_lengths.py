@@ -24,7 +24,7 @@ from longbird.data.features import features_for_rows  # noqa: E402
 from longbird.data.html import add_tag_tokens  # noqa: E402
 from longbird.files import write_file_atomically  # noqa: E402
 from longbird.sources import resolve_model_directory  # noqa: E402
-from longbird.workflows import read_qa_data  # noqa: E402
+from longbird.tasks.qa import read_qa_data  # noqa: E402
 
 LIMITS = (16, 32, 64, 128, 256, 512)
 DATA = {"KorQuAD 1.0 (paragraphs)": (ROOT / "data" / "korquad" / "KorQuAD_v1.0_dev.json", "korquad1"),

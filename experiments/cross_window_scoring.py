@@ -36,7 +36,8 @@ from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
 from longbird.precision import native_bf16  # noqa: E402
 from longbird.metrics.intervals import bootstrap_interval, paired_difference  # noqa: E402
 from longbird.qa import DEFAULT_SCORING, SCORING_RULES, merge_windows, row_features, score_windows  # noqa: E402
-from longbird.workflows import load_task_model, per_question_scores, require_trained_apart, sample_questions  # noqa: E402
+from longbird.checkpoints import load_task_model  # noqa: E402
+from longbird.tasks.qa import per_question_scores, require_trained_apart, sample_questions  # noqa: E402
 
 WINDOW, STRIDE = 512, 128
 BASELINE = "logit"

@@ -39,7 +39,8 @@ from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
 from longbird.positions.taper import extend_position_table  # noqa: E402
 from longbird.qa import predict_rows  # noqa: E402
 from longbird.training.finetune import FinetuneSettings  # noqa: E402
-from longbird.workflows import convert_to_directory, finetune_qa, load_task_model  # noqa: E402
+from longbird.checkpoints import convert_to_directory, load_task_model  # noqa: E402
+from longbird.tasks.qa import finetune_qa  # noqa: E402
 
 NAMES = ["민준", "서연", "도윤", "하은", "시우", "지유", "주원", "서윤", "예준", "지아", "하준", "수아", "지호", "채원",
          "준서", "다은", "건우", "예린", "현우", "소율", "우진", "윤서", "선우", "민서"]

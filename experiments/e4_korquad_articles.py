@@ -48,8 +48,8 @@ from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
 from longbird.sources import resolve_source  # noqa: E402
 from longbird.qa import predict_rows  # noqa: E402
 from longbird.training.finetune import FinetuneSettings  # noqa: E402
-from longbird.workflows import (convert_to_directory, finetune_qa, load_task_model,  # noqa: E402
-                                require_trained_apart, sample_questions, score_predictions)
+from longbird.checkpoints import convert_to_directory, load_task_model  # noqa: E402
+from longbird.tasks.qa import finetune_qa, require_trained_apart, sample_questions, score_predictions  # noqa: E402
 
 # name: (preset, model length, window, doc_stride, max_windows, conversion overrides)
 METHODS = {

@@ -37,7 +37,8 @@ from longbird.data.korquad import read_squad_paragraphs, split_by_title  # noqa:
 from longbird.files import write_file_atomically  # noqa: E402
 from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
 from longbird.training.finetune import FinetuneSettings  # noqa: E402
-from longbird.workflows import finetune_qa, load_task_model, sample_questions  # noqa: E402
+from longbird.tasks.qa import finetune_qa, sample_questions  # noqa: E402
+from longbird.checkpoints import load_task_model  # noqa: E402
 
 # name: (window, doc_stride, max_windows) used to read the dev articles
 READERS = {

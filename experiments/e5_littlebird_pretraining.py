@@ -55,7 +55,9 @@ from longbird.sources import resolve_model_directory  # noqa: E402
 from longbird.training.distill import attention_kl, load_teacher  # noqa: E402
 from longbird.training.finetune import FinetuneSettings  # noqa: E402
 from longbird.training.rss import RSSCollator, rss_examples  # noqa: E402
-from longbird.workflows import distill, finetune_qa, load_task_model, pretrain, rss_accuracy  # noqa: E402
+from longbird.tasks.pretraining import distill, pretrain, rss_accuracy  # noqa: E402
+from longbird.tasks.qa import finetune_qa  # noqa: E402
+from longbird.checkpoints import load_task_model  # noqa: E402
 
 SOURCE = "multilingual-e5-small"
 LENGTHS = (512, 2048, 4096)
@@ -238,7 +240,7 @@ def qa_comparison(args, work: Path, results: dict) -> None:
     whole articles with the same budget (E4 setting, window 4096), scored on dev-split articles."""
     from e4_korquad_articles import answer_buckets, dev_articles, read_and_score
     from longbird.data.korquad import read_korquad_v1_articles, split_by_title
-    from longbird.workflows import sample_questions
+    from longbird.tasks.qa import sample_questions
 
     trained = [name for name in ("B", "C", "D") if name in results["rss"]]
     best = max(trained, key=lambda name: results["rss"][name]["4096"]["accuracy"])

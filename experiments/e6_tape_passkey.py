@@ -42,7 +42,8 @@ from longbird.data.features import features_for_rows  # noqa: E402
 from longbird.data.html import add_tag_tokens  # noqa: E402
 from longbird.training import peft as longbird_peft  # noqa: E402
 from longbird.training.finetune import FinetuneSettings, qa_training_items, train  # noqa: E402
-from longbird.workflows import finetune_qa, load_task_model  # noqa: E402
+from longbird.tasks.qa import finetune_qa  # noqa: E402
+from longbird.checkpoints import load_task_model  # noqa: E402
 
 SOURCE = "multilingual-e5-small"
 RUNS = {  # run -> (preset, PEFT or full fine-tuning)

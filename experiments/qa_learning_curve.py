@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from longbird.files import save_figure_atomically, write_file_atomically  # noqa: E402
 from longbird.precision import native_bf16  # noqa: E402
-from longbird.workflows import evaluate_qa, read_qa_data, sample_questions  # noqa: E402
+from longbird.tasks.qa import evaluate_qa, read_qa_data, sample_questions  # noqa: E402
 
 DATA = ROOT / "data" / "korquad" / "KorQuAD_v1.0_dev.json"
 

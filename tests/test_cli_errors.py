@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from longbird.cli import app
-from longbird.workflows import answer
+from longbird.tasks.qa import answer
 from test_qa_cli import PAGES, tiny_qa, tiny_source  # noqa: F401  (fixtures)
 
 runner = CliRunner()
@@ -113,22 +113,22 @@ def test_python_answer_function(tiny_qa):
 
 def test_training_on_the_dev_side_of_the_split_is_warned(tiny_source, tmp_path, caplog):
     from longbird.training.finetune import FinetuneSettings
-    from longbird.workflows import finetune_qa
+    from longbird.tasks.qa import finetune_qa
 
     settings = FinetuneSettings(max_steps=1, batch_size=1, progress=False)
-    with caplog.at_level("WARNING", logger="longbird.workflows"):
+    with caplog.at_level("WARNING", logger="longbird.tasks.qa"):
         finetune_qa(tiny_source, KORQUAD1, tmp_path / "all", data_format="korquad1", max_length=256, max_examples=2,
                     settings=settings)
     assert any("--split train" in record.getMessage() for record in caplog.records)
     caplog.clear()
-    with caplog.at_level("WARNING", logger="longbird.workflows"):
+    with caplog.at_level("WARNING", logger="longbird.tasks.qa"):
         finetune_qa(tiny_source, KORQUAD1, tmp_path / "train", data_format="korquad1", max_length=256, max_examples=2,
                     settings=settings, split="train")
     assert not any("--split train" in record.getMessage() for record in caplog.records)
 
 
 def test_transformers_pipelines_run_longbird_models(tiny_source, tmp_path):
-    """transformers 5 has no question-answering pipeline (longbird.workflows.answer stands in); these two work."""
+    """transformers 5 has no question-answering pipeline (longbird.answer stands in); these two work."""
     import torch
     from transformers import AutoModel, AutoTokenizer, pipeline
 
@@ -317,7 +317,7 @@ def test_the_dev_side_warning_fires_only_for_files_scored_on_the_split(tiny_sour
     import logging
 
     from longbird.training.finetune import FinetuneSettings
-    from longbird.workflows import finetune_qa
+    from longbird.tasks.qa import finetune_qa
 
     settings = FinetuneSettings(max_steps=1, batch_size=1, progress=False)
     with caplog.at_level(logging.WARNING, logger="longbird"):

@@ -51,11 +51,12 @@ def test_auto_classes_know_longbird_in_any_import_order(first, then):
 def test_lazy_public_names():
     import longbird
     import longbird.convert  # noqa: F401  (the submodule import must not replace the function)
-    from longbird.workflows import answer
+    from longbird.tasks.qa import answer
 
     assert callable(longbird.convert) and longbird.convert.__module__ == "longbird.convert"
     assert longbird.answer is answer and "LongBirdModel" in dir(longbird)
-    from longbird.training.peft import load_tape_peft, tape_peft
+    from longbird.checkpoints import load_tape_peft
+    from longbird.training.peft import tape_peft
 
     assert longbird.tape_peft is tape_peft and longbird.load_tape_peft is load_tape_peft
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):

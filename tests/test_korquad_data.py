@@ -91,7 +91,7 @@ def test_split_is_by_article_and_reproducible():
 
 
 def test_max_examples_draws_a_seeded_sample_across_articles():
-    from longbird.workflows import sample_questions
+    from longbird.tasks.qa import sample_questions
 
     rows, _ = read_squad_paragraphs(KORQUAD / "KorQuAD_v1.0_dev.json")
     train = split_by_title(rows)["train"]

@@ -99,7 +99,7 @@ def test_bootstrap_intervals_cover_the_mean_and_pair_the_questions():
 
 
 def test_per_question_scores_average_to_the_official_score():
-    from longbird.workflows import per_question_scores, score_predictions
+    from longbird.tasks.qa import per_question_scores, score_predictions
 
     rows = [{"id": "a", "answers": {"text": ["신중현"], "answer_start": [0]}},
             {"id": "b", "answers": {"text": ["서울 특별시", "서울"], "answer_start": [0, 0]}},

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from longbird.cli import app
 from longbird.convert import default_source
 from longbird.heads import LongBirdForQuestionAnswering
-from longbird.workflows import check_tokenizer
+from longbird.checkpoints import check_tokenizer
 
 runner = CliRunner()
 from longbird.demo import KONLPY
@@ -157,7 +157,8 @@ def test_long_documents_are_mean_pooled_over_windows(tiny_source, tmp_path):
     from longbird.data.classification import document_windows
     from longbird.heads import LongBirdForSequenceClassification
     from longbird.training.finetune import PaddedBatches
-    from longbird.workflows import load_task_model, predict_documents
+    from longbird.checkpoints import load_task_model
+    from longbird.tasks.classification import predict_documents
 
     model, tokenizer = load_task_model(tiny_source, LongBirdForSequenceClassification, "kobigbird", 256,
                                        num_labels=2)
@@ -238,7 +239,7 @@ def test_held_out_check_refuses_a_reader_trained_without_a_split(tiny_qa, tmp_pa
     side passes, and one whose recorded training titles meet the held-out ones is refused by name."""
     from longbird.data.korquad import read_korquad_v1_articles, split_by_title
     from longbird.data.corpus import REPOSITORY_DATA
-    from longbird.workflows import require_trained_apart
+    from longbird.tasks.qa import require_trained_apart
 
     korquad = REPOSITORY_DATA / "korquad" / "KorQuAD_v1.0_dev.json"
     dev_titles = set(split_by_title(read_korquad_v1_articles(korquad)[0])["dev"]["title"])

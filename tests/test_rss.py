@@ -16,7 +16,7 @@ from longbird.convert import default_source
 from longbird.heads import LongBirdForSpanSelection
 from longbird.training.rss import IGNORE_INDEX, QUESTION_TOKEN, RSSCollator, add_question_token, rss_example, \
     rss_examples
-from longbird.workflows import rss_accuracy
+from longbird.tasks.pretraining import rss_accuracy
 from conftest import BLOCK, make_source
 from test_qa_cli import tiny_source  # noqa: F401  (fixture)
 
@@ -139,7 +139,7 @@ def test_pretrain_with_tape_peft_saves_only_what_was_trained(tiny_source, tmp_pa
     written; the directory loads back into the full model (base converted again) with those tensors."""
     from safetensors.torch import load_file
 
-    from longbird.workflows import load_task_model
+    from longbird.checkpoints import load_task_model
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(TEXT * 6)

@@ -239,8 +239,8 @@ def test_peft_cli_checkpoint_holds_only_what_was_trained_and_round_trips(tmp_pat
 
     from longbird.cli import app
     from longbird.heads import LongBirdForQuestionAnswering
-    from longbird.training.peft import load_tape_peft
-    from longbird.workflows import load_on_device
+    from longbird.checkpoints import load_tape_peft
+    from longbird.checkpoints import load_on_device
     from test_qa_cli import PAGES, write_tiny_source
 
     source = write_tiny_source(tmp_path / "source")
@@ -295,7 +295,7 @@ def test_peft_checkpoint_of_a_base_with_spare_embedding_rows_round_trips(tmp_pat
     from longbird.convert import default_source
     from longbird.data.html import TAG_TOKEN_MEANINGS, TAG_TOKENS
     from longbird.heads import LongBirdForQuestionAnswering
-    from longbird.workflows import load_on_device
+    from longbird.checkpoints import load_on_device
     from test_qa_cli import PAGES, write_tiny_source
 
     pieces = len(AutoTokenizer.from_pretrained(default_source(), local_files_only=True))
@@ -337,7 +337,8 @@ def _trained_peft_checkpoint(model_path, out, preset="tape", max_length=256, **o
     from longbird.heads import LongBirdForQuestionAnswering
     from longbird.training.finetune import FinetuneSettings
     from longbird.training.peft import tape_peft
-    from longbird.workflows import _save_trained, load_task_model
+    from longbird.runs import save_trained
+    from longbird.checkpoints import load_task_model
 
     model, tokenizer = load_task_model(model_path, LongBirdForQuestionAnswering, preset, max_length, **overrides)
     tape_peft(model)
@@ -347,7 +348,7 @@ def _trained_peft_checkpoint(model_path, out, preset="tape", max_length=256, **o
             if name.startswith("qa_"):
                 parameter.add_(0.1 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(2)))
     out.mkdir()
-    _save_trained(model, out, FinetuneSettings(peft="tape"), model_path, preset, max_length)
+    save_trained(model, out, FinetuneSettings(peft="tape"), model_path, preset, max_length)
     tokenizer.save_pretrained(out)
     return model.eval()
 
@@ -365,7 +366,7 @@ def test_peft_checkpoint_keeps_the_conversion_overrides_of_its_base(tmp_path):
     conversion settings is refused, naming the cause and the fix; its escape hatch (`"conversion": {}`, a base
     converted with no overrides) reads it, and here shows what the settings prevent: another base, other outputs."""
     from longbird.heads import LongBirdForQuestionAnswering
-    from longbird.workflows import load_task_model
+    from longbird.checkpoints import load_task_model
     from test_qa_cli import write_tiny_source
 
     source = write_tiny_source(tmp_path / "source")
@@ -402,7 +403,7 @@ def test_peft_checkpoint_of_a_converted_longbird_directory_round_trips_with_or_w
     """A base saved by `convert --set ...` is loaded, not converted: the new record (its settings given to
     from_pretrained) and a record without them both give back the trained model exactly."""
     from longbird.heads import LongBirdForQuestionAnswering
-    from longbird.workflows import convert_to_directory, load_task_model
+    from longbird.checkpoints import convert_to_directory, load_task_model
     from test_qa_cli import write_tiny_source
 
     source = write_tiny_source(tmp_path / "source")
@@ -427,7 +428,7 @@ def test_peft_checkpoint_of_a_littlebird_tape_base_reloads_exactly(tmp_path):
     checkpoint does not hold them: conversion draws them from a fixed seed, so the rebuilt base is the trained one
     and the reloaded model gives exactly the trained outputs (at a length where the packed keys are read)."""
     from longbird.heads import LongBirdForQuestionAnswering
-    from longbird.workflows import load_task_model
+    from longbird.checkpoints import load_task_model
     from test_qa_cli import write_tiny_source
 
     source = write_tiny_source(tmp_path / "source")

@@ -27,8 +27,8 @@ _LAZY = {
     "LongBirdForSequenceClassification": "heads", "register_auto_classes": "heads",
     "LongBirdModel": "modeling",
     "SUPPORTED_FAMILIES": "convert", "convert": "convert",
-    "answer": "workflows",
-    "tape_peft": "training.peft", "load_tape_peft": "training.peft",
+    "answer": "tasks.qa",
+    "tape_peft": "training.peft", "load_tape_peft": "checkpoints",
 }
 
 __all__ = ["METHODS", "__version__", *_LAZY]

@@ -126,7 +126,7 @@ def convert(
     overwrite: bool = typer.Option(False, help="Replace OUT if longbird wrote it"),
 ):
     """Convert a BERT/RoBERTa/XLM-R/CamemBERT/ELECTRA encoder into a longbird model."""
-    from .workflows import convert_to_directory
+    from .checkpoints import convert_to_directory
 
     source_name = source or "minilm"
     with console.status(f"converting {source_name} ({preset}, {max_length} tokens) and saving to {out}"):
@@ -384,7 +384,7 @@ def finetune_qa(
     overwrite: bool = typer.Option(False, help="Replace OUT if longbird wrote it"),
 ):
     """Fine-tune extractive QA on long documents (Trainer; `accelerate launch` for several GPUs)."""
-    from .workflows import finetune_qa as run
+    from .tasks.qa import finetune_qa as run
 
     metrics = run(model, [str(p) for p in train] if len(train) > 1 else train[0], out, data_format, preset,
                   max_length, window_length, doc_stride, max_windows, negative_fraction, max_examples,
@@ -436,7 +436,8 @@ def _autocast(device: str, bf16: bool):
 
 def _evaluate(model, data, out, task, data_format, window_length, doc_stride, max_windows, max_examples, split,
               batch_size, device, overwrite, max_answer_tokens=None, scoring="null-relative"):
-    from .workflows import evaluate_cls, evaluate_qa
+    from .tasks.classification import evaluate_cls
+    from .tasks.qa import evaluate_qa
 
     if task == "qa":
         result = evaluate_qa(model, [str(p) for p in data] if len(data) > 1 else data[0], data_format, window_length,
@@ -477,7 +478,7 @@ def answer(
 
     if not question.strip():
         raise ValueError("--question is empty; ask a question about the document")
-    from .workflows import check_min_probability
+    from .tasks.qa import check_min_probability
 
     check_min_probability(min_probability)  # before the model loads
     device = resolve_device(device)
@@ -489,11 +490,11 @@ def answer(
     # Read as bytes and decoded as is: offsets count characters of the file, \r of CRLF line ends included.
     text = read_text_file(document, "document")
     is_html = document.suffix.lower() in (".html", ".htm")
-    from .workflows import answer as answer_document
+    from .tasks.qa import answer as answer_document
 
     with console.status("loading the model"):
         from .heads import LongBirdForQuestionAnswering
-        from .workflows import load_on_device
+        from .checkpoints import load_on_device
 
         qa_model, tokenizer = load_on_device(model, LongBirdForQuestionAnswering, device)
     with console.status(f"reading {document.name} ({len(text):,} characters)"), _autocast(device, bf16):
@@ -560,7 +561,7 @@ def distill(
     overwrite: bool = typer.Option(False, help="Replace OUTPUT_DIR/model if longbird wrote it"),
 ):
     """Distil the short source into a long student (LittleBird 3.4): attention KL per layer + soft targets."""
-    from .workflows import distill as run
+    from .tasks.pretraining import distill as run
 
     settings = _settings(learning_rate, 1.0, max_steps, batch_size, seed, padding_insertion, bf16, False, device,
                          False, logging_steps=logging_steps, peft=peft, slope_learning_rate=slope_learning_rate,
@@ -595,7 +596,7 @@ def pretrain(
     overwrite: bool = typer.Option(False, help="Replace OUTPUT_DIR/model if longbird wrote it"),
 ):
     """Continued long training with Recurring Span Selection (LittleBird 3.4 step 3); reports held-out RSS accuracy."""
-    from .workflows import pretrain as run
+    from .tasks.pretraining import pretrain as run
 
     settings = _settings(learning_rate, 1.0, max_steps, batch_size, seed, padding_insertion, bf16, False, device,
                          False, save_steps, resume, logging_steps, peft, slope_learning_rate,
@@ -630,7 +631,7 @@ def finetune_cls(
     overwrite: bool = typer.Option(False, help="Replace OUT if longbird wrote it"),
 ):
     """Fine-tune long-document classification (windows of a long document share its label)."""
-    from .workflows import finetune_cls as run
+    from .tasks.classification import finetune_cls as run
 
     metrics = run(model, train, out, preset, max_length, window_length, stride, text_field, label_field,
                   _settings(learning_rate, epochs, max_steps, batch_size, seed, padding_insertion, bf16, fp16, device,

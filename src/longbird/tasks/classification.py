@@ -1,0 +1,103 @@
+"""Document classification as a task: fine-tune on every window of each document, evaluate by the mean of a
+document's window logits (accuracy, macro-F1)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from datasets import Dataset
+from transformers import set_seed
+
+from ..checkpoints import check_tokenizer, load_on_device, load_task_model
+from ..data.batching import PaddedBatches
+from ..data.classification import document_windows, label_vocabulary, read_classification
+from ..heads import LongBirdForSequenceClassification
+from ..metrics.classification import accuracy, macro_f1
+from ..runs import (
+    check_output,
+    data_record,
+    describe_data,
+    model_record,
+    training_record,
+    write_outputs,
+    write_trained_model,
+)
+from ..training.finetune import FinetuneSettings, train, world_size
+
+logger = logging.getLogger(__name__)
+
+
+def _classification_rows(data, text_field: str, label_field: str):
+    return data if isinstance(data, Dataset) else read_classification(data, text_field, label_field)
+
+def finetune_cls(model_path, train_data, out: str | Path, preset: str = "kobigbird", max_length: int = 4096,
+                 window_length: int | None = None, stride: int = 128, text_field: str = "text",
+                 label_field: str = "label", settings: FinetuneSettings | None = None, overwrite: bool = False) -> dict:
+    """Fine-tune a document classifier; every window of a document is a training item with its label."""
+    settings = settings or FinetuneSettings()
+    out = Path(out)
+    check_output(out, overwrite)
+    rows = _classification_rows(train_data, text_field, label_field)
+    labels = label_vocabulary(rows["label"])
+    if len(labels) < 2:
+        raise ValueError(f"classification needs at least two labels; the training data has {labels}")
+    set_seed(settings.seed)
+    model, tokenizer = load_task_model(model_path, LongBirdForSequenceClassification, preset, max_length,
+                                       num_labels=len(labels), id2label=dict(enumerate(labels)),
+                                       label2id={label: i for i, label in enumerate(labels)})
+    check_tokenizer(model, tokenizer)
+    window_length = window_length or model.config.max_position_embeddings
+    items = [{**window, "labels": labels.index(str(row["label"]))}
+             for row in rows for window in document_windows(tokenizer, row["text"], window_length, stride)]
+    metrics = train(model, tokenizer, items, out.parent / f".{out.name}.work", settings,
+                    checkpoint_dir=out.parent / f"{out.name}.checkpoints")
+
+    summary = {"task": "classification", "data": data_record(train_data), "text_field": text_field,
+               "label_field": label_field, "labels": labels,
+               "source_model": model_record(model_path, preset, max_length), "documents": len(rows),
+               "windows": len(items), "window_length": window_length, "stride": stride,
+               "settings": vars(settings), "processes": world_size(), **training_record(metrics)}
+    write_trained_model(out, model, tokenizer, "longbird_finetune.json", summary, overwrite, settings,
+                        (model_path, preset, max_length))
+    return {**metrics, "documents": len(rows), "windows": len(items)}
+
+@torch.no_grad()
+def predict_documents(model, tokenizer, texts, window_length: int | None = None, stride: int = 128) -> list[torch.Tensor]:
+    """Per document, the mean of its windows' logits (num_labels,)."""
+    model.eval()
+    window_length = window_length or model.config.max_position_embeddings
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    collate = PaddedBatches(pad)
+    def logits(text):
+        batch = collate(document_windows(tokenizer, text, window_length, stride))
+        return model(**{name: tensor.to(model.device) for name, tensor in batch.items()}).logits.float().mean(dim=0)
+
+    return [logits(text).cpu() for text in texts]
+
+def evaluate_cls(model_path, data, window_length: int | None = None, stride: int = 128, text_field: str = "text",
+                 label_field: str = "label", out: str | Path | None = None, device: str | None = None,
+                 overwrite: bool = False) -> dict:
+    """Accuracy and macro-F1 of a saved classifier; with `out`, writes predictions.json (per document: index, gold
+    label, predicted label, class probabilities) and metrics.json."""
+    check_output(out, overwrite)
+    rows = _classification_rows(data, text_field, label_field)
+    model, tokenizer = load_on_device(model_path, LongBirdForSequenceClassification, device)
+    check_tokenizer(model, tokenizer)
+    logits = predict_documents(model, tokenizer, rows["text"], window_length, stride)
+    predictions = [model.config.id2label[int(score.argmax())] for score in logits]
+    golds = [str(label) for label in rows["label"]]
+    metrics = {"accuracy": accuracy(predictions, golds), "macro_f1": macro_f1(predictions, golds)}
+    unseen = sorted(set(golds) - set(model.config.id2label.values()))
+    if unseen:  # such documents can never be right: the accuracy is bounded below 1 by them
+        logger.warning("test labels never seen in training (the model cannot predict them): %s", ", ".join(unseen))
+        metrics["unseen_labels"] = unseen
+    if out is not None:
+        labels = [model.config.id2label[i] for i in range(len(model.config.id2label))]
+        records = [{"index": index, "gold": gold, "prediction": prediction,
+                    "scores": dict(zip(labels, torch.softmax(score.float(), -1).tolist()))}
+                   for index, (gold, prediction, score) in enumerate(zip(golds, predictions, logits))]
+        record = {**metrics, "documents": len(golds), "model": str(model_path), "data": describe_data(data)}
+        write_outputs(out, overwrite, records, record)
+    return {"metrics": metrics, "predictions": predictions}

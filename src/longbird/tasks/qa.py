@@ -1,0 +1,249 @@
+"""Question answering as a task: read a dataset by format, fine-tune a reader, evaluate it with the official metric,
+and answer one question about one document (`answer`). Span decoding lives in `longbird.qa`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from datasets import Dataset
+from transformers import set_seed
+
+from ..checkpoints import check_tokenizer, load_on_device, load_task_model
+from ..data.features import features_for_rows
+from ..data.html import add_tag_tokens
+from ..data.korquad import read_korquad_v1_articles, read_korquad_v2, read_squad_paragraphs, split_by_title
+from ..heads import LongBirdForQuestionAnswering
+from ..metrics.korquad import korquad_v1, korquad_v2, squad_v1
+from ..qa import DEFAULT_SCORING, predict_rows
+from ..runs import (
+    check_output,
+    data_record,
+    describe_data,
+    model_record,
+    training_record,
+    write_outputs,
+    write_trained_model,
+)
+from ..sources import resolve_model_directory
+from ..training.finetune import FinetuneSettings, qa_training_items, train, world_size
+
+logger = logging.getLogger(__name__)
+# korquad1 and squad are the published paragraphs; korquad1-articles joins each article into one context
+DATA_FORMATS = ("korquad2", "korquad1-articles", "korquad1", "squad")
+
+SPLIT_FORMATS = ("korquad1", "korquad1-articles", "squad")  # whose files are scored on the by-article dev side
+
+def read_qa_data(path, data_format: str, split: str | None = None) -> tuple[Dataset, int]:
+    """(questions, number of skipped records) of a dataset in one of DATA_FORMATS; `split` ("train"/"dev")
+    takes one side of the fixed by-article split (`split_by_title`, seed 0, 20 % dev)."""
+    if data_format == "korquad2":
+        rows, skipped = read_korquad_v2(path)
+    elif data_format in ("korquad1-articles", "korquad1", "squad"):
+        if isinstance(path, (list, tuple)):
+            raise ValueError(f"{data_format} data is one JSON file; got {len(path)} paths")
+        reader = read_korquad_v1_articles if data_format.endswith("-articles") else read_squad_paragraphs
+        rows, skipped = reader(path)
+    else:
+        raise ValueError(f"unknown data format {data_format!r}; use one of {DATA_FORMATS}")
+    if split is None:
+        return rows, len(skipped)
+    if split not in ("train", "dev"):
+        raise ValueError(f"split must be train or dev; got {split!r}")
+    return split_by_title(rows)[split], len(skipped)
+
+def require_trained_apart(model_dir, held_titles, root: Path | None = None) -> set[str]:
+    """The article titles a fine-tuned QA model was trained on, read from its own `longbird_finetune.json` (data,
+    format, split); raises ValueError unless it was trained only on the train side of the by-article split and none
+    of those titles is in `held_titles`. Relative data paths are tried as given, then under `root`."""
+    record_path = Path(model_dir) / "longbird_finetune.json"
+    if not record_path.exists():
+        raise ValueError(f"{model_dir} has no longbird_finetune.json: what it was trained on cannot be checked")
+    record = json.loads(record_path.read_text(encoding="utf-8"))
+    if record.get("task") != "qa" or record.get("split") != "train":
+        raise ValueError(f"{model_dir} was fine-tuned with split {record.get('split')!r} on {record.get('data')}: "
+                         "only a reader trained on the train side (--split train) can be scored on the dev side")
+    data = record["data"]
+    paths = [Path(p) for p in (data if isinstance(data, list) else [data])]
+    found = [p if p.exists() or root is None else Path(root) / p for p in paths]
+    missing = [str(p) for p in found if not p.exists()]
+    if missing:
+        raise ValueError(f"the data {model_dir} was trained on is not here ({', '.join(missing)}): cannot check it")
+    titles = set(read_qa_data(found if len(found) > 1 else found[0], record["format"], "train")[0]["title"])
+    leaked = titles & set(held_titles)
+    if leaked:
+        raise ValueError(f"{model_dir} was trained on {len(leaked)} held-out articles, e.g. {sorted(leaked)[:3]}")
+    return titles
+
+def sample_questions(rows: Dataset, n: int | None, seed: int = 0) -> Dataset:
+    """`n` questions drawn with `seed` (all when n is None): a first-N cut would take a few articles only."""
+    if n is None or n >= len(rows):
+        return rows
+    return rows.shuffle(seed=seed).select(range(n))
+
+def finetune_qa(model_path, train_data, out: str | Path, data_format: str = "korquad2", preset: str = "kobigbird",
+                max_length: int = 4096, window_length: int | None = None, doc_stride: int | None = None,
+                max_windows: int | None = None, negative_fraction: float = 1.0, max_examples: int | None = None,
+                settings: FinetuneSettings | None = None, overwrite: bool = False, qa_head: str | None = None,
+                split: str | None = None, max_answer_tokens: int | None = None) -> dict:
+    """Fine-tune a QA model and save it (with its tokenizer, which gains the HTML tag tokens) to `out`. `window_length` (default: the model's
+    maximum) is the feature window; `max_windows=1` trains on the first window only (truncation)."""
+    settings = settings or FinetuneSettings()
+    out = Path(out)
+    check_output(out, overwrite)
+    rows = train_data if isinstance(train_data, Dataset) else read_qa_data(train_data, data_format, split)[0]
+    # The by-article split is the protocol of the KorQuAD 1.0 / SQuAD files (`evaluate --split dev`); a handful of
+    # KorQuAD 2.x pages is not scored that way, so the warning would only be noise there.
+    if split is None and not isinstance(train_data, Dataset) and len(rows) and data_format in SPLIT_FORMATS:
+        dev_titles = set(split_by_title(rows)["dev"]["title"])
+        if dev_titles:  # the same file scored with `evaluate --split dev` would then score trained-on questions
+            logger.warning("training on all of %s: %d of its articles are the dev side of the by-article split that "
+                           "`evaluate --split dev` scores; pass --split train to hold them out", train_data,
+                           len(dev_titles))
+    rows = sample_questions(rows, max_examples, settings.seed)
+    # a saved head (and its answer-length limit) is kept unless another is asked for
+    overrides = {key: value for key, value in (("qa_head", qa_head), ("qa_max_answer_tokens", max_answer_tokens))
+                 if value is not None}
+    set_seed(settings.seed)  # a new head's initialisation is part of the run
+    model, tokenizer = load_task_model(model_path, LongBirdForQuestionAnswering, preset, max_length, **overrides)
+    add_tag_tokens(tokenizer, model)  # always, so the model can read HTML pages later (`longbird answer`)
+    check_tokenizer(model, tokenizer)
+    window_length = window_length or model.config.max_position_embeddings
+    features = features_for_rows(tokenizer, rows, window_length, doc_stride, max_windows,
+                                 token_types=model.config.type_vocab_size >= 2)
+    items = qa_training_items(features, negative_fraction, settings.seed)
+    metrics = train(model, tokenizer, items, out.parent / f".{out.name}.work", settings,
+                    checkpoint_dir=out.parent / f"{out.name}.checkpoints")
+
+    summary = {"task": "qa", "data": data_record(train_data), "format": data_format, "split": split,
+               "source_model": model_record(model_path, preset, max_length),
+               "train_examples": len(rows), "windows": len(features), "training_windows": len(items),
+               "window_length": window_length, "doc_stride": doc_stride, "settings": vars(settings),
+               "processes": world_size(), **training_record(metrics)}
+    write_trained_model(out, model, tokenizer, "longbird_finetune.json", summary, overwrite, settings,
+                        (model_path, preset, max_length))
+    return {**metrics, "windows": len(features), "training_windows": len(items)}
+
+def evaluate_qa(model_path, data, data_format: str = "korquad2", window_length: int | None = None,
+                doc_stride: int | None = None, max_windows: int | None = None, batch_size: int = 4,
+                max_examples: int | None = None, out: str | Path | None = None, progress: bool = False,
+                split: str | None = None, device: str | None = None, overwrite: bool = False,
+                max_answer_tokens: int | None = None, scoring: str = DEFAULT_SCORING) -> dict:
+    """Predict every question and score with the official metric of the format. With `out`, writes
+    predictions.json ({id: text}) and metrics.json (scores, number of questions, model, data) there atomically.
+    `max_answer_tokens` defaults to the model's `qa_max_answer_tokens`; `scoring` ranks spans across windows
+    (`qa.SCORING_RULES`)."""
+    check_output(out, overwrite)
+    rows, skipped = (data, 0) if isinstance(data, Dataset) else read_qa_data(data, data_format, split)
+    rows = sample_questions(rows, max_examples)
+    model, tokenizer = load_on_device(model_path, LongBirdForQuestionAnswering, device)
+    check_tokenizer(model, tokenizer)
+    window_length, doc_stride, window_source = reading_windows(model, model_path, window_length, doc_stride)
+    answers = predict_rows(model, tokenizer, rows, window_length, doc_stride, max_windows, batch_size,
+                           max_answer_tokens=max_answer_tokens, scoring=scoring, progress=progress)
+    predictions = {row["id"]: answers[row["id"]].text if row["id"] in answers else "" for row in rows}
+    metrics = score_predictions(predictions, rows, data_format)
+    if skipped:  # as the official scripts do, a question we could not read scores 0
+        kept = len(rows) / (len(rows) + skipped)
+        metrics = {"exact_match": metrics["exact_match"] * kept, "f1": metrics["f1"] * kept,
+                   "skipped_questions": skipped}
+    if out is not None:
+        record = {**metrics, "questions": len(rows), "model": str(model_path), "data": describe_data(data),
+                  "format": data_format, "split": split, "window_length": window_length,
+                  "window_source": window_source, "doc_stride": doc_stride, "max_windows": max_windows,
+                  "scoring": scoring,
+                  "max_answer_tokens": max_answer_tokens or model.config.qa_max_answer_tokens}
+        write_outputs(out, overwrite, predictions, record)
+    return {"metrics": metrics, "predictions": predictions, "answers": answers}
+
+def score_predictions(predictions: dict[str, str], rows, data_format: str) -> dict[str, float]:
+    """Official metric for the format, computed on the same questions the predictions cover."""
+    if data_format == "korquad2":
+        dataset = [{"qas": [{"id": row["id"], "answer": {"text": row["answers"]["text"][0]}}]} for row in rows]
+        return korquad_v2(predictions, dataset)
+    dataset = [{"paragraphs": [{"qas": [{"id": row["id"], "answers": [{"text": t} for t in row["answers"]["text"]]}]}]}
+               for row in rows]
+    return (squad_v1 if data_format == "squad" else korquad_v1)(predictions, dataset)
+
+def per_question_scores(predictions: dict[str, str], rows, data_format: str) -> dict[str, dict[str, float]]:
+    """{id: {"exact_match", "f1"}} (0-100) with the official metric of the format, one question at a time: what
+    bootstrap intervals resample. Their mean over `rows` equals `score_predictions`."""
+    return {row["id"]: score_predictions({row["id"]: predictions.get(row["id"], "")}, [row], data_format)
+            for row in rows}
+
+def trained_windows(model_path) -> tuple[int | None, int | None]:
+    """(window_length, doc_stride) a QA model was fine-tuned with, from its `longbird_finetune.json`; (None, None)
+    for a model without that record (converted or saved by hand), which then reads windows of its full length.
+    Reading with the trained window is the default of `answer` and `evaluate`: a model fine-tuned on 512-token
+    windows has never been trained to read 4096 (design: the trained window, not the model length)."""
+    record = resolve_model_directory(model_path) / "longbird_finetune.json"
+    if not record.exists():
+        return None, None
+    data = json.loads(record.read_text(encoding="utf-8"))
+    return (data.get("window_length"), data.get("doc_stride")) if data.get("task") == "qa" else (None, None)
+
+def reading_windows(model, model_path, window_length: int | None,
+                    doc_stride: int | None) -> tuple[int, int | None, str]:
+    """(window_length, doc_stride, where the window came from: "given", "trained" or "model length")."""
+    if window_length is not None:
+        source = "given"
+    else:
+        window_length, trained_stride = trained_windows(model_path) if model_path is not None else (None, None)
+        source = "trained" if window_length is not None else "model length"
+        doc_stride = doc_stride if doc_stride is not None else trained_stride
+    limit = model.config.max_position_embeddings
+    window_length = window_length or limit
+    if not 1 <= window_length <= limit:
+        raise ValueError(f"window_length {window_length} must lie in 1..{limit} (the model's maximum length)")
+    return window_length, doc_stride, source
+
+def check_min_probability(min_probability: float) -> None:
+    """`answer`'s threshold is a probability; the CLI asks before the model loads, the library on every call."""
+    if not 0.0 <= min_probability <= 1.0:
+        raise ValueError(f"--min-probability must lie in [0, 1]; got {min_probability}")
+
+def answer(model, document: str, question: str, tokenizer=None, is_html: bool | None = None,
+           window_length: int | None = None, device: str | None = None, max_answer_tokens: int | None = None,
+           scoring: str = DEFAULT_SCORING, doc_stride: int | None = None, model_dir=None,
+           min_probability: float = 0.0, max_question_tokens: int | None = None) -> dict:
+    """Answer `question` about `document` (a long text or HTML page, as a string) with a fine-tuned longbird QA model:
+    a directory path, or a loaded model with its `tokenizer` (and `model_dir`, where its record lives). Returns
+    `qa.answer_record`: the readable answer, the raw span, character offsets into `document`, score and probability
+    (all None when no span qualifies), plus `window_length` and `window_source`: unless given, windows are the length
+    the model was fine-tuned at (`trained_windows`), else its full length. With `min_probability` > 0 a best span
+    whose probability is below it is no answer (all fields None; `best_probability` says how close it came), so a
+    caller can tell "not in this document" from a guess. transformers 5 has no question-answering pipeline; this is
+    longbird's."""
+    from ..qa import answer_question, answer_record
+
+    if not question or not question.strip():
+        raise ValueError("the question is empty; ask a question about the document")
+    check_min_probability(min_probability)
+    if isinstance(model, (str, Path)):
+        model_dir = model
+        model, tokenizer = load_on_device(model, LongBirdForQuestionAnswering, device)
+    elif tokenizer is None:
+        raise ValueError("a loaded model needs its tokenizer: answer(model, document, question, tokenizer=...)")
+    check_tokenizer(model, tokenizer)
+    window_length, doc_stride, window_source = reading_windows(model, model_dir, window_length, doc_stride)
+    if is_html is None:
+        is_html = document.lstrip()[:1] == "<"
+    from ..data.features import MAX_QUESTION_TOKENS, question_token_count
+
+    max_question_tokens = max_question_tokens or MAX_QUESTION_TOKENS  # a question too long for the window is named
+    found = answer_question(model, tokenizer, document, question, is_html, window_length, doc_stride,
+                            max_answer_tokens=max_answer_tokens, scoring=scoring,
+                            max_question_tokens=max_question_tokens)
+    windows = {"window_length": window_length, "window_source": window_source}
+    question_tokens = question_token_count(tokenizer, question)
+    if question_tokens > max_question_tokens:  # windows read only its start: say so rather than answer in silence
+        windows["question_cut"] = {"tokens": question_tokens, "read": max_question_tokens}
+    if min_probability > 0 and found is not None:
+        if found.probability is None:
+            raise ValueError("--min-probability needs the conditional-end head's probability; this model has the "
+                             "linear head (qa_head='linear'): leave --min-probability out")
+        if found.probability < min_probability:
+            return answer_record(None, is_html) | windows | {"best_probability": found.probability}
+    return answer_record(found, is_html) | windows
