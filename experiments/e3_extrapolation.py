@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data"  # the repository's data/ (data/korquad/SOURCE.md)
 sys.path.insert(0, str(ROOT / "src"))
 
-from longbird.convert import default_source  # noqa: E402
+from longbird.conversion import default_source  # noqa: E402
 from longbird.data.korquad import read_korquad_v1_articles  # noqa: E402
 from longbird.files import save_figure_atomically, write_file_atomically  # noqa: E402
 from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data"  # the repository's data/ (data/korquad/SOURCE.md)
 sys.path.insert(0, str(ROOT / "src"))
 
-from longbird.convert import convert  # noqa: E402
+from longbird.conversion import convert  # noqa: E402
 from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # noqa: E402
 from longbird.files import save_figure_atomically, write_directory_atomically, write_file_atomically  # noqa: E402
 from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402

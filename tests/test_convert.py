@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import longbird
-from longbird.convert import default_source
+from longbird.conversion import default_source
 from conftest import BLOCK, SOURCE_LENGTH, make_batch, make_source
 
 LENGTHS_UP_TO_L = range(1, SOURCE_LENGTH + 1)  # every length <= L

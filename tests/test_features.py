@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from longbird.convert import default_source
+from longbird.conversion import default_source
 from longbird.data.features import label_window, make_features, resolve_doc_stride
 from longbird.data.html import add_tag_tokens, plain_document, preprocess_html
 

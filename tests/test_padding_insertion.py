@@ -4,7 +4,7 @@ from transformers import BertTokenizerFast
 
 from longbird.training import PaddingInsertion, PaddingInsertionCollator, sentence_end_token_ids
 from longbird.training.padding_insertion import mixed_seed
-from longbird.convert import default_source
+from longbird.conversion import default_source
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoTokenizer
 
 import longbird
-from longbird.convert import default_source
+from longbird.conversion import default_source
 from longbird.data.features import QAFeature, make_features
 from longbird.data.html import add_tag_tokens, preprocess_html
 from longbird.heads import LongBirdQuestionAnsweringOutput

@@ -9,7 +9,7 @@ from transformers import AutoTokenizer, BertConfig, BertModel
 from typer.testing import CliRunner
 
 from longbird.cli import app
-from longbird.convert import default_source
+from longbird.conversion import default_source
 from longbird.heads import LongBirdForQuestionAnswering
 from longbird.checkpoints import check_tokenizer
 

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 import longbird
 from longbird.cli import app
-from longbird.convert import default_source
+from longbird.conversion import default_source
 from longbird.heads import LongBirdForSpanSelection
 from longbird.training.rss import IGNORE_INDEX, QUESTION_TOKEN, RSSCollator, add_question_token, rss_example, \
     rss_examples

@@ -292,7 +292,7 @@ def test_peft_checkpoint_of_a_base_with_spare_embedding_rows_round_trips(tmp_pat
     from typer.testing import CliRunner
 
     from longbird.cli import app
-    from longbird.convert import default_source
+    from longbird.conversion import default_source
     from longbird.data.html import TAG_TOKEN_MEANINGS, TAG_TOKENS
     from longbird.heads import LongBirdForQuestionAnswering
     from longbird.checkpoints import load_on_device

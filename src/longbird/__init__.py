@@ -2,16 +2,14 @@
 
 `import longbird` is cheap (the command line answers `--help` without loading torch): the public names below load
 their modules on first use (PEP 562), and the Auto classes learn model_type "longbird" as soon as `transformers`
-is imported, whichever of the two is imported first (see `_auto_registration`).
+is imported, whichever of the two is imported first (see `registration`).
 """
 
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 
-from ._auto_registration import register_when_transformers_loads
+from .registration import register_when_transformers_is_loaded
 
 __version__ = "0.1.0"
 METHODS = {
@@ -24,9 +22,9 @@ METHODS = {
 _LAZY = {
     "PRESETS": "config", "LongBirdConfig": "config",
     "LongBirdForMaskedLM": "heads", "LongBirdForQuestionAnswering": "heads",
-    "LongBirdForSequenceClassification": "heads", "register_auto_classes": "heads",
+    "LongBirdForSequenceClassification": "heads", "register_auto_classes": "registration",
     "LongBirdModel": "modeling",
-    "SUPPORTED_FAMILIES": "convert", "convert": "convert",
+    "SUPPORTED_FAMILIES": "conversion", "convert": "conversion",
     "answer": "tasks.qa",
     "tape_peft": "training.peft", "load_tape_peft": "checkpoints",
 }
@@ -46,20 +44,4 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-class _Package(types.ModuleType):
-    """`longbird.convert` is the function, also after the submodule `longbird.convert` is imported (the import system
-    then sets the package attribute to the submodule; this property keeps the function under that name)."""
-
-    @property
-    def convert(self):
-        from .convert import convert
-
-        return convert
-
-    @convert.setter
-    def convert(self, submodule) -> None:
-        pass
-
-
-sys.modules[__name__].__class__ = _Package
-register_when_transformers_loads()
+register_when_transformers_is_loaded()

@@ -18,7 +18,7 @@ from torch import nn
 from transformers import AutoConfig, AutoTokenizer
 
 from .config import LongBirdConfig
-from .convert import convert
+from .conversion import convert
 from .files import write_directory_atomically
 from .sources import resolve_model_directory, resolve_source
 from .training.finetune import is_main_process

@@ -164,7 +164,7 @@ def env():
 
     from . import METHODS, PRESETS, __version__
     from .bench.sweep import cpu_model
-    from .convert import SUPPORTED_FAMILIES
+    from .conversion import SUPPORTED_FAMILIES
 
     table = Table(title="longbird environment", show_header=False)
     rows = {

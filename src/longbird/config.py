@@ -179,9 +179,3 @@ class LongBirdConfig(PreTrainedConfig):
             raise ValueError(f"qa_top_k must be >= 1; got {self.qa_top_k}")
         if self.qa_max_answer_tokens < 1:
             raise ValueError(f"qa_max_answer_tokens must be >= 1; got {self.qa_max_answer_tokens}")
-
-
-
-# The Auto classes learn model_type "longbird" once the model classes exist: config -> modeling -> heads, each
-# imported at the end of the one before (every name they import from here exists by now); heads registers.
-from . import modeling  # noqa: E402,F401

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from .bench.memory import peak_allocated_bytes
-from .convert import convert, load_source
+from .conversion import convert, load_source
 from .sources import E5_NAME, resolve_source
 from .files import write_directory_atomically
 from .precision import native_bf16

@@ -194,18 +194,6 @@ class LongBirdForQuestionAnswering(LongBirdPreTrainedModel):
         )
 
 
-def register_auto_classes() -> None:
-    """After `import longbird`, AutoConfig/AutoModel* load saved longbird directories."""
-    from transformers import (AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering,
-                              AutoModelForSequenceClassification)
-
-    AutoConfig.register("longbird", LongBirdConfig, exist_ok=True)
-    for auto, model in ((AutoModel, LongBirdModel), (AutoModelForMaskedLM, LongBirdForMaskedLM),
-                        (AutoModelForQuestionAnswering, LongBirdForQuestionAnswering),
-                        (AutoModelForSequenceClassification, LongBirdForSequenceClassification)):
-        auto.register(LongBirdConfig, model, exist_ok=True)
-
-
 @dataclass
 class SpanSelectionOutput(ModelOutput):
     """Per `[QUESTION]` token (B, Q): `start_logits`/`end_logits` (B, Q, l), the end conditioned on the gold start in
@@ -254,6 +242,3 @@ class LongBirdForSpanSelection(LongBirdPreTrainedModel):
                     + _mean_cross_entropy(end_logits.flatten(0, 1), end_positions.flatten())) / 2
         return SpanSelectionOutput(loss=loss, start_logits=start_logits, end_logits=end_logits,
                                    predicted_start=predicted_start, predicted_end=end_logits.argmax(-1))
-
-
-register_auto_classes()  # model_type "longbird" for AutoConfig/AutoModel*; see longbird._auto_registration

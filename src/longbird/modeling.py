@@ -565,6 +565,3 @@ class LongBirdPooler(nn.Module):
 
     def forward(self, hidden_states):
         return self.activation(self.dense(hidden_states[:, 0]))
-
-
-from . import heads  # noqa: E402,F401  (registers the Auto classes; see the end of config.py)

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer, set_seed
 
 from ..checkpoints import has_lm_head, load_task_model
-from ..convert import convert
+from ..conversion import convert
 from ..modeling import enable_checkpointing
 from ..runs import check_output, corpus_record, training_record, write_trained_model
 from ..sources import resolve_model_directory

@@ -128,7 +128,7 @@ class DistillationTrainer(LongBirdTrainer):
 
 def load_teacher(source):
     """The short source model (with its MLM head when it has one), fp32, eager attention (the maps are needed)."""
-    from ..convert import load_source
+    from ..conversion import load_source
 
     teacher = load_source(source)
     if hasattr(teacher, "set_attn_implementation"):
