@@ -4,7 +4,7 @@ Each process converts the embedded MiniLM to a preset, then times one no-grad fo
 `auto` backend (CPU inference at 4096 tokens picks compiled flex_attention). `--capability default` runs the children
 under ATEN_CPU_CAPABILITY=default, where torch 2.13's CPU flex template fails to compile (it calls at::vec functions
 the scalar build lacks): the first process pays the failed compile, then the blocked kernels; the second reads the
-record (`longbird/attention/flex_failures.py`) and goes straight to the blocked kernels.
+record (`longbird/flex_failures.py`) and goes straight to the blocked kernels.
 Usage: python benchmarks/flex_failure_memory.py [--preset kobigbird] [--capability default]
 Writes benchmarks/results/flex_failure_memory.md.
 """

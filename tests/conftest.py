@@ -78,7 +78,7 @@ def make_batch(length: int, batch: int = 2, pad_id: int = 0, seed: int = 0, padd
 def flex_failures_of_this_session(tmp_path_factory):
     """The suite records flex compile failures in a file of its own, never in the user's cache directory (a test that
     makes flex fail on purpose must not turn flex off for the user's later runs)."""
-    from longbird.attention import flex_failures
+    from longbird import flex_failures
 
     record = tmp_path_factory.mktemp("flex-failures") / flex_failures.RECORD_NAME
     with pytest.MonkeyPatch.context() as patch:

@@ -1,12 +1,12 @@
-"""Which sparse kernel a call runs (attention/backend.py): the per-call rule, its logged reason, and fallback."""
+"""Which sparse kernel a call runs (dispatch.py): the per-call rule, its logged reason, and fallback."""
 
 import logging
 
 import pytest
 import torch
 
-from longbird.attention import backend, flex_failures
-from longbird.attention.backend import CPU_FLEX_MIN_LENGTH, SparseBackend, choose_backend
+from longbird import dispatch, flex_failures
+from longbird.dispatch import CPU_FLEX_MIN_LENGTH, SparseBackend, choose_backend
 
 CPU = torch.device("cpu")
 
@@ -15,7 +15,7 @@ CPU = torch.device("cpu")
 def fresh_state(monkeypatch, tmp_path):
     monkeypatch.setattr(flex_failures, "_in_process", {})
     monkeypatch.setattr(flex_failures, "record_path", lambda: tmp_path / flex_failures.RECORD_NAME)
-    monkeypatch.setattr(backend, "_last_logged", None)
+    monkeypatch.setattr(dispatch, "_last_logged", None)
     monkeypatch.delenv("LONGBIRD_ATTENTION_BACKEND", raising=False)
     monkeypatch.delenv("LONGBIRD_VERBOSE", raising=False)
 
@@ -123,16 +123,15 @@ def test_an_unreadable_or_unwritable_record_keeps_the_memory_in_process(monkeypa
 # attempted in the second (before the record, every process paid the failed compile again).
 CHILD = """
 import sys, torch
-from longbird.attention import backend
-import longbird.modeling as modeling
+from longbird import dispatch
 from longbird import LongBirdConfig, LongBirdModel
 
 calls = []
 def flex(*args, **kwargs):
     calls.append(1)
     raise RuntimeError("InductorError: CppCompileError: C++ compile error\\nerror: 'cur_kvSplitSize8' was not declared")
-modeling.bigbird_flex_attention = flex
-backend.CPU_FLEX_MIN_LENGTH = 0  # CPU inference at any length picks flex
+dispatch.bigbird_flex_attention = flex
+dispatch.CPU_FLEX_MIN_LENGTH = 0  # CPU inference at any length picks flex
 torch.manual_seed(0)
 config = LongBirdConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                         intermediate_size=64, max_position_embeddings=256, block_size=8, attention="bigbird",

@@ -88,18 +88,18 @@ def test_random_blocks_never_point_into_batch_padding():
     """A 100-token row (13 blocks) batched with a 256-token row draws random blocks from its own 13 blocks."""
     model = _model("kobigbird")
     seen = []
-    original = longbird.modeling.bigbird_attention
+    original = longbird.dispatch.bigbird_attention
 
     def spy(query, key, value, key_mask, pattern, *args, **kwargs):
         seen.append((key_mask.shape[0], pattern.num_blocks, int(pattern.random_blocks.max())))
         return original(query, key, value, key_mask, pattern, *args, **kwargs)
 
     input_ids, mask = _batch(_rows((100, 256)))
-    longbird.modeling.bigbird_attention = spy
+    longbird.dispatch.bigbird_attention = spy
     try:
         with torch.no_grad():
             model(input_ids=input_ids, attention_mask=mask)
     finally:
-        longbird.modeling.bigbird_attention = original
+        longbird.dispatch.bigbird_attention = original
     assert {(rows, blocks) for rows, blocks, _ in seen} == {(1, 13), (1, 32)}
     assert all(highest < blocks - 1 for _, blocks, highest in seen)  # never the global last block, never beyond

@@ -118,7 +118,7 @@ def test_usw_kernels_equal_dense_reference(device, dtype_name, backend, length, 
     positions[1, 3:] += 11  # a Padding-Insertion gap
     bias = _bialibi(device)
     if backend == "blocked":
-        out = usw_attention(q, k, v, usw_layout(key_mask, positions, BLOCK), bias, pk, pv)
+        out = usw_attention(q, k, v, usw_layout(key_mask, positions, BLOCK, bias), bias, pk, pv)
     else:
         out = usw_flex_attention(q, k, v, key_mask, positions, bias, BLOCK, pk, pv, compiled=device == "cuda",
                                  tile=128 if backend == "flex-other-tiling" and device == "cpu" else None)
@@ -278,7 +278,7 @@ def test_plans_masks_and_tables_follow_the_input_device(device):
     assert bigbird_block_table(pattern, torch.device(device)).device.type == device
     assert usw_block_table(12, 1, torch.device(device)).device.type == device
     key_mask = torch.ones(1, 12 * BLOCK, dtype=torch.bool, device=device)
-    layout = usw_layout(key_mask, torch.arange(12 * BLOCK, device=device)[None], BLOCK)
+    layout = usw_layout(key_mask, torch.arange(12 * BLOCK, device=device)[None], BLOCK, _bialibi(device))
     assert {t.device.type for t in (layout.mask, layout.left, layout.right, layout.cls)} == {device}
 
 

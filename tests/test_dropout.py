@@ -6,7 +6,7 @@ import torch
 
 import longbird
 from longbird.attention import usw_attention, usw_layout
-from longbird.attention.backend import choose_backend
+from longbird.dispatch import choose_backend
 from longbird.positions.alibi import BiALiBi
 from conftest import BLOCK, make_batch, make_source
 
@@ -44,8 +44,8 @@ def test_usw_kernel_dropout_is_unbiased():
     generator = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 32, 8, generator=generator) for _ in range(3))
     key_mask = torch.ones(1, 32, dtype=torch.bool)
-    layout = usw_layout(key_mask, torch.arange(32)[None], BLOCK)
     bias = BiALiBi(2)
+    layout = usw_layout(key_mask, torch.arange(32)[None], BLOCK, bias)
     exact = usw_attention(q, k, v, layout, bias)
     torch.manual_seed(0)
     samples = torch.stack([usw_attention(q, k, v, layout, bias, dropout_p=0.5) for _ in range(600)])

@@ -31,7 +31,7 @@ def test_usw_kernel_equals_dense_reference(length, pack):
     positions[1, 3:] += 11  # a Padding-Insertion gap
     bias = _bias()
     packed = (pk, pv) if pack else (None, None)
-    out = usw_attention(q, k, v, usw_layout(key_mask, positions, BLOCK), bias, *packed)
+    out = usw_attention(q, k, v, usw_layout(key_mask, positions, BLOCK, bias), bias, *packed)
     ref = usw_attention_reference(q, k, v, key_mask, positions, bias, BLOCK, *packed)
     torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
     params = [q, k, v, bias.alpha, bias.beta, bias.gamma] + ([pk, pv] if pack else [])
@@ -58,7 +58,7 @@ def test_usw_hand_written_backward_passes_gradcheck(pack, heads_at_a_time, monke
     positions = torch.arange(length).expand(2, -1).clone()
     positions[1, 3:] += 11
     bias = _bias(heads=2).double()
-    layout = usw_layout(key_mask, positions, BLOCK)
+    layout = usw_layout(key_mask, positions, BLOCK, bias)
     packed = (pk, pv) if pack else (None, None)
 
     def run(*inputs):
@@ -78,8 +78,8 @@ def test_usw_bf16_backward_stays_close_to_fp32():
     pk, pv = (torch.randn(2, 4, 8, 16, generator=generator) for _ in range(2))
     key_mask = torch.ones(2, 128, dtype=torch.bool)
     key_mask[1, 100:] = False
-    layout = usw_layout(key_mask, torch.arange(128).expand(2, -1), BLOCK)
     bias = _bias()
+    layout = usw_layout(key_mask, torch.arange(128).expand(2, -1), BLOCK, bias)
     grad_out = torch.randn(2, 4, 128, 16, generator=generator)
     grads = {}
     for dtype in (torch.float32, torch.bfloat16):

@@ -1,7 +1,7 @@
 """Issue 10 item 5: what training keeps for backward, and that keeping less changes no gradient.
 
 Whenever autograd records (and the layer is not already checkpointed or traced), the feed-forward activation
-act(W1 A) is saved as a reference to its input and recomputed in backward (modeling._ActivationSavedAsInput), in
+act(W1 A) is saved as a reference to its input and recomputed in backward (layers._ActivationSavedAsInput), in
 every preset. Setting a layer's `gradient_checkpointing` flag without checkpointing the encoder switches it off:
 that is the comparison below. The memory it saves is measured by `longbird bench` (benchmarks/results), not here.
 """
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import longbird
-import longbird.modeling as modeling
+import longbird.layers as layers
 from conftest import BLOCK, make_batch, make_source
 
 
@@ -64,8 +64,8 @@ def test_recomputed_activations_with_dropout_on():
 def test_the_activation_output_is_not_kept(monkeypatch):
     """Every layer's W2 input (act(W1 A)) is packed as a recompute recipe, never as the tensor."""
     packed = []
-    pack = modeling._ActivationSavedAsInput.pack
-    monkeypatch.setattr(modeling._ActivationSavedAsInput, "pack",
+    pack = layers._ActivationSavedAsInput.pack
+    monkeypatch.setattr(layers._ActivationSavedAsInput, "pack",
                         lambda self, tensor: packed.append(result := pack(self, tensor)) or result)
     model = _model("littlebird")
     intermediate = model.config.intermediate_size

@@ -39,7 +39,7 @@ def kernels(length, dtype=torch.bfloat16, heads=12, dim=64, block=64):
         "sdpa dense (flash)": lambda: F.scaled_dot_product_attention(q, k, v),
         "flex dense, no mask": lambda: flex(q, k, v),
         "usw flex (ours)": lambda: usw_flex_attention(q, k, v, key_mask, positions, slopes, block, pk, pv),
-        "usw blocked": lambda: usw_attention(q, k, v, usw_layout(key_mask, positions, block), slopes, pk, pv),
+        "usw blocked": lambda: usw_attention(q, k, v, usw_layout(key_mask, positions, block, slopes), slopes, pk, pv),
         "bigbird flex (ours)": lambda: bigbird_flex_attention(q, k, v, key_mask, pattern),
         "bigbird blocked": lambda: bigbird_attention(q, k, v, key_mask, pattern),
     }

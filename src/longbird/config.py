@@ -8,6 +8,7 @@ from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
 from .attention.patterns import RANDOM_BLOCK_PLANS
+from .positions.tape import TAPE_INITS
 
 ATTENTIONS = ("full", "bigbird", "littlebird")
 QA_HEADS = ("conditional", "linear")
@@ -16,7 +17,6 @@ POSITIONS = ("absolute", "bialibi", "tape")
 POSITION_EXTENSIONS = ("taper", "copy")
 # Methods whose kernels land in later issues; the config names them so errors can say so.
 NOT_YET_AVAILABLE = {"attention": set(), "position": set()}
-TAPE_INITS = ("rope", "identity")
 
 # Paper systems as presets (design.md §3): only the two choices and their knobs, never architecture sizes.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -88,7 +88,7 @@ class LongBirdConfig(PreTrainedConfig):
     # Q/K/V only; the paper's model sizes fit exactly three extra h x h matrices per layer) or "separate".
     pack_output_projection: str = "shared"
     # Sparse kernel: "auto" (compiled flex_attention on CUDA and for long CPU inference, else blocked), "blocked",
-    # "flex"; see attention/backend.py. Computes the same function either way.
+    # "flex"; see dispatch.py. Computes the same function either way.
     attention_backend: str = "auto"
     # Task heads.
     qa_head: str = "conditional"

@@ -13,7 +13,7 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-from ..tracing import outside_the_trace
+from .tracing import outside_the_trace
 from .patterns import BigBirdPattern
 from .workspace import scratch_buffer
 

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from ..tracing import outside_the_trace
+from .tracing import outside_the_trace
 from .patterns import BigBirdPattern, sliding_window_blocks
 
 GPU_TILE = 128  # flex's default sparse block: every default GPU kernel configuration divides it

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..tracing import is_tracing
+from .tracing import is_tracing
 
 
 def full_attention(

@@ -20,12 +20,15 @@ from .workspace import scratch_buffer
 
 
 class BiALiBiSlopes(Protocol):
-    """Per-head slopes (H,) and the packed-context distance (positions.alibi.BiALiBi satisfies this)."""
+    """Per-head slopes (H,), the slope-free distance terms and the packed-context distance (positions.alibi.BiALiBi
+    satisfies this; the kernels take it as an argument, so this package imports no position method)."""
 
     alpha: torch.Tensor
     beta: torch.Tensor
     gamma: torch.Tensor
 
+    def terms(self, query_positions: torch.Tensor,
+              key_positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
     def distance(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor: ...
     def pack_distance(self, block_size: int) -> torch.Tensor: ...
 
@@ -52,7 +55,7 @@ class USWLayout:
     (positions and padding are the same in every layer).
 
     Key order per query block: [global block 0 | left | own | right] = 4b keys.
-    mask (B, n, 4b) bool; left/right/cls (B, 1, n, b, 4b) fp32 (see positions.alibi.bialibi_terms).
+    mask (B, n, 4b) bool; left/right/cls (B, 1, n, b, 4b) fp32 (`BiALiBiSlopes.terms`).
     """
 
     block_size: int
@@ -84,9 +87,9 @@ class USWLayout:
         return self.derived[key]
 
 
-def usw_layout(key_mask: torch.Tensor, positions: torch.Tensor, block_size: int) -> USWLayout:
-    from ..positions.alibi import bialibi_terms
-
+def usw_layout(key_mask: torch.Tensor, positions: torch.Tensor, block_size: int, bialibi: BiALiBiSlopes) -> USWLayout:
+    """The call's USWLayout from key_mask (B, l) and position ids (B, l); `bialibi` gives the slope-free distance terms
+    (the same for every layer, whose slopes differ)."""
     batch, length = key_mask.shape
     b = block_size
     n = length // b
@@ -98,7 +101,7 @@ def usw_layout(key_mask: torch.Tensor, positions: torch.Tensor, block_size: int)
     global_mask = mask_blocks[:, :1].expand(-1, n, -1) & (torch.arange(n, device=key_mask.device) >= 2)[None, :, None]
     mask = torch.cat([global_mask, _neighbour_blocks(mask_blocks, 1, False)], dim=-1)
     key_positions = torch.cat([position_blocks[:, :1].expand(-1, n, -1), _neighbour_blocks(position_blocks, 1, 0)], -1)
-    left, right, cls = (term[:, None] for term in bialibi_terms(position_blocks, key_positions))
+    left, right, cls = (term[:, None] for term in bialibi.terms(position_blocks, key_positions))
     return USWLayout(b, mask, left, right, cls)
 
 

@@ -17,7 +17,7 @@ from functools import lru_cache
 
 import torch
 
-from ..tracing import outside_the_trace
+from .tracing import outside_the_trace
 
 WINDOW_BLOCKS = 3
 GLOBAL_BLOCKS = 2

@@ -68,19 +68,13 @@ def padded_length(groups: list[RowGroup], length: int) -> int:
     return max([length] + [group.length for group in groups])
 
 
-def run_groups(groups: list[RowGroup], patterns: list[BigBirdPattern | None], query, key, value, key_mask, attend):
-    """attend(query, key, value, key_mask, pattern) per group on its rows cut to its length, placed back into a
-    (B, H, l, d) output; positions past a row's group length (batch padding) are 0."""
-    length = query.shape[2]
-    if len(groups) == 1 and groups[0].rows is None and groups[0].length == length:
-        return attend(query, key, value, key_mask, patterns[0])
-    out = query.new_zeros(query.shape[:-1] + (value.shape[-1],))
-    for group, pattern in zip(groups, patterns):
-        def cut(x, group=group):
-            x = x if group.rows is None else x.index_select(0, group.rows)
-            return x[:, :, :group.length] if x.dim() == 4 else x[:, :group.length]
+def cut_to_group(x: torch.Tensor, group: RowGroup) -> torch.Tensor:
+    """The group's rows of `x` ((B, H, l, d) or a (B, l) mask), cut to the group's length."""
+    x = x if group.rows is None else x.index_select(0, group.rows)
+    return x[:, :, :group.length] if x.dim() == 4 else x[:, :group.length]
 
-        part = attend(cut(query), cut(key), cut(value), cut(key_mask), pattern)
-        part = F.pad(part, (0, 0, 0, length - group.length))
-        out = part if group.rows is None else out.index_copy(0, group.rows, part)
-    return out
+
+def place_group(out: torch.Tensor, group: RowGroup, part: torch.Tensor) -> torch.Tensor:
+    """`out` (B, H, l, d_v) with the group's output (its rows, its length) placed back; 0 past the group's length."""
+    part = F.pad(part, (0, 0, 0, out.shape[2] - group.length))
+    return part if group.rows is None else out.index_copy(0, group.rows, part)

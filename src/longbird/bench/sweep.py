@@ -197,7 +197,7 @@ def _sparse_backend(model, length, backward, device) -> str | None:
         return None
     if config.attention == "bigbird" and length <= config.full_attention_threshold:
         return "full (SDPA)"
-    from ..attention.backend import choose_backend
+    from ..dispatch import choose_backend
 
     repeated = config.attention == "bigbird" and config.random_blocks == "transformers"
     with torch.set_grad_enabled(backward):

@@ -52,6 +52,8 @@ class BiALiBi(nn.Module):
         self.beta = nn.Parameter(slopes.clone(), requires_grad=learnable)
         self.gamma = nn.Parameter(slopes.clone(), requires_grad=learnable)
 
+    terms = staticmethod(bialibi_terms)  # what the blocked USW kernel's layout reads (attention.littlebird)
+
     def distance(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
         """D for query positions (..., q) and key positions (..., k) -> (..., H, q, k), fp32.
 

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers.activations import ACT2FN
 
-from ..config import TAPE_INITS
+TAPE_INITS = ("rope", "identity")  # the initial states: RoPE angles, or e = 1 (see `initial_states`)
 
 
 def initial_states(position_ids: torch.Tensor, heads: int, head_dim: int, init: str, base: float = 10000.0,
@@ -70,13 +69,13 @@ class TapeFeedForward(nn.Module):
     """e_i^h ← e_i^h + Σ_c W2[h, c] · act(W_x m_i)[c] · Σ_h' W1[c, h'] e_i^{h'} (TAPE, feed-forward side), with m_i
     the layer's output hidden state. W1 (`tape_ffn_in`) starts at zero, so the states are unchanged at init."""
 
-    def __init__(self, hidden_size: int, heads: int, channels: int, activation: str):
+    def __init__(self, hidden_size: int, heads: int, channels: int, activation: nn.Module):
         super().__init__()
         self.tape_ffn_gate = nn.Linear(hidden_size, channels)  # W_x
         self.tape_ffn_in = nn.Parameter(torch.zeros(channels, heads))  # W1: heads -> channels
         self.tape_ffn_out = nn.Parameter(torch.empty(heads, channels))  # W2: channels -> heads
         nn.init.normal_(self.tape_ffn_out, std=channels ** -0.5)
-        self.activation = ACT2FN[activation]
+        self.activation = activation  # the model's hidden activation (config.hidden_act)
 
     def forward(self, states: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         gate = self.activation(self.tape_ffn_gate(hidden)).to(states.dtype)  # (B, l, I)

@@ -12,6 +12,7 @@ A compile or kernel failure (no C++ compiler, an unsupported GPU, an Inductor co
 (the compiler's whole message with `longbird --verbose`) and falls back to the blocked kernels. The failure is
 remembered for its family (kernel, device and capability, torch version, head dimension, dtype) across processes in
 the cache directory (`flex_failures.py`), so the next process skips the failed compilation instead of paying for it.
+Shapes as in `longbird.attention` (B batch, H heads, l length, d head size, b block size).
 """
 
 from __future__ import annotations
@@ -24,6 +25,13 @@ from typing import Callable
 import torch
 
 from . import flex_failures
+from .attention import (bigbird_attention, full_attention, reference_attention, usw_attention, usw_attention_reference,
+                        usw_layout)
+from .attention.flex import bigbird_flex_attention, usw_flex_attention
+from .attention.littlebird import BiALiBiSlopes, USWLayout
+from .attention.patterns import BigBirdPattern
+from .attention.rows import RowGroup, cut_to_group, place_group
+from .attention.tracing import is_tracing
 
 BACKENDS = ("auto", "blocked", "flex")
 # From benchmarks/results/flex_cpu.md (`python benchmarks/flex_cpu.py`): compiled flex beats the blocked kernels
@@ -45,7 +53,8 @@ class SparseBackend:
 
     def run(self, flex_call: Callable[[], torch.Tensor], blocked_call: Callable[[], torch.Tensor],
             query: torch.Tensor, kernel: str) -> torch.Tensor:
-        """`kernel` ("bigbird" or "usw") and `query` (b, h, n, d) name the compilation's family."""
+        """`kernel` ("bigbird" or "usw") and `query` (B, H, l, d) name the compilation's family. Called only by the
+        family functions below, with both kernels' calls written next to each other."""
         if self.name != "flex":
             return blocked_call()
         key = flex_failures.family(kernel, query)
@@ -63,10 +72,14 @@ class SparseBackend:
 
 
 def choose_backend(requested: str, device: torch.device, length: int, block_size: int,
-                   attention_dropout: bool = False, repeated_blocks: bool = False) -> SparseBackend:
+                   attention_dropout: bool = False, repeated_blocks: bool = False,
+                   position_states: bool = False) -> SparseBackend:
     """The backend for one call; `requested` is the config's attention_backend (or LONGBIRD_ATTENTION_BACKEND).
     `attention_dropout`: the call applies attention dropout (training with attention_probs_dropout_prob > 0).
-    `repeated_blocks`: the pattern counts a key block more than once (random_blocks="transformers")."""
+    `repeated_blocks`: the pattern counts a key block more than once (random_blocks="transformers").
+    `position_states`: TAPE states ride beside V (values wider than the queries), which the flex path does not take."""
+    if position_states:
+        return SparseBackend("blocked", "TAPE: the position states ride beside V, wider than the flex path takes")
     requested = os.environ.get("LONGBIRD_ATTENTION_BACKEND", requested)
     if requested not in BACKENDS:
         raise ValueError(f"attention_backend must be one of {BACKENDS}; got {requested!r}")
@@ -76,8 +89,6 @@ def choose_backend(requested: str, device: torch.device, length: int, block_size
     unusable = _flex_unusable(device, grad, block_size)
     if attention_dropout:  # flex has no dropout on the probabilities; the blocked kernels apply it
         unusable = "attention dropout in training: flex_attention cannot apply it (attention_probs_dropout_prob > 0)"
-    from ..tracing import is_tracing
-
     if is_tracing():  # export/compile/ONNX trace the blocked kernels as plain ops; compiled flex inside a trace does not
         unusable = "the model is being traced (torch.export, torch.compile or ONNX): the blocked kernels are plain ops"
     if repeated_blocks:  # a BlockMask lists a key block once; the transformers plan counts block 0 1 + r times
@@ -126,3 +137,60 @@ def _logged(backend: str, reason: str, strict: bool = False) -> SparseBackend:
         _last_logged = (backend, reason)
     logger.debug("sparse attention backend: %s (%s)", backend, reason)
     return SparseBackend(backend, reason, strict)
+
+
+def bigbird(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor,
+            groups: list[RowGroup] | None, patterns: list[BigBirdPattern | None] | None, backend: SparseBackend | None,
+            workspace: dict | None = None, dropout_p: float = 0.0, reference: bool = False) -> torch.Tensor:
+    """Attention of a BigBird (or full) layer: query/key (B, H, l, d), value (B, H, l, d_v), key_mask (B, l) bool.
+
+    `groups`/`patterns`: the call's row groups (attention/rows.py) and this layer's pattern per group (None = full
+    attention), or None for full attention over every row. Each group runs on its rows cut to its length: full
+    attention (SDPA), or BigBird ITC on compiled flex or the blocked kernel as `backend` says; `reference` runs the
+    dense oracle with the same pattern as a mask instead. Returns (B, H, l, d_v), 0 past a row's group length."""
+    if groups is None:
+        return _bigbird_group(query, key, value, key_mask, None, backend, workspace, dropout_p, reference)
+    length = query.shape[2]
+    if len(groups) == 1 and groups[0].rows is None and groups[0].length == length:
+        return _bigbird_group(query, key, value, key_mask, patterns[0], backend, workspace, dropout_p, reference)
+    out = query.new_zeros(query.shape[:-1] + (value.shape[-1],))
+    for group, pattern in zip(groups, patterns):
+        q, k, v, mask = (cut_to_group(x, group) for x in (query, key, value, key_mask))
+        out = place_group(out, group, _bigbird_group(q, k, v, mask, pattern, backend, workspace, dropout_p, reference))
+    return out
+
+
+def _bigbird_group(query, key, value, key_mask, pattern, backend, workspace, dropout_p, reference):
+    if reference:
+        mask, bias = key_mask[:, None, None, :], None
+        if pattern is not None:
+            counts = pattern.materialize_counts().to(key_mask.device)[None]
+            mask = mask & (counts > 0)
+            # A key block counted k times (the transformers plan) weighs k·exp(s) in the softmax: bias log k.
+            bias = counts.clamp(min=1).float().log() if pattern.repeats_blocks else None
+        return reference_attention(query, key, value, mask, bias, dropout_p=dropout_p, record_pack_keys=0)
+    if pattern is None:
+        return full_attention(query, key, value, key_mask, dropout_p)
+    return (backend or SparseBackend()).run(
+        lambda: bigbird_flex_attention(query, key, value, key_mask, pattern, workspace=workspace),
+        lambda: bigbird_attention(query, key, value, key_mask, pattern, workspace, dropout_p),
+        query, "bigbird")
+
+
+def usw(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor, positions: torch.Tensor,
+        bialibi: BiALiBiSlopes, block_size: int, pack_key: torch.Tensor | None, pack_value: torch.Tensor | None,
+        backend: SparseBackend | None, layout: USWLayout | None = None, workspace: dict | None = None,
+        dropout_p: float = 0.0, scale: float | None = None, reference: bool = False) -> torch.Tensor:
+    """LittleBird's unpack & sliding-window attention (LittleBird §3.3) for one layer: query/key (B, H, l, d), value
+    (B, H, l, d_v), l a multiple of `block_size`; position ids (B, l); pack keys/values (B, H, s, d / d_v) or None.
+    Compiled flex or the blocked kernel as `backend` says (the blocked kernel reads `layout`, built here when the
+    caller has none); `reference` runs the dense oracle. `scale` replaces 1/√d (TAPE widens q and k)."""
+    if reference:
+        return usw_attention_reference(query, key, value, key_mask, positions, bialibi, block_size, pack_key,
+                                       pack_value, scale)
+    return (backend or SparseBackend()).run(
+        lambda: usw_flex_attention(query, key, value, key_mask, positions, bialibi, block_size, pack_key, pack_value,
+                                   workspace=workspace),
+        lambda: usw_attention(query, key, value, layout or usw_layout(key_mask, positions, block_size, bialibi),
+                              bialibi, pack_key, pack_value, workspace, dropout_p, scale),
+        query, "usw")

@@ -45,7 +45,7 @@ def family(kernel: str, query: torch.Tensor) -> str:
 
 
 def record_path() -> Path:
-    from ..sources import cache_root
+    from .sources import cache_root
 
     return cache_root() / RECORD_NAME
 
@@ -67,7 +67,7 @@ def remember_failure(key: str, error: BaseException) -> dict:
     failure = {**describe(error), "when": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     _in_process[key] = {**failure, "record": str(record_path())}
     try:
-        from ..files import write_file_atomically
+        from .files import write_file_atomically
 
         record = _read_record()
         record[key] = failure
