@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 TORCH_SPEC := torch==2.13.0
 
-.PHONY: install demo test docs bench qa-model clean
+.PHONY: install demo test docs lint bench qa-model clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,13 @@ test: install
 docs: install
 	$(PIP) install --quiet -e ".[docs]"
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+# The layering of the package (import-linter contracts in pyproject.toml: layers from the CLI down to the kernels,
+# torch-only attention/ and positions/, no import cycle between siblings) and ruff over src/ with its pinned rules.
+lint: install
+	$(PIP) install --quiet -e ".[lint]"
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/ruff check src
 
 # The Korean QA recipe: multilingual-e5-small converted to a 4096-token kobigbird model (full attention up to 512
 # tokens = the source exactly; TAPER copy beyond), fine-tuned on the KorQuAD 1.0 training paragraphs of the

@@ -20,7 +20,8 @@ NOT_YET_AVAILABLE = {"attention": set(), "position": set()}
 
 # Paper systems as presets (design.md §3): only the two choices and their knobs, never architecture sizes.
 PRESETS: dict[str, dict[str, Any]] = {
-    "kobigbird": {"attention": "bigbird", "position": "absolute", "position_extension": "taper", "min_type_vocab_size": 2},
+    "kobigbird": {"attention": "bigbird", "position": "absolute", "position_extension": "taper",
+                  "min_type_vocab_size": 2},
     "full": {"attention": "full", "position": "absolute", "position_extension": "taper"},
     "littlebird": {"attention": "littlebird", "position": "bialibi"},
     # TAPE on full attention; a converted source starts as itself (identity states over its position table).
@@ -126,7 +127,8 @@ class LongBirdConfig(PreTrainedConfig):
         """Part of `@strict` validation: every error names the value and the fix."""
         if self.hidden_size % self.num_attention_heads != 0:
             raise ValueError(
-                f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads ({self.num_attention_heads})"
+                f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "
+                f"({self.num_attention_heads})"
             )
         for name, allowed in (("attention", ATTENTIONS), ("position", POSITIONS)):
             value = getattr(self, name)
@@ -136,7 +138,8 @@ class LongBirdConfig(PreTrainedConfig):
                 raise ValueError(f"{name}={value!r} is not implemented in this version of longbird; use one of "
                                  f"{tuple(v for v in allowed if v not in NOT_YET_AVAILABLE[name])}")
         if self.position_extension not in POSITION_EXTENSIONS:
-            raise ValueError(f"position_extension must be one of {POSITION_EXTENSIONS}; got {self.position_extension!r}")
+            raise ValueError(f"position_extension must be one of {POSITION_EXTENSIONS}; "
+                             f"got {self.position_extension!r}")
         if self.max_position_embeddings < self.source_max_positions:
             raise ValueError(
                 f"max_position_embeddings ({self.max_position_embeddings}) is below the source length "
@@ -153,7 +156,8 @@ class LongBirdConfig(PreTrainedConfig):
             if self.tape_init not in TAPE_INITS:
                 raise ValueError(f"tape_init must be one of {TAPE_INITS}; got {self.tape_init!r}")
             if (self.hidden_size // self.num_attention_heads) % 2:
-                raise ValueError(f"TAPE needs an even head dimension; got {self.hidden_size // self.num_attention_heads}")
+                raise ValueError("TAPE needs an even head dimension; "
+                                 f"got {self.hidden_size // self.num_attention_heads}")
         if self.attention in ("bigbird", "littlebird") and (
             self.block_size < 1 or self.max_position_embeddings % self.block_size != 0
         ):
@@ -163,14 +167,15 @@ class LongBirdConfig(PreTrainedConfig):
                 f"use max_length={-(-self.max_position_embeddings // block) * block}"
             )
         if self.attention == "littlebird" and not 0 <= self.pack_size <= self.max_position_embeddings:
-            raise ValueError(f"pack_size ({self.pack_size}) must lie in 0..max_length ({self.max_position_embeddings}); "
-                             "use 0 to disable pack attention or the paper's 64")
+            raise ValueError(f"pack_size ({self.pack_size}) must lie in 0..max_length "
+                             f"({self.max_position_embeddings}); use 0 to disable pack attention or the paper's 64")
         if self.attention == "bigbird" and self.num_random_blocks < 0:
             raise ValueError(f"num_random_blocks must be >= 0; got {self.num_random_blocks}")
         if self.random_blocks not in RANDOM_BLOCK_PLANS:
             raise ValueError(f"random_blocks must be one of {RANDOM_BLOCK_PLANS}; got {self.random_blocks!r}")
         if self.pack_output_projection not in ("shared", "separate"):
-            raise ValueError(f"pack_output_projection must be 'shared' or 'separate'; got {self.pack_output_projection!r}")
+            raise ValueError("pack_output_projection must be 'shared' or 'separate'; "
+                             f"got {self.pack_output_projection!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}; got {self.attention_backend!r}")
         if self.qa_head not in QA_HEADS:

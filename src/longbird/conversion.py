@@ -32,9 +32,11 @@ class Family:
     lm_head_act: str | None  # None: the source config's hidden_act
 
 
-_ROBERTA_HEAD = {"dense": "lm_head.dense", "LayerNorm": "lm_head.layer_norm", "decoder": "lm_head.decoder", "bias": "lm_head.bias"}
+_ROBERTA_HEAD = {"dense": "lm_head.dense", "LayerNorm": "lm_head.layer_norm", "decoder": "lm_head.decoder",
+                 "bias": "lm_head.bias"}
 FAMILIES: dict[str, Family] = {
-    "bert": Family(False, {"dense": "cls.predictions.transform.dense", "LayerNorm": "cls.predictions.transform.LayerNorm",
+    "bert": Family(False, {"dense": "cls.predictions.transform.dense",
+                           "LayerNorm": "cls.predictions.transform.LayerNorm",
                            "decoder": "cls.predictions.decoder", "bias": "cls.predictions.bias"}, None),
     "roberta": Family(True, _ROBERTA_HEAD, "gelu"),
     "xlm-roberta": Family(True, _ROBERTA_HEAD, "gelu"),
@@ -99,7 +101,8 @@ def _build_config(source: PreTrainedModel, preset: str, max_length: int, overrid
     offset = src.pad_token_id + 1 if family.roberta_offset else 0
     settings = dict(PRESETS[preset])
     min_types = settings.pop("min_type_vocab_size", 1)
-    has_head = source.base_model is not source and family.lm_head["dense"].split(".")[0] in dict(source.named_children())
+    has_head = (source.base_model is not source
+                and family.lm_head["dense"].split(".")[0] in dict(source.named_children()))
     values = dict(
         vocab_size=src.vocab_size, hidden_size=src.hidden_size, num_hidden_layers=src.num_hidden_layers,
         num_attention_heads=src.num_attention_heads, intermediate_size=src.intermediate_size,
@@ -192,7 +195,8 @@ def convert(
     new = {name for name in missing if ".bialibi." in name or name.endswith("pack_embeddings") or ".tape_" in name}
     tied = {"lm_head.decoder.weight"} if config.tie_word_embeddings else set()
     if set(missing) - tied - new or unexpected:
-        raise RuntimeError(f"conversion left missing={sorted(set(missing) - tied - new)} unexpected={sorted(unexpected)}; "
+        raise RuntimeError(f"conversion left missing={sorted(set(missing) - tied - new)} "
+                           f"unexpected={sorted(unexpected)}; "
                            f"the {source.config.model_type} layout is not what longbird expects")
     model.tie_weights()
     return model.eval()

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 from transformers import AutoModel, AutoTokenizer
 
 from .bench.memory import peak_allocated_bytes
 from .conversion import convert, load_source
-from .sources import E5_NAME, resolve_source
 from .files import write_directory_atomically
 from .precision import native_bf16
+from .sources import E5_NAME, resolve_source
 
 # Package data (resources/konlpy-corpus/SOURCE.md): the Korean constitution and ten National Assembly bills.
 KONLPY = Path(__file__).resolve().parent / "resources" / "konlpy-corpus"

@@ -19,14 +19,20 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 from . import flex_failures
-from .attention import (bigbird_attention, full_attention, reference_attention, usw_attention, usw_attention_reference,
-                        usw_layout)
+from .attention import (
+    bigbird_attention,
+    full_attention,
+    reference_attention,
+    usw_attention,
+    usw_attention_reference,
+    usw_layout,
+)
 from .attention.flex import bigbird_flex_attention, usw_flex_attention
 from .attention.littlebird import BiALiBiSlopes, USWLayout
 from .attention.patterns import BigBirdPattern
@@ -89,7 +95,8 @@ def choose_backend(requested: str, device: torch.device, length: int, block_size
     unusable = _flex_unusable(device, grad, block_size)
     if attention_dropout:  # flex has no dropout on the probabilities; the blocked kernels apply it
         unusable = "attention dropout in training: flex_attention cannot apply it (attention_probs_dropout_prob > 0)"
-    if is_tracing():  # export/compile/ONNX trace the blocked kernels as plain ops; compiled flex inside a trace does not
+    # export/compile/ONNX trace the blocked kernels as plain ops; compiled flex inside a trace does not
+    if is_tracing():
         unusable = "the model is being traced (torch.export, torch.compile or ONNX): the blocked kernels are plain ops"
     if repeated_blocks:  # a BlockMask lists a key block once; the transformers plan counts block 0 1 + r times
         unusable = "random_blocks='transformers' counts block 0 several times, which a flex BlockMask cannot"

@@ -39,7 +39,8 @@ def to_bigbird_config(config: LongBirdConfig) -> BigBirdConfig:
         attention_probs_dropout_prob=config.attention_probs_dropout_prob,
         max_position_embeddings=config.max_position_embeddings, type_vocab_size=config.type_vocab_size,
         initializer_range=config.initializer_range, layer_norm_eps=config.layer_norm_eps,
-        pad_token_id=config.pad_token_id, attention_type="block_sparse" if config.attention == "bigbird" else "original_full",
+        pad_token_id=config.pad_token_id,
+        attention_type="block_sparse" if config.attention == "bigbird" else "original_full",
         block_size=config.block_size, num_random_blocks=config.num_random_blocks, use_bias=True,
         rescale_embeddings=False, tie_word_embeddings=config.tie_word_embeddings,
     )
@@ -65,7 +66,8 @@ def to_bigbird(model: LongBirdPreTrainedModel) -> BigBirdModel | BigBirdForMaske
         state = {f"bert.{name}": tensor for name, tensor in state.items()}
         head = model.lm_head
         state.update({
-            "cls.predictions.transform.dense.weight": head.dense.weight, "cls.predictions.transform.dense.bias": head.dense.bias,
+            "cls.predictions.transform.dense.weight": head.dense.weight,
+            "cls.predictions.transform.dense.bias": head.dense.bias,
             "cls.predictions.transform.LayerNorm.weight": head.LayerNorm.weight,
             "cls.predictions.transform.LayerNorm.bias": head.LayerNorm.bias,
             "cls.predictions.decoder.weight": head.decoder.weight, "cls.predictions.bias": head.bias,
@@ -79,7 +81,8 @@ def to_bigbird(model: LongBirdPreTrainedModel) -> BigBirdModel | BigBirdForMaske
     return target.eval()
 
 
-def export(model_dir: str | os.PathLike, out: str | os.PathLike, format: str = "hf-bigbird", overwrite: bool = False) -> Path:
+def export(model_dir: str | os.PathLike, out: str | os.PathLike, format: str = "hf-bigbird",
+           overwrite: bool = False) -> Path:
     """Load a saved longbird model from `model_dir` and write a `format` checkpoint (plus tokenizer) to `out`."""
     if format not in EXPORT_FORMATS:
         raise ValueError(f"unknown export format {format!r}; choose one of {EXPORT_FORMATS}")

@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
-
 
 # Every directory longbird writes holds this file: `overwrite` replaces only such directories, never a user's own.
 OUTPUT_MARKER = ".longbird-output"

@@ -31,7 +31,7 @@ _in_process: dict[str, dict] = {}  # family -> failure, including those read fro
 
 def family(kernel: str, query: torch.Tensor) -> str:
     """The key of one compilation: `kernel` ("bigbird" or "usw"), the device type and capability, torch version, head
-    dimension and dtype of `query` (b, h, n, d)."""
+    dimension and dtype of `query` (B, H, l, d)."""
     device = query.device
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)

@@ -4,12 +4,17 @@ start-then-conditional-end head (LittleBird A.2), and Recurring Span Selection f
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
 from transformers.activations import ACT2FN
-from transformers.modeling_outputs import (MaskedLMOutput, ModelOutput, QuestionAnsweringModelOutput,
-                                           SequenceClassifierOutput)
+from transformers.modeling_outputs import (
+    MaskedLMOutput,
+    ModelOutput,
+    QuestionAnsweringModelOutput,
+    SequenceClassifierOutput,
+)
 
 from .config import LongBirdConfig
 from .modeling import LongBirdModel, LongBirdPreTrainedModel
@@ -31,7 +36,8 @@ class LongBirdLMHead(nn.Module):
 
 
 class LongBirdForMaskedLM(LongBirdPreTrainedModel):
-    _tied_weights_keys = {"lm_head.decoder.weight": "longbird.embeddings.word_embeddings.weight"}
+    _tied_weights_keys: ClassVar[dict[str, str]] = {
+        "lm_head.decoder.weight": "longbird.embeddings.word_embeddings.weight"}
 
     def __init__(self, config: LongBirdConfig):
         super().__init__(config)
@@ -221,11 +227,12 @@ class LongBirdForSpanSelection(LongBirdPreTrainedModel):
                 inputs_embeds=None, question_positions=None, start_positions=None, end_positions=None,
                 output_hidden_states=None, return_dict=None, **kwargs):
         if question_positions is None:
-            raise ValueError("LongBirdForSpanSelection needs question_positions (B, Q): where the [QUESTION] tokens are")
+            raise ValueError("LongBirdForSpanSelection needs question_positions (B, Q): where the [QUESTION] "
+                             "tokens are")
         hidden = self.longbird(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                                output_hidden_states=output_hidden_states).last_hidden_state
         size = hidden.shape[-1]
-        gather = lambda index: hidden.gather(1, index.clamp(min=0)[..., None].expand(-1, -1, size))  # noqa: E731
+        gather = lambda index: hidden.gather(1, index.clamp(min=0)[..., None].expand(-1, -1, size))
         questions = gather(question_positions)  # (B, Q, h)
         mask = (attention_mask.bool() if attention_mask is not None
                 else torch.ones(hidden.shape[:2], dtype=torch.bool, device=hidden.device))

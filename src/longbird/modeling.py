@@ -215,10 +215,12 @@ class LongBirdModel(LongBirdPreTrainedModel):
         if token_type_ids is not None and token_type_ids.numel() and (
             token_type_ids.min() < 0 or token_type_ids.max() >= self.config.type_vocab_size
         ):
-            bad = int(token_type_ids.max() if token_type_ids.max() >= self.config.type_vocab_size else token_type_ids.min())
+            too_large = token_type_ids.max() >= self.config.type_vocab_size
+            bad = int(token_type_ids.max() if too_large else token_type_ids.min())
             raise ValueError(
                 f"token_type_ids contains {bad}, outside 0..{self.config.type_vocab_size - 1} "
-                f"(type_vocab_size={self.config.type_vocab_size}); convert with type_vocab_size={bad + 1} or fix the ids"
+                f"(type_vocab_size={self.config.type_vocab_size}); convert with type_vocab_size={bad + 1} "
+                "or fix the ids"
             )
         if position_ids is not None and position_ids.numel():
             if position_ids.min() < 0:

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from .data.features import MAX_QUESTION_TOKENS, QAFeature, features_for_rows
 from .data.batching import PaddedBatches
+from .data.features import MAX_QUESTION_TOKENS, QAFeature, features_for_rows
 from .data.html import ProcessedDocument
 
 SCORING_RULES = ("log-probability", "null-relative", "logit")
@@ -42,7 +42,8 @@ class Answer:
     text: str  # substring of the original context
     start: int  # character offsets in the original context
     end: int
-    score: float  # the scoring rule's value (default null-relative: start − [CLS] start logit + log P(end | start)); higher wins
+    # the scoring rule's value (default null-relative: start − [CLS] start logit + log P(end | start)); higher wins
+    score: float
     window_index: int = 0
     # P(start) · P(end | start) within the answer's window (the conditional head's two softmaxes); None for 'linear'
     probability: float | None = None

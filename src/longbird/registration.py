@@ -20,8 +20,13 @@ def register_auto_classes() -> None:
     global _registered
     for finder in [finder for finder in sys.meta_path if isinstance(finder, _RegisterAfterImport)]:
         sys.meta_path.remove(finder)  # registering imports longbird modules: the hook must not fire inside it
-    from transformers import (AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering,
-                              AutoModelForSequenceClassification)
+    from transformers import (
+        AutoConfig,
+        AutoModel,
+        AutoModelForMaskedLM,
+        AutoModelForQuestionAnswering,
+        AutoModelForSequenceClassification,
+    )
 
     from .config import LongBirdConfig
     from .heads import LongBirdForMaskedLM, LongBirdForQuestionAnswering, LongBirdForSequenceClassification

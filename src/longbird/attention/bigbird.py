@@ -1,8 +1,8 @@
 """BigBird ITC block-sparse attention, blocked and batched (no Python loop over blocks).
 
-Global query blocks (first, last) attend densely to every key: (b, h, 2b, l) scores.
+Global query blocks (first, last) attend densely to every key: (B, H, 2b, l) scores.
 Middle query blocks gather their 5 + r key blocks with one index_select and attend in one batched
-SDPA call over (head, block) rows: (b, h(n-2), b, (5+r)b) scores, so time and memory are O(l (5+r) b).
+SDPA call over (head, block) rows: (B, H(n-2), b, (5+r)b) scores, so time and memory are O(l (5+r) b).
 SDPA's CPU kernels accumulate the softmax in fp32 whatever the input dtype (bf16 / autocast safe).
 """
 
@@ -13,8 +13,8 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-from .tracing import outside_the_trace
 from .patterns import BigBirdPattern
+from .tracing import outside_the_trace
 from .workspace import scratch_buffer
 
 
@@ -47,10 +47,10 @@ def bigbird_attention(
     workspace: dict | None = None,
     dropout_p: float = 0.0,
 ) -> torch.Tensor:
-    """query/key/value (b, h, l, d) with l = n * block; key_mask (b, l) bool, True = real token.
+    """query/key/value (B, H, l, d) with l = n·b; key_mask (B, l) bool, True = real token.
     `dropout_p`: attention dropout on the probabilities (0 outside training).
 
-    Returns (b, h, l, d_v): value may be wider than query/key (TAPE carries its position states beside V).
+    Returns (B, H, l, d_v): value may be wider than query/key (TAPE carries its position states beside V).
     The caller pads l to a block multiple (padding is masked as keys).
     `workspace`: an optional dict, owned by one forward call, in which inference reuses gather buffers.
     """
@@ -69,14 +69,14 @@ def bigbird_attention(
         return global_out
 
     # Middle query blocks: gather window + global + random key blocks per (head, block).
-    indices, valid = _middle_key_blocks(pattern, query.device)  # (h, n-2, m)
+    indices, valid = _middle_key_blocks(pattern, query.device)  # (H, n-2, 5+r)
     m = indices.shape[-1]
     # One index_select over (head, block) pairs: much faster than advanced indexing on CPU.
     flat = (torch.arange(heads, device=query.device)[:, None, None] * n + indices).reshape(-1)
     key_blocks = _gather_blocks(key.reshape(batch, heads * n, block, dim), flat, workspace, "key")
     value_blocks = _gather_blocks(value.reshape(batch, heads * n, block, value_dim), flat, workspace, "value")
-    mask_blocks = key_mask.view(batch, n, block)[:, indices] & valid[None, :, :, :, None]  # (b, h, n-2, m, blk)
-    middle_query = query.view(batch, heads, n, block, dim)[:, :, 1:-1]  # (b, h, n-2, blk, d)
+    mask_blocks = key_mask.view(batch, n, block)[:, indices] & valid[None, :, :, :, None]  # (B, H, n-2, 5+r, b)
+    middle_query = query.view(batch, heads, n, block, dim)[:, :, 1:-1]  # (B, H, n-2, b, d)
     rows = heads * (n - 2)
     middle_out = _masked_attention(
         middle_query.reshape(batch, rows, block, dim),

@@ -1,6 +1,6 @@
 """Compiled block-sparse backend: BigBird ITC and LittleBird USW on `torch.nn.attention.flex_attention`.
 
-Notation: b = block size, n = query blocks, s = pack size, H = heads, B = batch, T = flex tile.
+Shapes in the notation of `longbird.attention` (B, H, l, d, b, n, s, T).
 The pattern is a block table (which key blocks each query block sees, (n, n_kv) at block level, never l x l),
 handed to flex as a `BlockMask` built from block indices (`BlockMask.from_kv_blocks`). Tiles whose keys are all
 real and all allowed are "full": no mask_mod runs there, and measured on an H100 a mask_mod costs ~10x in the
@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from .tracing import outside_the_trace
 from .patterns import BigBirdPattern, sliding_window_blocks
+from .tracing import outside_the_trace
 
 GPU_TILE = 128  # flex's default sparse block: every default GPU kernel configuration divides it
 
@@ -129,7 +129,7 @@ def bigbird_flex_attention(query, key, value, key_mask, pattern: BigBirdPattern,
     """Same contract as `bigbird_attention`: (B, H, l, d) with l = n·b, key_mask (B, l) bool.
     `tile` (a multiple of b) overrides the device's flex tile (tests); `workspace`: a dict owned by one forward
     call, in which the layers' block masks are kept (they depend on the layer's plan and the padding only)."""
-    batch, heads, length, _ = query.shape
+    batch, _, length, _ = query.shape
     b, n = pattern.block_size, pattern.num_blocks
     tile = tile or flex_tile(query.device, b, _needs_grad(query, key, value))
     padded = _round_up(length, tile)
@@ -168,7 +168,7 @@ def usw_flex_attention(query, key, value, key_mask, positions, slopes, block_siz
     `tile` (a multiple of b) overrides the device's flex tile (tests); `workspace` as in bigbird_flex_attention
     (one block mask serves every layer of a call).
     """
-    batch, heads, length, dim = query.shape
+    batch, _, length, _ = query.shape
     b = block_size
     n = length // b
     grad = _needs_grad(query, key, value, pack_key, pack_value, slopes.alpha, slopes.beta, slopes.gamma)

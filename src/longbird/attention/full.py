@@ -12,7 +12,7 @@ def full_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor | None = None,
     dropout_p: float = 0.0,
 ) -> torch.Tensor:
-    """query/key/value (b, h, n, d); key_mask (b, n) bool, True = real token. Returns (b, h, n, d_v): value may be
+    """query/key/value (B, H, l, d); key_mask (B, l) bool, True = real token. Returns (B, H, l, d_v): value may be
     wider than query and key (TAPE).
     `dropout_p`: attention dropout on the probabilities (the caller passes 0 outside training)."""
     # Without padding SDPA runs unmasked (faster); a traced graph cannot branch on the mask's data, so it keeps it.

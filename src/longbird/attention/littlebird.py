@@ -1,6 +1,6 @@
 """LittleBird attention kernels (Lee et al. 2022, §3.3): pack attention and unpack & sliding-window (USW).
 
-Notation: b = block size, n = blocks, s = pack size, H = heads, d = head dim.
+Shapes in the notation of `longbird.attention` (B, H, l, d, b, n, s).
 USWAttn(X, C) = softmax(Q(X) [K(C); K(X)]^T / √d − [D_C; D]) [V(C); V(X)]  (LittleBird §3.3), where each
 query block sees only: the s packed keys (bias (β+γ)/2·b), the first block (global keys) and its own,
 left and right blocks (BiALiBi bias from position ids). Blocked and batched: keys are rolled into
@@ -35,7 +35,7 @@ class BiALiBiSlopes(Protocol):
 
 def pack_attention(pack_query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor,
                    dropout_p: float = 0.0):
-    """C_p = Attn(P, X): pack queries (b, h, s, d) over all real tokens; key_mask (b, l). O(l s)."""
+    """C_p = Attn(P, X): pack queries (B, H, s, d) over all real tokens; key_mask (B, l). O(l s)."""
     return F.scaled_dot_product_attention(pack_query, key, value, attn_mask=key_mask[:, None, None, :],
                                           dropout_p=dropout_p)
 
@@ -182,7 +182,7 @@ class _USWAttention(torch.autograd.Function):
         # that autograd would keep beside this one (as SDPA's output is laid out).
         out = value.new_empty(batch, length, heads, dim).transpose(1, 2)
         for h in _head_chunks(heads, batch * length * (s + 4 * b)):
-            blocks = lambda x: x[:, h].reshape(batch, -1, n, b, x.shape[-1])  # noqa: E731
+            blocks = lambda x, h=h: x[:, h].reshape(batch, -1, n, b, x.shape[-1])
             keys, values = _key_groups(blocks(key), blocks(value), _heads_of(pack_key, h), _heads_of(pack_value, h),
                                        n, None)
             probs = torch.softmax(_biased_scores(blocks(query), keys, layout, alpha[h], beta[h], gamma[h],
@@ -212,7 +212,7 @@ class _USWAttention(torch.autograd.Function):
                                 device=query.device) if slopes_needed else None
         terms = layout.bias_terms(s, per_slope.dtype) if slopes_needed else None
         for h in _head_chunks(heads, batch * length * (s + 4 * b)):
-            blocks = lambda x: x[:, h].reshape(batch, -1, n, b, x.shape[-1])  # noqa: E731
+            blocks = lambda x, h=h: x[:, h].reshape(batch, -1, n, b, x.shape[-1])
             q, grad_o = blocks(query), blocks(grad_out)
             chunk = q.shape[1]
             keys, values = _key_groups(blocks(key), blocks(value), _heads_of(pack_key, h), _heads_of(pack_value, h),
@@ -220,7 +220,8 @@ class _USWAttention(torch.autograd.Function):
             # The probabilities again, by the same fused softmax as forward (cheaper on CPU than exp(S − logsumexp)).
             probs = torch.softmax(_biased_scores(q, keys, layout, alpha[h], beta[h], gamma[h],
                                                  _heads_of(pack_bias, h), s, scale), dim=-1)
-            grad_values = torch.matmul(probs.to(values.dtype).transpose(-1, -2), grad_o)  # (B, h, n, s + 4b, d)
+            # (B, H', n, s + 4b, d), H' = the heads of this chunk
+            grad_values = torch.matmul(probs.to(values.dtype).transpose(-1, -2), grad_o)
             tokens, packed = _scatter_key_grads(grad_values, s, b)
             grad_value[:, h] = tokens.view(batch, chunk, length, value.shape[-1])
             if s:
@@ -264,7 +265,7 @@ def usw_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     layout: USWLayout,
-    slopes: "BiALiBiSlopes",
+    slopes: BiALiBiSlopes,
     pack_key: torch.Tensor | None = None,
     pack_value: torch.Tensor | None = None,
     workspace: dict | None = None,
@@ -293,10 +294,10 @@ def usw_attention(
     if needs_grad and not dropout_p:
         with torch.autocast(query.device.type, enabled=False):  # dtypes are explicit inside
             common = torch.promote_types(query.dtype, key.dtype)
-            cast = lambda x: None if x is None else x.to(common)  # noqa: E731
+            cast = lambda x: None if x is None else x.to(common)
             return _USWAttention.apply(cast(query), cast(key), cast(value), cast(pack_key), cast(pack_value),
                                        slopes.alpha, slopes.beta, slopes.gamma, pack_bias, layout, scale)
-    blocks = lambda x: x.view(batch, heads, n, b, x.shape[-1])  # noqa: E731
+    blocks = lambda x: x.view(batch, heads, n, b, x.shape[-1])
     keys, values = _key_groups(blocks(key), blocks(value), pack_key, pack_value, n, workspace)
     scores = _biased_scores(blocks(query), keys, layout, slopes.alpha, slopes.beta, slopes.gamma, pack_bias, s,
                             scale)

@@ -1,6 +1,6 @@
 """BigBird ITC block pattern as a small object: fast code reads its block indices, tests materialise it.
 
-Notation: b = block size, n = number of blocks, r = random blocks per query block, H = heads.
+Shapes in the notation of `longbird.attention`: b block size, n blocks, r random blocks per query block, H heads.
 Query blocks 0 and n-1 are global (attend to every key); every middle block i attends to the global
 blocks {0, n-1}, its window {i-1, i, i+1} and r random blocks drawn from the rest (BigBird ITC, Zaheer
 et al. 2020 §2; KoBigBird-large keeps the same pattern).

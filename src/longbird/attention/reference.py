@@ -48,8 +48,8 @@ def reference_attention(
 ) -> torch.Tensor:
     """softmax(q k^T · scale + bias, masked) v, scale = 1/sqrt(d) unless given.
 
-    query (b, h, n, d), key/value (b, h, m, d); mask broadcastable to (b, h, n, m), True = may attend;
-    bias broadcastable to (b, h, n, m). Rows with no allowed key give zeros. `record_pack_keys`: inside
+    query (B, H, l, d), key/value (B, H, m, d) (m keys); mask broadcastable to (B, H, l, m), True = may attend;
+    bias broadcastable to (B, H, l, m). Rows with no allowed key give zeros. `record_pack_keys`: inside
     `recording_attention()`, record this call's probabilities (whose first `record_pack_keys` keys are packed ones).
     """
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale

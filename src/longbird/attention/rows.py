@@ -15,8 +15,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .patterns import BigBirdPattern
-
 
 @dataclass(frozen=True)
 class RowGroup:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -32,8 +32,8 @@ def build_model(name: str, max_length: int, base: dict | None = None) -> torch.n
         from ..modeling import LongBirdModel
 
         # L = 512 as for BERT-size sources (kobigbird runs full attention up to L); a short sweep lowers it.
-        config = LongBirdConfig(**base, max_position_embeddings=max_length, source_max_positions=min(512, max_length // 2),
-                                **PRESET_SETTINGS[name])
+        config = LongBirdConfig(**base, max_position_embeddings=max_length,
+                                source_max_positions=min(512, max_length // 2), **PRESET_SETTINGS[name])
         return LongBirdModel(config).eval()
     import transformers
 

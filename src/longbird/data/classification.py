@@ -28,7 +28,8 @@ def read_classification(path: str | Path, text_field: str = "text", label_field:
         else:
             dataset = Dataset.from_csv(str(path), sep="\t" if path.suffix == ".tsv" else ",")
     except Exception as error:  # pyarrow/pandas parse errors carry no file name
-        kind = "JSON Lines (one JSON object per line)" if path.suffix in (".jsonl", ".json") else path.suffix[1:].upper()
+        kind = ("JSON Lines (one JSON object per line)" if path.suffix in (".jsonl", ".json")
+                else path.suffix[1:].upper())
         raise ValueError(f"classification data file {path} is not valid {kind}: "
                          f"{str(error).splitlines()[0] if str(error) else type(error).__name__}") from None
     for field in (text_field, label_field):

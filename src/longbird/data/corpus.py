@@ -77,7 +77,8 @@ def corpus_windows(documents: list[str], tokenizer, length: int) -> list[dict]:
     for document in documents:
         ids = tokenizer(document, add_special_tokens=False, verbose=False)["input_ids"]
         for start in range(0, len(ids), room):
-            piece = ([first] if first is not None else []) + ids[start:start + room] + ([last] if last is not None else [])
+            piece = (([first] if first is not None else []) + ids[start:start + room]
+                     + ([last] if last is not None else []))
             windows.append({"input_ids": piece, "attention_mask": [1] * len(piece)})
     if not windows:
         raise ValueError("the corpus holds no text")
@@ -85,7 +86,7 @@ def corpus_windows(documents: list[str], tokenizer, length: int) -> list[dict]:
 
 
 def _split_by_order(documents: list[str], held_out: float) -> tuple[list[str], list[str]]:
-    cut = max(1, int(round(len(documents) * held_out))) if len(documents) > 1 and held_out > 0 else 0
+    cut = max(1, round(len(documents) * held_out)) if len(documents) > 1 and held_out > 0 else 0
     return documents[cut:], documents[:cut]
 
 
@@ -109,8 +110,10 @@ def default_corpus_titled(data_dir: Path = REPOSITORY_DATA) -> tuple[list[tuple[
     tydi = []
     for path in (data_dir / "tydiqa" / "tiny_dev.jsonl.gz", data_dir / "tydiqa" / "small_gold_annotation.jsonl"):
         if path.exists():
-            tydi += [(record["document_title"], record.get("document_html") and visible_text(record["document_html"])
-                      or record["document_plaintext"]) for record in _json_lines(path) if record["language"] == "korean"]
+            tydi += [(record["document_title"],
+                      (record.get("document_html") and visible_text(record["document_html"]))
+                      or record["document_plaintext"])
+                     for record in _json_lines(path) if record["language"] == "korean"]
     return articles["train"] + pages + tydi + laws_and_bills, articles["dev"]
 
 

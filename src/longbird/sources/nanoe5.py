@@ -169,7 +169,8 @@ def _normaliser(e5: E5File):
     from tokenizers import Regex, normalizers
 
     removed = sorted(cp for cp, out in e5.normalisation.items() if out == "")
-    spaced = sorted(cp for cp, out in e5.normalisation.items() if out == " " and unicodedata.normalize("NFKC", chr(cp)) != " ")
+    spaced = sorted(cp for cp, out in e5.normalisation.items()
+                    if out == " " and unicodedata.normalize("NFKC", chr(cp)) != " ")
     other = {cp: out for cp, out in e5.normalisation.items() if cp not in removed and cp not in spaced
              and unicodedata.normalize("NFKC", chr(cp)) != out}
     if other:

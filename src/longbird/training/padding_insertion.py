@@ -15,7 +15,8 @@ stand-alone collator has no step to key by.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
@@ -114,11 +115,11 @@ class PaddingInsertionCollator:
         self.padding_insertion = padding_insertion
         self.training = True
 
-    def train(self, mode: bool = True) -> "PaddingInsertionCollator":
+    def train(self, mode: bool = True) -> PaddingInsertionCollator:
         self.training = mode
         return self
 
-    def eval(self) -> "PaddingInsertionCollator":
+    def eval(self) -> PaddingInsertionCollator:
         return self.train(False)
 
     def __call__(self, features: list) -> dict:

@@ -26,13 +26,14 @@ SPAN_GROUPS_PER_512 = 30
 IGNORE_INDEX = -100
 # Words that alone never make a span worth asking about (Korean particles and endings, English function words).
 STOPWORDS = frozenset("""
-은 는 이 가 을 를 의 에 에서 와 과 도 로 으로 및 등 또는 그 이 저 것 수 한 하는 있는 있다 한다 된다 하여 위한 대한 the a an
+은 는 이 가 을 를 의 에 에서 와 과 도 로 으로 및 등 또는 그 이 저 것 수 한 하는 있는 있다 한다 된다 하여 위한 대한
+the a an
 of and or to in on at for by with is are was were be as that this it its from
 """.split())
 
 
 def add_question_token(tokenizer, model=None) -> int:
-    """Add `[QUESTION]` as a special token (and an embedding row, initialised as the mean embedding) and return its id."""
+    """Add `[QUESTION]` as a special token (and an embedding row, initialised as the mean embedding); return its id."""
     added = add_special_tokens(tokenizer, model, [QUESTION_TOKEN])
     if model is not None and added:
         table = model.get_input_embeddings().weight
@@ -66,7 +67,8 @@ def _words(word_ids: list[int | None]) -> list[tuple[int, int]]:
 
 
 def recurring_spans(input_ids: list[int], word_ids: list[int | None], tokenizer) -> dict[tuple[int, ...], list[int]]:
-    """{span token ids: start indices of its non-overlapping occurrences}, for spans of whole words occurring >= 2 times."""
+    """{span token ids: start indices of its non-overlapping occurrences}, for spans of whole words occurring at
+    least twice."""
     words = _words(word_ids)
     texts = [tokenizer.decode(input_ids[a:b + 1]).strip() for a, b in words]
     content = [len(text) >= 2 and text.lower() not in STOPWORDS for text in texts]
