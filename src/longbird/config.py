@@ -76,7 +76,8 @@ class LongBirdConfig(PreTrainedConfig):
     random_seed: int = 0
     # "seeded": random blocks drawn per (layer, length) from random_seed, the same in training and inference.
     # "transformers": random blocks = block 0 and full attention up to max(L, (5 + 2r)·b), which is what an exported
-    # transformers.BigBirdModel computes at inference (README, design notes).
+    # transformers.BigBirdModel computes at inference (docs/kobigbird.md, "Random-block plans and the `transformers`
+    # export").
     random_blocks: str = "seeded"
     pack_size: int = 64
     bialibi_learnable: bool = True

@@ -25,8 +25,8 @@ def to_bigbird_config(config: LongBirdConfig) -> BigBirdConfig:
         raise ValueError(f"hf-bigbird export needs absolute positions and bigbird or full attention (the kobigbird and "
                          f"full presets); this model has position={config.position!r}, "
                          f"attention={config.attention!r}. Use the model as a longbird directory (Auto classes), or "
-                         "export its graph with torch.export or torch.onnx.export (README: 'torch.export, ONNX, "
-                         "torch.compile')")
+                         "export its graph with torch.export or torch.onnx.export (docs/export.md, 'torch.export, "
+                         "ONNX, torch.compile')")
     if config.embedding_size != config.hidden_size:
         raise ValueError(
             f"hf-bigbird has no embedding projection: embedding_size ({config.embedding_size}) != hidden_size "

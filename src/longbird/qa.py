@@ -9,7 +9,7 @@ tags, never tag-token markers.
 Across windows raw start logits are not comparable: the start loss is a softmax over the positions of one window
 (`[CLS]` included, the target of a window without the answer), blind to a constant added to every start logit of
 that window. A scoring rule therefore adds one offset per window before the best candidate over all windows of a
-question wins (`SCORING_RULES`; the default chosen by measurement, see docs in the README's "Long-document QA"):
+question wins (`SCORING_RULES`; the default chosen by measurement, docs/qa.md, "Choosing the scoring rule"):
 - "log-probability": log P(start) + log P(end | start), P(start) the window's softmax over all its tokens,
   `[CLS]` included: the span's probability in its window, so a window that believes "no answer here" scores low.
 - "null-relative": the same minus log P([CLS]) = start_logit - start_logit[CLS] + log P(end | start): the span
