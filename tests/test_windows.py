@@ -1,0 +1,106 @@
+"""Lazy QA training windows (data/windows.py) are the eager ones: the same ids, token types and labels, in the same
+order, after the same negative draw; on real KorQuAD 2.1 pages (HTML) and whole KorQuAD 1.0 articles, with a BERT
+(WordPiece, token types) and an XLM-R (SentencePiece, no token types) tokenizer."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from transformers import AutoTokenizer
+
+from longbird.conversion import default_source
+from longbird.data.features import features_for_rows, label_window
+from longbird.data.html import add_tag_tokens
+from longbird.data.korquad import read_korquad_v1_articles, read_korquad_v2
+from longbird.data.windows import PairTemplate, QAWindows, label_range, window_ranges
+from longbird.sources import e5_path
+from longbird.training.finetune import qa_training_items
+
+KORQUAD = Path(__file__).resolve().parents[1] / "data" / "korquad"
+
+
+def _tokenizer(path):
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tokenizer.model_max_length = 1 << 20
+    add_tag_tokens(tokenizer)
+    return tokenizer
+
+
+@pytest.fixture(scope="module", params=["bert", "xlm-r"])
+def tokenizer(request):
+    return _tokenizer(default_source() if request.param == "bert" else e5_path())
+
+
+@pytest.fixture(scope="module")
+def pages():
+    rows = [read_korquad_v2(KORQUAD / page)[0] for page in ("korquad2.1_dev_00.json", "korquad2.1_train_00.json")]
+    return [row for dataset in rows for row in dataset]
+
+
+@pytest.fixture(scope="module")
+def articles():
+    rows = read_korquad_v1_articles(KORQUAD / "KorQuAD_v1.0_dev.json")[0]
+    return [rows[i] for i in range(0, 400, 7)]  # 58 questions over several whole articles
+
+
+def _eager(tokenizer, rows, length, stride, negative_fraction, seed, token_types, max_windows=None):
+    features = features_for_rows(tokenizer, rows, length, stride, max_windows, token_types=token_types)
+    return features, qa_training_items(features, negative_fraction, seed)
+
+
+@pytest.mark.parametrize("length, stride, negative_fraction, token_types", [
+    (256, 64, 1.0, False), (512, None, 0.1, True), (384, 100, 0.3, False)])
+def test_lazy_windows_equal_the_eager_items(tokenizer, pages, articles, length, stride, negative_fraction,
+                                            token_types):
+    for rows in (pages, articles):
+        features, eager = _eager(tokenizer, rows, length, stride, negative_fraction, 5, token_types)
+        lazy = QAWindows(tokenizer, rows, length, stride, negative_fraction=negative_fraction, seed=5,
+                         token_types=token_types)
+        assert lazy.windows == len(features) and len(lazy) == len(eager)
+        assert sum(item["start_positions"] > 0 for item in eager) > 0  # answers are labelled, not only negatives
+        for index, item in enumerate(eager):
+            assert lazy[index] == item, index
+        assert lazy.lengths() == [len(item["input_ids"]) for item in eager]
+
+
+def test_truncation_keeps_the_first_window_only(tokenizer, articles):
+    features, eager = _eager(tokenizer, articles, 256, 32, 1.0, 0, False, max_windows=1)
+    lazy = QAWindows(tokenizer, articles, 256, 32, max_windows=1)
+    assert lazy.windows == len(features) == len(articles)
+    assert [lazy[i] for i in range(len(lazy))] == eager
+
+
+def test_memory_holds_each_document_once(tokenizer, articles):
+    """Many questions over few articles: one tokenized copy per article, a few integers per window."""
+    lazy = QAWindows(tokenizer, articles, 256, 64)
+    assert len(lazy.documents) == len({row["context"] for row in articles}) < len(articles)
+    assert lazy.items.nbytes == len(lazy) * 6 * 8
+
+
+def test_window_ranges_follow_the_overflow_rule():
+    assert window_ranges(5, 10, 3) == [(0, 5)]
+    assert window_ranges(10, 4, 1) == [(0, 4), (3, 7), (6, 10)]
+    assert window_ranges(11, 4, 1) == [(0, 4), (3, 7), (6, 10), (9, 11)]
+    assert window_ranges(10, 4, 0) == [(0, 4), (4, 8), (8, 10)]
+
+
+def test_label_range_is_label_window_without_the_specials():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        starts = np.sort(rng.integers(0, 60, 12))
+        offsets = np.stack([starts, starts + rng.integers(0, 4, 12)], axis=1)  # some empty (zero-width) tokens
+        target = tuple(sorted(rng.integers(0, 64, 2).tolist()))
+        window = [None, None] + [tuple(o) for o in offsets.tolist()] + [None]  # [CLS] q [SEP] ... [SEP]
+        expected = label_window(window, target)
+        found = label_range(offsets, target)
+        assert (expected == (0, 0) and found is None) or expected == (found[0] + 2, found[1] + 2), (offsets, target)
+
+
+def test_pair_template_is_the_tokenizers_pair_encoding(tokenizer):
+    template = PairTemplate.of(tokenizer)
+    question = tokenizer("질문은 무엇인가", add_special_tokens=False)["input_ids"]
+    window = np.asarray(tokenizer("문서의 한 부분", add_special_tokens=False)["input_ids"])
+    pair = tokenizer("질문은 무엇인가", "문서의 한 부분")
+    item = template.assemble(question, window, pair_token_types=False)
+    assert item["input_ids"] == pair["input_ids"]
+    assert item.get("token_type_ids") == pair.get("token_type_ids")
