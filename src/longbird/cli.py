@@ -130,8 +130,8 @@ def convert(
 
     source_name = source or "minilm"
     with console.status(f"converting {source_name} ({preset}, {max_length} tokens) and saving to {out}"):
-        model, has_tokenizer = convert_to_directory(source_name, out, preset, max_length, overwrite,
-                                                    **_parse_options(set_))
+        model, has_tokenizer = convert_to_directory(source_name, out, preset=preset, max_length=max_length,
+                                                    overwrite=overwrite, **_parse_options(set_))
     if not has_tokenizer:
         console.print("[yellow]no tokenizer found beside the source; saved the model only[/]")
     config = model.config
@@ -440,12 +440,13 @@ def _evaluate(model, data, out, task, data_format, window_length, doc_stride, ma
     from .tasks.qa import evaluate_qa
 
     if task == "qa":
-        result = evaluate_qa(model, [str(p) for p in data] if len(data) > 1 else data[0], data_format, window_length,
-                             doc_stride, max_windows, batch_size, max_examples, out, progress=True, split=split,
+        result = evaluate_qa(model, [str(p) for p in data] if len(data) > 1 else data[0], data_format=data_format,
+                             window_length=window_length, doc_stride=doc_stride, max_windows=max_windows,
+                             batch_size=batch_size, max_examples=max_examples, out=out, progress=True, split=split,
                              device=device, overwrite=overwrite, max_answer_tokens=max_answer_tokens,
                              scoring=scoring)
     elif task == "classification":
-        result = evaluate_cls(model, data[0], window_length, doc_stride or 128, out=out, device=device,
+        result = evaluate_cls(model, data[0], window_length=window_length, stride=doc_stride or 128, out=out, device=device,
                               overwrite=overwrite)
     else:
         raise ValueError(f"--task must be qa or classification; got {task!r}")
