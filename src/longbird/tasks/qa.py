@@ -200,7 +200,7 @@ def reading_windows(model, model_path, window_length: int | None,
     return window_length, doc_stride, source
 
 def check_min_probability(min_probability: float) -> None:
-    """`answer`'s threshold is a probability; the CLI asks before the model loads, the library on every call."""
+    """`answer`'s threshold is a probability; checked on every call, before a model directory is loaded."""
     if not 0.0 <= min_probability <= 1.0:
         raise ValueError(f"--min-probability must lie in [0, 1]; got {min_probability}")
 
