@@ -49,7 +49,7 @@ def bench(ctx: typer.Context,
                              batches=list(batches), max_batch=max_batch,
                              gradient_checkpointing=gradient_checkpointing)
     stem = name or ("bench_smoke" if smoke else "bench")
-    report = _sweep(settings, out, stem, overwrite)
+    report = _sweep(settings, out=out, stem=stem, overwrite=overwrite)
     command = "longbird " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "longbird bench"
     # out positionally: write_report names it out_dir
     paths = write_report(report, out, command=command, stem=stem)

@@ -10,7 +10,7 @@ from .common import console, parse_options
 from .options import Out, Overwrite, Preset
 
 Source = Annotated[str | None, typer.Argument(help="Local HF model directory, or a named embedded source: minilm "
-                                                      "(default) or multilingual-e5-small")]
+                                                   "(default) or multilingual-e5-small")]
 Overrides = Annotated[list[str], typer.Option("--set", help="Config override KEY=VALUE, e.g. taper_schedule=power")]
 
 

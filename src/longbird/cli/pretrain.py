@@ -30,11 +30,11 @@ from .options import (
 
 Teacher = Annotated[str, typer.Option(help="The short source model: a directory or a named embedded source")]
 Student = Annotated[Path | None, typer.Option(help="A longbird directory (default: the teacher converted with "
-                                                      "--preset and --max-length)")]
+                                                   "--preset and --max-length)")]
 StudentPreset = Annotated[str, typer.Option(help="Preset when the student is converted: littlebird, kobigbird, full")]
 StudentLength = Annotated[int, typer.Option(help="Student length when converted")]
 TeacherWindow = Annotated[int | None, typer.Option(help="Training window in tokens (default and maximum: the "
-                                                           "teacher's)")]
+                                                        "teacher's)")]
 Rss = Annotated[bool, typer.Option(help="Learn Recurring Span Selection at the same time (loss = RSS + beta * "
                                         "attention KL; the student is saved as a span-selection model)")]
 StudentPaddingInsertion = Annotated[bool, typer.Option(help="Padding Insertion on the student's position ids "
@@ -50,7 +50,7 @@ RunResume = Annotated[bool, typer.Option(help="Continue from the last complete c
 
 RunDirectory = Annotated[Path, typer.Option("--output-dir", help="Run directory: model/ and checkpoints/")]
 StartModel = Annotated[str | None, typer.Option(help="A longbird directory (e.g. distill's model) or a source to "
-                                                        "convert with --preset")]
+                                                     "convert with --preset")]
 Window = Annotated[int, typer.Option(help="Training window in tokens (long inputs: 2048, 4096)")]
 LossEvery = Annotated[int, typer.Option(help="Log the loss every N steps")]
 

@@ -41,14 +41,14 @@ TrainedOut = Annotated[Path, typer.Option(help="Output directory for the fine-tu
 Format = Annotated[str, typer.Option("--format", help=FORMAT_HELP)]
 FeatureWindow = Annotated[int | None, typer.Option(help="Feature window in tokens (default: the model length)")]
 FeatureStride = Annotated[int | None, typer.Option(help="Tokens shared by neighbouring windows (default: half a "
-                                                           "window, at most half the room the question leaves)")]
+                                                        "window, at most half the room the question leaves)")]
 NegativeFraction = Annotated[float, typer.Option(help="Keep this fraction of windows without the answer (default: "
                                                       "all; E4 keeps 0.1)")]
 SeededExamples = Annotated[int | None, typer.Option(help="Use N questions drawn with --seed")]
 QAHead = Annotated[str | None, typer.Option(help="conditional (start, then end given start; the default for new "
-                                                    "heads) or linear; a saved head is kept unless given")]
+                                                 "heads) or linear; a saved head is kept unless given")]
 SavedAnswerTokens = Annotated[int | None, typer.Option(min=1, help="Longest answer span `answer` and `evaluate` "
-                                                          "decode with this model (saved in its config; default 64)")]
+                                                                   "decode with this model (saved in its config; default 64)")]
 MaxStepsOverEpochs = Annotated[int, typer.Option(help="Stop after N optimiser steps (overrides --epochs)")]
 
 EvaluatedModel = Annotated[Path, typer.Option(help="Fine-tuned longbird QA or classification directory")]
@@ -58,7 +58,7 @@ Task = Annotated[str, typer.Option(help="qa or classification")]
 QAFormat = Annotated[str, typer.Option("--format", help=FORMAT_HELP + " (qa only)")]
 QAReadWindow = Annotated[int | None, typer.Option(help=READ_WINDOW_HELP + " (qa)")]
 QAReadStride = Annotated[int | None, typer.Option(help="Tokens shared by neighbouring windows (qa default: the "
-                                                          "trained stride)")]
+                                                       "trained stride)")]
 FirstExamples = Annotated[int | None, typer.Option(help="Use N questions drawn with seed 0")]
 
 QAModel = Annotated[Path, typer.Option(help="Fine-tuned longbird QA directory")]
@@ -66,7 +66,7 @@ Document = Annotated[Path, typer.Option(help="Document: .html/.htm (preprocessed
 Question = Annotated[str, typer.Option(help="The question")]
 ReadWindow = Annotated[int | None, typer.Option(help=READ_WINDOW_HELP)]
 ReadStride = Annotated[int | None, typer.Option(help="Tokens shared by neighbouring windows (default: the trained "
-                                                        "stride, else half a window)")]
+                                                     "stride, else half a window)")]
 QuestionTokens = Annotated[int, typer.Option(min=1, help="Read at most this many tokens of the question in every "
                                                          "window (a longer one is cut, with a warning)")]
 MinProbability = Annotated[float, typer.Option(help="Say 'no answer' (exit 1) when the best span's probability is "
@@ -153,7 +153,7 @@ def answer(
                                  is_html=_is_html(document), window_length=window_length, doc_stride=doc_stride,
                                  max_answer_tokens=max_answer_tokens, scoring=scoring, model_dir=model,
                                  min_probability=min_probability, max_question_tokens=max_question_tokens)
-    _print_answer(record, document, min_probability, as_json)
+    _print_answer(record, document=document, min_probability=min_probability, as_json=as_json)
     if record["answer"] is None:
         raise typer.Exit(1)
 
