@@ -189,7 +189,7 @@ def _converted(preset: str, overrides: dict, work: Path) -> Path:
     """Convert the embedded MiniLM once per preset/override set (saved so runs can reuse it)."""
     path = work / "converted" / (preset + "".join(f"-{k}={v}" for k, v in sorted(overrides.items())))
     if not path.exists():
-        convert_to_directory(None, path, preset, MAX_LENGTH, **overrides)
+        convert_to_directory(None, path, preset=preset, max_length=MAX_LENGTH, **overrides)
     return path
 
 

@@ -127,7 +127,7 @@ def converted(source: str, preset: str, max_length: int, overrides: dict, work: 
     suffix = "".join(f"-{value}" for value in overrides.values())
     path = work / "converted" / f"{preset}-{max_length}{suffix}"
     if not path.exists():
-        convert_to_directory(source, path, preset, max_length, **overrides)
+        convert_to_directory(source, path, preset=preset, max_length=max_length, **overrides)
     return path
 
 

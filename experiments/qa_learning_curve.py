@@ -55,7 +55,7 @@ def main() -> None:
     for step, directory in checkpoints(args.model):
         # bf16 only where the CPU multiplies it; emulated bf16 (AVX2-only CPUs) is far slower than fp32
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=native_bf16("cpu")):
-            metrics = evaluate_qa(directory, dev, "korquad1", window_length=args.window_length, batch_size=16)["metrics"]
+            metrics = evaluate_qa(directory, dev, data_format="korquad1", window_length=args.window_length, batch_size=16)["metrics"]
         points.append({"step": step, "training_windows": step * batch, "exact_match": metrics["exact_match"],
                        "f1": metrics["f1"]})
         print(points[-1], flush=True)

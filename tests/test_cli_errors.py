@@ -321,10 +321,10 @@ def test_the_dev_side_warning_fires_only_for_files_scored_on_the_split(tiny_sour
 
     settings = FinetuneSettings(max_steps=1, batch_size=1, progress=False)
     with caplog.at_level(logging.WARNING, logger="longbird"):
-        finetune_qa(tiny_source, PAGES[0], tmp_path / "pages", "korquad2", max_length=128, settings=settings)
+        finetune_qa(tiny_source, PAGES[0], tmp_path / "pages", data_format="korquad2", max_length=128, settings=settings)
     assert "dev side of the by-article split" not in caplog.text
     with caplog.at_level(logging.WARNING, logger="longbird"):
-        finetune_qa(tiny_source, KORQUAD1, tmp_path / "korquad1", "korquad1", max_length=128, max_examples=2,
+        finetune_qa(tiny_source, KORQUAD1, tmp_path / "korquad1", data_format="korquad1", max_length=128, max_examples=2,
                     settings=settings)
     assert "dev side of the by-article split" in caplog.text and "--split train" in caplog.text
 

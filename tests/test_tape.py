@@ -408,7 +408,7 @@ def test_peft_checkpoint_of_a_converted_longbird_directory_round_trips_with_or_w
 
     source = write_tiny_source(tmp_path / "source")
     base = tmp_path / "tape-256"
-    convert_to_directory(source, base, "tape", 256, **PEFT_OVERRIDES)
+    convert_to_directory(source, base, preset="tape", max_length=256, **PEFT_OVERRIDES)
     out = tmp_path / "qa-peft"
     trained = _trained_peft_checkpoint(base, out)
     input_ids = torch.randint(1000, (1, 200), generator=torch.Generator().manual_seed(0))

@@ -24,7 +24,7 @@ from .sources import resolve_model_directory, resolve_source
 from .training.finetune import is_main_process
 
 
-def convert_to_directory(source, out: str | Path, preset: str = "kobigbird", max_length: int = 4096,
+def convert_to_directory(source, out: str | Path, *, preset: str = "kobigbird", max_length: int = 4096,
                          overwrite: bool = False, **overrides: Any) -> tuple[Any, bool]:
     """Convert `source` (default: the embedded MiniLM) and save model + source tokenizer to `out` atomically.
     Returns (model, whether a tokenizer was found beside the source)."""

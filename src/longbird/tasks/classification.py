@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 def _classification_rows(data, text_field: str, label_field: str):
     return data if isinstance(data, Dataset) else read_classification(data, text_field, label_field)
 
-def finetune_cls(model_path, train_data, out: str | Path, preset: str = "kobigbird", max_length: int = 4096,
+def finetune_cls(model_path, train_data, out: str | Path, *, preset: str = "kobigbird", max_length: int = 4096,
                  window_length: int | None = None, stride: int = 128, text_field: str = "text",
                  label_field: str = "label", settings: FinetuneSettings | None = None, overwrite: bool = False) -> dict:
     """Fine-tune a document classifier; every window of a document is a training item with its label."""
@@ -76,7 +76,7 @@ def predict_documents(model, tokenizer, texts, window_length: int | None = None,
 
     return [logits(text).cpu() for text in texts]
 
-def evaluate_cls(model_path, data, window_length: int | None = None, stride: int = 128, text_field: str = "text",
+def evaluate_cls(model_path, data, *, window_length: int | None = None, stride: int = 128, text_field: str = "text",
                  label_field: str = "label", out: str | Path | None = None, device: str | None = None,
                  overwrite: bool = False) -> dict:
     """Accuracy and macro-F1 of a saved classifier; with `out`, writes predictions.json (per document: index, gold

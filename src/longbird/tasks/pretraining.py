@@ -17,7 +17,7 @@ from ..sources import resolve_model_directory
 from ..training.finetune import FinetuneSettings, train, world_size
 
 
-def distill(teacher_source, output_dir: str | Path, student_path=None, preset: str = "littlebird",
+def distill(teacher_source, output_dir: str | Path, *, student_path=None, preset: str = "littlebird",
             max_length: int = 4096, corpus=None, length: int | None = None, settings: FinetuneSettings | None = None,
             alpha: float = 1.0, beta: float = 1.0, temperature: float = 1.0, save_steps: int = 50,
             resume: bool = False, gradient_checkpointing: bool = False, overwrite: bool = False, rss: bool = False,
@@ -101,7 +101,7 @@ def rss_accuracy(model, items: list[dict], batch_size: int = 4) -> float:
             total += int(real.sum())
     return 100.0 * hits / max(total, 1)
 
-def pretrain(model_path, output_dir: str | Path, corpus=None, length: int = 512, preset: str = "littlebird",
+def pretrain(model_path, output_dir: str | Path, *, corpus=None, length: int = 512, preset: str = "littlebird",
              max_length: int = 4096, settings: FinetuneSettings | None = None, held_out: float = 0.1,
              overwrite: bool = False, gradient_checkpointing: bool = False, **overrides: Any) -> dict:
     """Continued training on long inputs with Recurring Span Selection (LittleBird §3.4 step 3, §4.1).

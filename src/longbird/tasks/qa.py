@@ -83,7 +83,7 @@ def sample_questions(rows: Dataset, n: int | None, seed: int = 0) -> Dataset:
         return rows
     return rows.shuffle(seed=seed).select(range(n))
 
-def finetune_qa(model_path, train_data, out: str | Path, data_format: str = "korquad2", preset: str = "kobigbird",
+def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "korquad2", preset: str = "kobigbird",
                 max_length: int = 4096, window_length: int | None = None, doc_stride: int | None = None,
                 max_windows: int | None = None, negative_fraction: float = 1.0, max_examples: int | None = None,
                 settings: FinetuneSettings | None = None, overwrite: bool = False, qa_head: str | None = None,
@@ -126,7 +126,7 @@ def finetune_qa(model_path, train_data, out: str | Path, data_format: str = "kor
                         (model_path, preset, max_length))
     return {**metrics, "windows": len(features), "training_windows": len(items)}
 
-def evaluate_qa(model_path, data, data_format: str = "korquad2", window_length: int | None = None,
+def evaluate_qa(model_path, data, *, data_format: str = "korquad2", window_length: int | None = None,
                 doc_stride: int | None = None, max_windows: int | None = None, batch_size: int = 4,
                 max_examples: int | None = None, out: str | Path | None = None, progress: bool = False,
                 split: str | None = None, device: str | None = None, overwrite: bool = False,
@@ -200,11 +200,11 @@ def reading_windows(model, model_path, window_length: int | None,
     return window_length, doc_stride, source
 
 def check_min_probability(min_probability: float) -> None:
-    """`answer`'s threshold is a probability; the CLI asks before the model loads, the library on every call."""
+    """`answer`'s threshold is a probability; checked on every call, before a model directory is loaded."""
     if not 0.0 <= min_probability <= 1.0:
         raise ValueError(f"--min-probability must lie in [0, 1]; got {min_probability}")
 
-def answer(model, document: str, question: str, tokenizer=None, is_html: bool | None = None,
+def answer(model, document: str, question: str, *, tokenizer=None, is_html: bool | None = None,
            window_length: int | None = None, device: str | None = None, max_answer_tokens: int | None = None,
            scoring: str = DEFAULT_SCORING, doc_stride: int | None = None, model_dir=None,
            min_probability: float = 0.0, max_question_tokens: int | None = None) -> dict:

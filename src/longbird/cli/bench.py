@@ -1,0 +1,82 @@
+"""`longbird bench`: latency and peak memory against length (longbird.bench), with its report."""
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .common import console, resolve_device
+from .options import Device
+
+Models = Annotated[list[str], typer.Option("--model", help="Presets and baselines to compare (repeat the option)")]
+Lengths = Annotated[list[int], typer.Option("--length", help="Sequence lengths")]
+Modes = Annotated[list[str], typer.Option("--mode", help="forward and/or forward+backward")]
+Dtypes = Annotated[list[str], typer.Option("--dtype", help="fp32, bf16 and/or fp16")]
+Sizes = Annotated[list[str], typer.Option(
+    "--size", help="small (12 x 384, e5-small), base (12 x 768) and/or large (24 x 1024)")]
+Batches = Annotated[list[str], typer.Option("--batch", help="Batch size, or max: the largest power of two that fits")]
+MaxBatch = Annotated[int, typer.Option(help="Upper bound of the search for --batch max")]
+Checkpointing = Annotated[bool, typer.Option(help="Recompute layers in backward (forward+backward runs)")]
+Repeats = Annotated[int, typer.Option(help="Timed calls per point (median), after one warm-up")]
+MaxSeconds = Annotated[float, typer.Option(help="Skip a model at longer lengths once a call takes longer")]
+MaxMemory = Annotated[float, typer.Option(help="Skip a model when its projected peak memory passes this")]
+Out = Annotated[Path, typer.Option(help="Directory for JSON, markdown and PNG plots")]
+Smoke = Annotated[bool, typer.Option(help="Quick check, under a minute: tiny model (2 layers, 128 hidden), lengths 512 "
+                                          "and 1024, one timed call (unless --length/--repeats are given)")]
+Name = Annotated[str, typer.Option(help="File stem of the results (default: bench, or bench_smoke with --smoke)")]
+Overwrite = Annotated[bool, typer.Option(help="Replace earlier results of the same name in OUT")]
+
+
+def bench(ctx: typer.Context,
+          models: Models = ("littlebird", "kobigbird", "full", "hf-bigbird", "hf-longformer", "sdpa-roberta"),
+          lengths: Lengths = (1024, 2048, 4096, 8192, 16384), modes: Modes = ("forward", "forward+backward"),
+          dtypes: Dtypes = ("fp32",), sizes: Sizes = ("base",), batches: Batches = ("1",), max_batch: MaxBatch = 64,
+          device: Device = "auto", gradient_checkpointing: Checkpointing = False, repeats: Repeats = 3,
+          max_seconds: MaxSeconds = 60.0, max_memory_gib: MaxMemory = 16.0, out: Out = Path("benchmarks/results"),
+          smoke: Smoke = False, name: Name = "", overwrite: Overwrite = False):
+    """Latency and peak memory vs length for longbird presets and transformers baselines, with plots."""
+    import sys
+
+    from ..bench.report import markdown, write_report
+    from ..bench.sweep import SweepSettings
+
+    if smoke:  # a quick check: shorter lengths and one timed call, unless the user chose them
+        lengths = [512, 1024] if ctx.get_parameter_source("lengths").name == "DEFAULT" else lengths
+        repeats = 1 if ctx.get_parameter_source("repeats").name == "DEFAULT" else repeats
+    settings = SweepSettings(models=list(models), lengths=list(lengths), modes=list(modes), dtypes=list(dtypes),
+                             repeats=repeats, max_seconds=max_seconds, max_memory_gib=max_memory_gib,
+                             device=resolve_device(device), sizes=["smoke"] if smoke else list(sizes),
+                             batches=list(batches), max_batch=max_batch,
+                             gradient_checkpointing=gradient_checkpointing)
+    stem = name or ("bench_smoke" if smoke else "bench")
+    report = _sweep(settings, out=out, stem=stem, overwrite=overwrite)
+    command = "longbird " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "longbird bench"
+    # out positionally: write_report names it out_dir
+    paths = write_report(report, out, command=command, stem=stem)
+    console.print(markdown(report=report | {"command": command}, command=command))
+    console.print("wrote " + ", ".join(str(path) for path in paths))
+
+
+def _sweep(settings, out: Path, stem: str, overwrite: bool) -> dict:
+    """The sweep with a progress bar, its report kept in OUT/STEM.partial.json as it grows (removed at the end)."""
+    import json
+
+    from rich.progress import Progress
+
+    from ..bench.sweep import run_sweep
+    from ..files import write_file_atomically
+
+    if (out / f"{stem}.json").exists() and not overwrite:  # committed results are evidence: never replaced silently
+        raise FileExistsError(f"{out / f'{stem}.json'} already exists; pass --overwrite to replace it or --name to "
+                              "write beside it")
+    partial = out / f"{stem}.partial.json"
+    steps = len(settings.sizes) * len(settings.dtypes) * len(settings.modes) * len(settings.batches) * len(
+        settings.lengths)
+    with Progress(console=console) as progress:
+        task = progress.add_task("bench", total=steps)
+        report = run_sweep(settings=settings,
+                           progress=lambda message: progress.update(task, advance=1, description=message),
+                           checkpoint=lambda report: write_file_atomically(path=partial,
+                                                                            text=json.dumps(report, indent=2) + "\n"))
+    partial.unlink(missing_ok=True)
+    return report

@@ -1,0 +1,79 @@
+"""What the commands share beyond their options: the consoles, the metrics table, `--device`, `--bf16` autocast,
+`--set`, and the training settings of a training command's options."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+error_console = Console(stderr=True)
+
+
+def print_metrics(title: str, metrics: dict) -> None:
+    table = Table(title=title, show_header=False)
+    for key, value in metrics.items():
+        if isinstance(value, (int, float, str)):
+            table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+    resume = metrics.get("resume")
+    if resume and resume["steps_trained_by_this_run"]:  # train_loss is then the loss of the resumed steps only
+        first, last = resume["steps_trained_by_this_run"]
+        table.add_row("resumed", f"from {resume['from_checkpoint']}: train_loss covers steps {first}-{last} only")
+    console.print(table)
+
+
+def resolve_device(device: str | None) -> str:
+    """--device: "auto" (default) is CUDA when present, else CPU; anything else must be available here."""
+    import torch
+
+    if device in (None, "", "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        parsed = torch.device(device)
+    except RuntimeError as error:
+        raise ValueError(f"--device {device!r} is not a device name ({error}); use cpu, cuda or cuda:N") from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: CUDA is not available on this machine (torch "
+                         f"{torch.__version__}); use --device cpu")
+    return str(parsed)
+
+
+def autocast(device: str, bf16: bool):
+    """`--bf16` of the inference commands: bf16 autocast on `device`, with a warning where bf16 is emulated."""
+    import torch
+
+    from ..precision import slow_bf16_warning
+
+    slow = slow_bf16_warning(device) if bf16 else None
+    if slow:
+        error_console.print(f"[yellow]warning:[/] {slow}", highlight=False)
+    return torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=bf16)
+
+
+def parse_options(options: list[str]) -> dict:
+    """`--set KEY=VALUE ...` as config overrides: JSON values, else the plain string (taper_schedule=power)."""
+    parsed = {}
+    for option in options:
+        if "=" not in option:
+            raise ValueError(f"--set expects KEY=VALUE; got {option!r}")
+        key, value = option.split("=", 1)
+        try:
+            parsed[key] = json.loads(value)
+        except json.JSONDecodeError:
+            parsed[key] = value  # plain strings such as taper_schedule=power
+    return parsed
+
+
+def training_settings(options: dict, **fixed):
+    """The `FinetuneSettings` of a training command: every option named like one of its fields (the command passes
+    `locals()`), then `fixed`. Checked before any data is read or model converted (FinetuneSettings checks the
+    numbers, `check_training_device` the device and precision; a ValueError is one line and exit 1)."""
+    from ..training.finetune import FinetuneSettings, check_training_device
+
+    fields = {field.name for field in dataclasses.fields(FinetuneSettings)}
+    settings = FinetuneSettings(**{name: value for name, value in options.items() if name in fields} | fixed)
+    check_training_device(settings)
+    return settings

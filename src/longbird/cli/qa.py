@@ -1,0 +1,205 @@
+"""Question answering: `finetune-qa`, `evaluate` (QA or classification) and `answer` (longbird.tasks.qa)."""
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .common import autocast, console, error_console, print_metrics, resolve_device, training_settings
+from .options import (
+    FORMAT_HELP,
+    READ_WINDOW_HELP,
+    SCORING,
+    AutocastBf16,
+    BatchSize,
+    ConvertLength,
+    ConvertPreset,
+    Device,
+    Epochs,
+    FinetuneLoggingSteps,
+    Fp16,
+    LearningRate,
+    MaxAnswerTokens,
+    MaxWindows,
+    MixedBf16,
+    Model,
+    Overwrite,
+    PaddingInsertion,
+    Resume,
+    SaveSteps,
+    SaveTotalLimit,
+    Seed,
+    Split,
+    TaskPeft,
+    TrainDevice,
+    TrainWordEmbeddings,
+)
+
+TrainData = Annotated[list[Path], typer.Option("--train", help="Training data: a JSON file or directory (repeatable)")]
+TrainedOut = Annotated[Path, typer.Option(help="Output directory for the fine-tuned model and tokenizer")]
+Format = Annotated[str, typer.Option("--format", help=FORMAT_HELP)]
+FeatureWindow = Annotated[int | None, typer.Option(help="Feature window in tokens (default: the model length)")]
+FeatureStride = Annotated[int | None, typer.Option(help="Tokens shared by neighbouring windows (default: half a "
+                                                        "window, at most half the room the question leaves)")]
+NegativeFraction = Annotated[float, typer.Option(help="Keep this fraction of windows without the answer (default: "
+                                                      "all; E4 keeps 0.1)")]
+SeededExamples = Annotated[int | None, typer.Option(help="Use N questions drawn with --seed")]
+QAHead = Annotated[str | None, typer.Option(help="conditional (start, then end given start; the default for new "
+                                                 "heads) or linear; a saved head is kept unless given")]
+SavedAnswerTokens = Annotated[int | None, typer.Option(min=1, help="Longest answer span `answer` and `evaluate` "
+                                                                   "decode with this model (saved in its config; default 64)")]
+MaxStepsOverEpochs = Annotated[int, typer.Option(help="Stop after N optimiser steps (overrides --epochs)")]
+
+EvaluatedModel = Annotated[Path, typer.Option(help="Fine-tuned longbird QA or classification directory")]
+EvaluationData = Annotated[list[Path], typer.Option("--data", help="Evaluation data (repeatable for korquad2)")]
+EvaluationOut = Annotated[Path, typer.Option(help="Directory for predictions.json and metrics.json")]
+Task = Annotated[str, typer.Option(help="qa or classification")]
+QAFormat = Annotated[str, typer.Option("--format", help=FORMAT_HELP + " (qa only)")]
+QAReadWindow = Annotated[int | None, typer.Option(help=READ_WINDOW_HELP + " (qa)")]
+QAReadStride = Annotated[int | None, typer.Option(help="Tokens shared by neighbouring windows (qa default: the "
+                                                       "trained stride)")]
+FirstExamples = Annotated[int | None, typer.Option(help="Use N questions drawn with seed 0")]
+
+QAModel = Annotated[Path, typer.Option(help="Fine-tuned longbird QA directory")]
+Document = Annotated[Path, typer.Option(help="Document: .html/.htm (preprocessed) or plain text")]
+Question = Annotated[str, typer.Option(help="The question")]
+ReadWindow = Annotated[int | None, typer.Option(help=READ_WINDOW_HELP)]
+ReadStride = Annotated[int | None, typer.Option(help="Tokens shared by neighbouring windows (default: the trained "
+                                                     "stride, else half a window)")]
+QuestionTokens = Annotated[int, typer.Option(min=1, help="Read at most this many tokens of the question in every "
+                                                         "window (a longer one is cut, with a warning)")]
+MinProbability = Annotated[float, typer.Option(help="Say 'no answer' (exit 1) when the best span's probability is "
+                                                    "below this (0-1; default 0: always answer)")]
+Json = Annotated[bool, typer.Option("--json", help="Print the answer as JSON (also when none is found)")]
+
+WINDOW_SOURCES = {"given": "--window-length", "trained": "the window it was fine-tuned at",
+                  "model length": "the model length; no fine-tuning record"}
+
+
+def finetune_qa(
+    train: TrainData, out: TrainedOut, model: Model = None, data_format: Format = "korquad2",
+    preset: ConvertPreset = "kobigbird", max_length: ConvertLength = 4096, window_length: FeatureWindow = None,
+    doc_stride: FeatureStride = None, max_windows: MaxWindows = None, negative_fraction: NegativeFraction = 1.0,
+    max_examples: SeededExamples = None, split: Split = None, qa_head: QAHead = None,
+    max_answer_tokens: SavedAnswerTokens = None, learning_rate: LearningRate = 5e-5, epochs: Epochs = 1.0,
+    max_steps: MaxStepsOverEpochs = -1, batch_size: BatchSize = 4, seed: Seed = 0,
+    padding_insertion: PaddingInsertion = False, bf16: MixedBf16 = False, fp16: Fp16 = False,
+    device: TrainDevice = "auto", train_word_embeddings: TrainWordEmbeddings = False, save_steps: SaveSteps = 0,
+    save_total_limit: SaveTotalLimit = None, logging_steps: FinetuneLoggingSteps = 20, peft: TaskPeft = None,
+    resume: Resume = False, overwrite: Overwrite = False,
+):
+    """Fine-tune extractive QA on long documents (Trainer; `accelerate launch` for several GPUs)."""
+    settings = training_settings(locals())
+    from ..tasks.qa import finetune_qa as run
+
+    metrics = run(model_path=model, train_data=_one_or_many(train), out=out, data_format=data_format, preset=preset,
+                  max_length=max_length, window_length=window_length, doc_stride=doc_stride, max_windows=max_windows,
+                  negative_fraction=negative_fraction, max_examples=max_examples, settings=settings,
+                  overwrite=overwrite, qa_head=qa_head, split=split, max_answer_tokens=max_answer_tokens)
+    print_metrics(f"fine-tuned QA model saved to {out}", metrics)
+
+
+def evaluate(
+    model: EvaluatedModel, data: EvaluationData, out: EvaluationOut, task: Task = "qa",
+    data_format: QAFormat = "korquad2", window_length: QAReadWindow = None, doc_stride: QAReadStride = None,
+    max_windows: MaxWindows = None, max_examples: FirstExamples = None, split: Split = None,
+    max_answer_tokens: MaxAnswerTokens = None, scoring: str = SCORING, batch_size: BatchSize = 4,
+    device: Device = "auto", overwrite: Overwrite = False, bf16: AutocastBf16 = False,
+):
+    """Predict and score with the official metric; writes predictions.json and metrics.json."""
+    device = resolve_device(device)
+    with autocast(device, bf16):
+        if task == "qa":
+            from ..tasks.qa import evaluate_qa
+
+            result = evaluate_qa(model_path=model, data=_one_or_many(data), data_format=data_format,
+                                 window_length=window_length, doc_stride=doc_stride, max_windows=max_windows,
+                                 batch_size=batch_size, max_examples=max_examples, out=out, progress=True,
+                                 split=split, device=device, overwrite=overwrite,
+                                 max_answer_tokens=max_answer_tokens, scoring=scoring)
+        elif task == "classification":
+            from ..tasks.classification import evaluate_cls
+
+            result = evaluate_cls(model_path=model, data=data[0], window_length=window_length,
+                                  stride=doc_stride or 128, out=out, device=device, overwrite=overwrite)
+        else:
+            raise ValueError(f"--task must be qa or classification; got {task!r}")
+    print_metrics(f"{task} metrics (written to {out})", result["metrics"])
+
+
+def answer(
+    model: QAModel, document: Document, question: Question, window_length: ReadWindow = None,
+    doc_stride: ReadStride = None, max_answer_tokens: MaxAnswerTokens = None, scoring: str = SCORING,
+    max_question_tokens: QuestionTokens = 64, min_probability: MinProbability = 0.0, as_json: Json = False,
+    device: Device = "auto", bf16: AutocastBf16 = False,
+):
+    """Answer a question about a long document: the answer, its character span in the file and its probability.
+
+    Exit status 1 when no span qualifies or none reaches --min-probability (with --json the fields are null)."""
+    from ..checkpoints import load_on_device
+    from ..data.reading import read_text_file
+    from ..heads import LongBirdForQuestionAnswering
+    from ..tasks.qa import answer as answer_document
+
+    device = resolve_device(device)
+    _check_window_length(model, window_length)
+    # Read as bytes and decoded as is: offsets count characters of the file, \r of CRLF line ends included.
+    text = read_text_file(path=document, what="document")
+    with console.status("loading the model"):
+        qa_model, tokenizer = load_on_device(model_path=model, task_class=LongBirdForQuestionAnswering, device=device)
+    with console.status(f"reading {document.name} ({len(text):,} characters)"), autocast(device, bf16):
+        record = answer_document(model=qa_model, document=text, question=question, tokenizer=tokenizer,
+                                 is_html=_is_html(document), window_length=window_length, doc_stride=doc_stride,
+                                 max_answer_tokens=max_answer_tokens, scoring=scoring, model_dir=model,
+                                 min_probability=min_probability, max_question_tokens=max_question_tokens)
+    _print_answer(record, document=document, min_probability=min_probability, as_json=as_json)
+    if record["answer"] is None:
+        raise typer.Exit(1)
+
+
+def _one_or_many(paths: list[Path]):
+    """A repeated data option as the library takes it: one path, or a list of them."""
+    return [str(path) for path in paths] if len(paths) > 1 else paths[0]
+
+
+def _is_html(document: Path) -> bool:
+    return document.suffix.lower() in (".html", ".htm")
+
+
+def _check_window_length(model: Path, window_length: int | None) -> None:
+    """--window-length against the model's maximum length in its config.json: before the model loads or the document
+    is read (the library checks it again once the model is loaded)."""
+    if window_length is None:
+        return
+    from ..sources import resolve_model_directory
+
+    config = json.loads((resolve_model_directory(model) / "config.json").read_text(encoding="utf-8"))
+    limit = config.get("max_position_embeddings")
+    if limit and not 1 <= window_length <= limit:
+        raise ValueError(f"--window-length {window_length} is above the model's maximum length {limit}; use at most "
+                         f"{limit}")
+
+
+def _print_answer(record: dict, document: Path, min_probability: float, as_json: bool) -> None:
+    cut = record.get("question_cut")
+    if cut:
+        error_console.print(f"[yellow]warning:[/] the question has {cut['tokens']} tokens; only its first "
+                            f"{cut['read']} were read", highlight=False)
+    if as_json:
+        print(json.dumps(record, ensure_ascii=False))
+    elif record.get("best_probability") is not None:
+        console.print(f"[yellow]no answer with probability ≥ {min_probability:g}[/] (the best span had "
+                      f"{record['best_probability']:.2f})", highlight=False)
+    elif record["answer"] is None:
+        console.print("[yellow]no answer span found[/]")
+    else:
+        console.print(f"[bold]answer:[/] {record['answer']}", highlight=False)
+        if _is_html(document) and record["source_text"] != record["answer"]:
+            console.print(f"source span: {record['source_text']}", highlight=False, markup=False)
+        probability = "" if record["probability"] is None else f", probability {record['probability']:.2f}"
+        console.print(f"characters {record['start']}..{record['end']} of {document.name}{probability} "
+                      f"(score {record['score']:.2f})", highlight=False)
+    if not as_json:
+        console.print(f"read in {record['window_length']}-token windows ({WINDOW_SOURCES[record['window_source']]})",
+                      style="dim", highlight=False)
