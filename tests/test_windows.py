@@ -104,3 +104,18 @@ def test_pair_template_is_the_tokenizers_pair_encoding(tokenizer):
     item = template.assemble(question, window, pair_token_types=False)
     assert item["input_ids"] == pair["input_ids"]
     assert item.get("token_type_ids") == pair.get("token_type_ids")
+
+
+def test_unreachable_answers_are_reported_as_the_eager_route_does(tokenizer, caplog):
+    toc = "<div class='toc'>Seoul</div><p>capital Seoul</p>"
+    words = " ".join(f"w{i}" for i in range(300))
+    start = words.index("w40 ")
+    rows = [{"id": "toc-answer", "question": "capital?", "context": toc, "is_html": True,
+             "answers": {"text": ["Seoul"], "answer_start": [17]}},
+            {"id": "long-answer", "question": "q", "context": words, "is_html": False,
+             "answers": {"text": [words[start:start + 200]], "answer_start": [start]}}]
+    with caplog.at_level("WARNING"):
+        lazy = QAWindows(tokenizer, rows, 64, 8)
+    assert all(lazy[i]["start_positions"] == 0 for i in range(len(lazy)))
+    assert "toc-answer" in caplog.text and "dropped by preprocessing" in caplog.text
+    assert "long-answer" in caplog.text and "fits in no window" in caplog.text

@@ -21,7 +21,7 @@ from .config import LongBirdConfig
 from .conversion import convert
 from .files import write_directory_atomically
 from .sources import resolve_model_directory, resolve_source
-from .training.finetune import is_main_process
+from .training.processes import is_main_process
 
 
 def convert_to_directory(source, out: str | Path, *, preset: str = "kobigbird", max_length: int = 4096,
@@ -198,7 +198,8 @@ def load_tape_peft(directory: str | Path, task_class):
     not_restored = {f"longbird.{name}" for name in missing} - set(record["trained"])
     if unexpected or saved or not_restored:
         raise ValueError(f"{directory}: the PEFT checkpoint does not fit its base {base['model']} (not restored: "
-                         f"{sorted(not_restored)[:5]}, unexpected: {sorted(unexpected)[:5]}, unused: {sorted(saved)[:5]})")
+                         f"{sorted(not_restored)[:5]}, unexpected: {sorted(unexpected)[:5]}, "
+                         f"unused: {sorted(saved)[:5]})")
     return model.eval()
 
 

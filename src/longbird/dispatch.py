@@ -1,7 +1,8 @@
 """Which sparse kernel runs a call: the blocked kernels (portable, CPU training) or compiled flex_attention.
 
 Chosen per call from the device, autograd and length, with the reason logged (logger "longbird.attention":
-INFO when the choice changes, DEBUG on every call). Measured reasons behind the rules (docs/gpu.md, 'Kernels and backends'):
+INFO when the choice changes, DEBUG on every call). Measured reasons behind the rules (docs/gpu.md, "Kernels and
+backends"):
 - CUDA inference: compiled flex on exact b-token tiles, the fastest kernel (H100, 16K tokens, base heads: the USW
   window on 64-token tiles 0.14 ms against the blocked USW kernel's 3.1 ms; benchmarks/results/flex_variants_h100.md).
 - CUDA training: flex's backward kernels need 128-token tiles, where the b-block pattern must be carved by a

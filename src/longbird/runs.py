@@ -13,7 +13,8 @@ from datasets import Dataset
 
 from .checkpoints import base_record, save_tape_peft
 from .files import write_directory_atomically
-from .training.finetune import FinetuneSettings, is_main_process
+from .training.finetune import FinetuneSettings
+from .training.processes import is_main_process
 
 
 def check_output(out, overwrite: bool) -> None:

@@ -28,7 +28,8 @@ def convert(source: Source = None, preset: Preset = "kobigbird",
         console.print("[yellow]no tokenizer found beside the source; saved the model only[/]")
     config = model.config
     console.print(f"[green]saved[/] {type(model).__name__} to {out}: attention={config.attention}, "
-                  f"position={config.position}/{config.position_extension}, max_length={config.max_position_embeddings}, "
+                  f"position={config.position}/{config.position_extension}, "
+                  f"max_length={config.max_position_embeddings}, "
                   f"source L={config.source_max_positions}")
 
 
@@ -62,7 +63,8 @@ def env():
         "threads": str(torch.get_num_threads()), "cpu": cpu_model(),
         "cpu capability": str(torch.backends.cpu.get_cpu_capability()),
         "source families": ", ".join(SUPPORTED_FAMILIES),
-        "presets": ", ".join(f"{name} ({', '.join(f'{k}={v}' for k, v in values.items())})" for name, values in PRESETS.items()),
+        "presets": ", ".join(f"{name} ({', '.join(f'{k}={v}' for k, v in values.items())})"
+                             for name, values in PRESETS.items()),
         "kernels": "full (SDPA), bigbird (blocked ITC), littlebird (blocked USW + pack), reference (dense oracle)",
         "methods": "; ".join(f"{name}: {text}" for name, text in METHODS.items()),
     }
@@ -95,7 +97,8 @@ def _demo_table(results: dict) -> Table:
     table.add_row("equivalence at <= 512 tokens (lengths)", str(results["equivalence_lengths"]))
     table.add_row("max |converted - source| (fp32)", f"{results['max_abs_diff_vs_source']:.2e}")
     table.add_row("document tokens (encoded)", f"{results['document_tokens']} ({results['encoded_tokens']})")
-    table.add_row("fp32 encode time / peak memory", f"{results['fp32_seconds']:.2f} s / {results['fp32_peak_mib']:.0f} MiB")
+    table.add_row("fp32 encode time / peak memory",
+                  f"{results['fp32_seconds']:.2f} s / {results['fp32_peak_mib']:.0f} MiB")
     if results["bf16_skipped"]:
         table.add_row("bf16 autocast", f"skipped: {results['bf16_skipped']}")
     else:

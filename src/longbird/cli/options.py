@@ -15,8 +15,8 @@ DEVICE_HELP = "cpu, cuda or cuda:N (default auto: CUDA when present)"
 TRAIN_DEVICE_HELP = "auto (CUDA when present), cpu or cuda; pick a GPU with CUDA_VISIBLE_DEVICES"
 CORPUS_HELP = ("Text/JSONL files or directories (repeatable; default: the repository's Korean text: KorQuAD, TyDi QA "
                "Korean, laws and bills, with the KorQuAD 1.0 dev-split articles held out)")
-SLOPE_LR_HELP = ("Learning rate of the BiALiBi slopes (littlebird; default: --learning-rate, which barely moves them in "
-                 "a short run)")
+SLOPE_LR_HELP = ("Learning rate of the BiALiBi slopes (littlebird; default: --learning-rate, which barely moves them "
+                 "in a short run)")
 PEFT_HELP = "tape: train only the TAPE maps (+ the task head) of a TAPE model; saves only what was trained"
 TASK_PEFT_HELP = ("tape: train only the TAPE maps and the task head of a TAPE model (--preset tape); OUT then holds "
                   "only what was trained")
@@ -24,15 +24,16 @@ SAVE_STEPS_HELP = "Checkpoint every N steps into OUT.checkpoints/ (0: none; Ctrl
 RESUME_HELP = ("Continue from the last complete checkpoint in OUT.checkpoints/ (same options as the interrupted run; "
                "incomplete ones are skipped and reported)")
 SAVE_TOTAL_LIMIT_HELP = "Keep only the newest N checkpoints (default: all of them)"
-WORD_EMBEDDINGS_HELP = "Also train the word embeddings (frozen by default: with a 250K vocabulary they dominate a CPU step)"
+WORD_EMBEDDINGS_HELP = ("Also train the word embeddings (frozen by default: with a 250K vocabulary they dominate a "
+                        "CPU step)")
 READ_WINDOW_HELP = "Window in tokens (default: the window the model was fine-tuned at, else the model length)"
 MAX_ANSWER_HELP = ("Longest answer span in tokens (default: the model's qa_max_answer_tokens: 64 unless fine-tuning "
                    "set it)")
 # The default is spelt out here (importing longbird.qa for DEFAULT_SCORING would load torch on `--help`);
 # tests/test_qa_cli.py checks that it stays the library's.
 SCORING_HELP = ("How spans of different windows are compared: null-relative (default: start logit minus the window's "
-                "[CLS] start logit, plus log P(end | start)), log-probability (log P(start) + log P(end | start) within "
-                "the window) or logit (raw start logit + log P(end | start))")
+                "[CLS] start logit, plus log P(end | start)), log-probability (log P(start) + log P(end | start) "
+                "within the window) or logit (raw start logit + log P(end | start))")
 FORMAT_HELP = ("korquad2 (HTML pages), korquad1-articles (KorQuAD 1.0 joined per article), korquad1 (its paragraphs) "
                "or squad (SQuAD 1.1 paragraphs)")
 

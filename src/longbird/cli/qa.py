@@ -47,8 +47,8 @@ NegativeFraction = Annotated[float, typer.Option(help="Keep this fraction of win
 SeededExamples = Annotated[int | None, typer.Option(help="Use N questions drawn with --seed")]
 QAHead = Annotated[str | None, typer.Option(help="conditional (start, then end given start; the default for new "
                                                  "heads) or linear; a saved head is kept unless given")]
-SavedAnswerTokens = Annotated[int | None, typer.Option(min=1, help="Longest answer span `answer` and `evaluate` "
-                                                                   "decode with this model (saved in its config; default 64)")]
+SavedAnswerTokens = Annotated[int | None, typer.Option(
+    min=1, help="Longest answer span `answer` and `evaluate` decode with this model (saved in its config; default 64)")]
 MaxStepsOverEpochs = Annotated[int, typer.Option(help="Stop after N optimiser steps (overrides --epochs)")]
 
 EvaluatedModel = Annotated[Path, typer.Option(help="Fine-tuned longbird QA or classification directory")]

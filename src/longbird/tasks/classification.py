@@ -24,7 +24,8 @@ from ..runs import (
     write_outputs,
     write_trained_model,
 )
-from ..training.finetune import FinetuneSettings, train, world_size
+from ..training.finetune import FinetuneSettings, train
+from ..training.processes import world_size
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +65,8 @@ def finetune_cls(model_path, train_data, out: str | Path, *, preset: str = "kobi
     return {**metrics, "documents": len(rows), "windows": len(items)}
 
 @torch.no_grad()
-def predict_documents(model, tokenizer, texts, window_length: int | None = None, stride: int = 128) -> list[torch.Tensor]:
+def predict_documents(model, tokenizer, texts, window_length: int | None = None,
+                      stride: int = 128) -> list[torch.Tensor]:
     """Per document, the mean of its windows' logits (num_labels,)."""
     model.eval()
     window_length = window_length or model.config.max_position_embeddings

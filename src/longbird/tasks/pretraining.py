@@ -14,7 +14,8 @@ from ..conversion import convert
 from ..modeling import enable_checkpointing
 from ..runs import check_output, corpus_record, training_record, write_trained_model
 from ..sources import resolve_model_directory
-from ..training.finetune import FinetuneSettings, train, world_size
+from ..training.finetune import FinetuneSettings, train
+from ..training.processes import world_size
 
 
 def distill(teacher_source, output_dir: str | Path, *, student_path=None, preset: str = "littlebird",
@@ -96,7 +97,8 @@ def rss_accuracy(model, items: list[dict], batch_size: int = 4) -> float:
                         attention_mask=batch["attention_mask"].to(model.device),
                         question_positions=batch["question_positions"].to(model.device))
             real = batch["start_positions"] != IGNORE_INDEX
-            hit = (out.predicted_start.cpu() == batch["start_positions"]) & (out.predicted_end.cpu() == batch["end_positions"])
+            hit = ((out.predicted_start.cpu() == batch["start_positions"])
+                   & (out.predicted_end.cpu() == batch["end_positions"]))
             hits += int((hit & real).sum())
             total += int(real.sum())
     return 100.0 * hits / max(total, 1)

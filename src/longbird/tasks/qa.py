@@ -12,9 +12,9 @@ from datasets import Dataset
 from transformers import set_seed
 
 from ..checkpoints import check_tokenizer, load_on_device, load_task_model
-from ..data.features import features_for_rows
 from ..data.html import add_tag_tokens
 from ..data.korquad import read_korquad_v1_articles, read_korquad_v2, read_squad_paragraphs, split_by_title
+from ..data.windows import QAWindows
 from ..heads import LongBirdForQuestionAnswering
 from ..metrics.korquad import korquad_v1, korquad_v2, squad_v1
 from ..qa import DEFAULT_SCORING, predict_rows
@@ -28,7 +28,8 @@ from ..runs import (
     write_trained_model,
 )
 from ..sources import resolve_model_directory
-from ..training.finetune import FinetuneSettings, qa_training_items, train, world_size
+from ..training.finetune import FinetuneSettings, train
+from ..training.processes import world_size
 
 logger = logging.getLogger(__name__)
 # korquad1 and squad are the published paragraphs; korquad1-articles joins each article into one context
@@ -88,8 +89,9 @@ def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "
                 max_windows: int | None = None, negative_fraction: float = 1.0, max_examples: int | None = None,
                 settings: FinetuneSettings | None = None, overwrite: bool = False, qa_head: str | None = None,
                 split: str | None = None, max_answer_tokens: int | None = None) -> dict:
-    """Fine-tune a QA model and save it (with its tokenizer, which gains the HTML tag tokens) to `out`. `window_length` (default: the model's
-    maximum) is the feature window; `max_windows=1` trains on the first window only (truncation)."""
+    """Fine-tune a QA model and save it (with its tokenizer, which gains the HTML tag tokens) to `out`.
+    `window_length` (default: the model's maximum) is the feature window; `max_windows=1` trains on the first window
+    only (truncation)."""
     settings = settings or FinetuneSettings()
     out = Path(out)
     check_output(out, overwrite)
@@ -111,20 +113,20 @@ def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "
     add_tag_tokens(tokenizer, model)  # always, so the model can read HTML pages later (`longbird answer`)
     check_tokenizer(model, tokenizer)
     window_length = window_length or model.config.max_position_embeddings
-    features = features_for_rows(tokenizer, rows, window_length, doc_stride, max_windows,
-                                 token_types=model.config.type_vocab_size >= 2)
-    items = qa_training_items(features, negative_fraction, settings.seed)
+    # Built on demand: each document tokenized once, only the drawn windows kept as token ranges (data/windows.py).
+    items = QAWindows(tokenizer, rows, window_length, doc_stride, max_windows, negative_fraction, settings.seed,
+                      token_types=model.config.type_vocab_size >= 2)
     metrics = train(model, tokenizer, items, out.parent / f".{out.name}.work", settings,
                     checkpoint_dir=out.parent / f"{out.name}.checkpoints")
 
     summary = {"task": "qa", "data": data_record(train_data), "format": data_format, "split": split,
                "source_model": model_record(model_path, preset, max_length),
-               "train_examples": len(rows), "windows": len(features), "training_windows": len(items),
+               "train_examples": len(rows), "windows": items.windows, "training_windows": len(items),
                "window_length": window_length, "doc_stride": doc_stride, "settings": vars(settings),
                "processes": world_size(), **training_record(metrics)}
     write_trained_model(out, model, tokenizer, "longbird_finetune.json", summary, overwrite, settings,
                         (model_path, preset, max_length))
-    return {**metrics, "windows": len(features), "training_windows": len(items)}
+    return {**metrics, "windows": items.windows, "training_windows": len(items)}
 
 def evaluate_qa(model_path, data, *, data_format: str = "korquad2", window_length: int | None = None,
                 doc_stride: int | None = None, max_windows: int | None = None, batch_size: int = 4,

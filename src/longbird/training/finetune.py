@@ -8,11 +8,9 @@ training batches of each optimiser step, keyed by that step, so a resumed run co
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import logging
+import os
 import random
-import re
 import shutil
 import warnings
 from contextlib import contextmanager
@@ -27,7 +25,8 @@ from ..data.batching import PaddedBatches
 from ..data.features import QAFeature
 from ..precision import slow_bf16_warning
 from .padding_insertion import PaddingInsertion, sentence_end_token_ids
-
+from .processes import world_size
+from .resume import prepare_checkpoints, publish_checkpoint, resume_summary
 
 logger = logging.getLogger(__name__)
 
@@ -118,28 +117,6 @@ class QuietProgressCallback(ProgressCallback):
             super().on_log(args, state, control, logs=logs, **kwargs)
 
 
-# Checkpoints are written as `.checkpoint-N.partial/checkpoint-N` and renamed to `checkpoint-N` when complete; a
-# `checkpoint-N` saved again (a resumed run passing a step it had saved) is first moved to `.checkpoint-N.replaced`.
-# The leading dot keeps both out of Trainer's `checkpoint-*` globs (resume, rotation) and experiments' listings.
-CHECKPOINT_NAME = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
-LEFTOVER_NAME = re.compile(rf"^\.{PREFIX_CHECKPOINT_DIR}-(\d+)\.(partial|replaced)$")
-TRAINER_STATE = "trainer_state.json"  # Trainer writes it last: a checkpoint without it is incomplete
-
-
-def _publish_checkpoint(written: Path, target: Path) -> None:
-    """Rename the complete checkpoint `written` to `target`. An existing `target` (saved at the same step by an
-    earlier run, or an incomplete one an older longbird left) is moved aside first and removed once `written` is in
-    place: a kill at any point leaves either checkpoint whole, never a mixture of the two."""
-    if not target.exists():
-        os.replace(written, target)
-        return
-    aside = target.parent / f".{target.name}.replaced"
-    shutil.rmtree(aside, ignore_errors=True)
-    os.replace(target, aside)
-    os.replace(written, target)
-    shutil.rmtree(aside, ignore_errors=True)
-
-
 class LongBirdTrainer(Trainer):
     """Trainer with Padding Insertion on training batches (`padding_insertion`), the BiALiBi slopes' own learning rate,
     atomic checkpoints and a quiet progress bar; a Padding Insertion collator passed as `data_collator` is switched off
@@ -169,11 +146,11 @@ class LongBirdTrainer(Trainer):
         return optimizer
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
-        """The micro-batches of the next optimiser step, with Padding Insertion's gaps keyed by (global step, micro-batch
-        index, process): `state.global_step` counts the updates done, so it names the step these batches train, and a
-        run resumed from checkpoint N draws at step N what the uninterrupted run drew there. Drawing in the collator
-        instead would tie the gaps to the generator's history, which a checkpoint does not hold (and the data loader
-        prefetches a batch ahead of the step). Evaluation never passes through here."""
+        """The micro-batches of the next optimiser step, with Padding Insertion's gaps keyed by (global step,
+        micro-batch index, process): `state.global_step` counts the updates done, so it names the step these batches
+        train, and a run resumed from checkpoint N draws at step N what the uninterrupted run drew there. Drawing in
+        the collator instead would tie the gaps to the generator's history, which a checkpoint does not hold (and the
+        data loader prefetches a batch ahead of the step). Evaluation never passes through here."""
         batches, items = super().get_batch_samples(epoch_iterator, num_batches, device)
         if self.padding_insertion is not None:
             step, process = self.state.global_step, self.args.process_index
@@ -206,7 +183,7 @@ class LongBirdTrainer(Trainer):
             self._checkpoint_staging = None
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
-            _publish_checkpoint(staging / name, run_dir / name)
+            publish_checkpoint(staging / name, run_dir / name)
             staging.rmdir()
             rotate_checkpoints(output_dir=str(run_dir), save_total_limit=self.args.save_total_limit,
                                best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
@@ -271,83 +248,6 @@ def check_training_device(settings: FinetuneSettings) -> None:
     slow = slow_bf16_warning("cuda" if on_gpu else "cpu") if settings.bf16 else None
     if slow:
         warnings.warn(slow, stacklevel=2)
-
-
-def _distributed() -> bool:
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
-
-
-def is_main_process() -> bool:
-    """False in every process but the first of a `torchrun` / `accelerate launch` run: only the first writes the
-    outputs (all of them train; Trainer saves checkpoints from the first only). Before Trainer has set up the process
-    group (checkpoints are prepared before), the launcher's RANK says which process this is."""
-    if _distributed():
-        return torch.distributed.get_rank() == 0
-    return os.environ.get("RANK", "0") == "0"
-
-
-def world_size() -> int:
-    """Processes training together (1 without torchrun / accelerate launch); recorded in the run's summary."""
-    return torch.distributed.get_world_size() if _distributed() else 1
-
-
-def _step_of(path: Path) -> int:
-    return int(CHECKPOINT_NAME.match(path.name).group(1))
-
-
-def prepare_checkpoints(checkpoint_dir: str | Path, resume: bool, max_steps: int = -1) -> dict | None:
-    """Before a run that keeps checkpoints in `checkpoint_dir`: remove the hidden leftovers of saves that were killed
-    (each reported), and with `resume` choose the last complete checkpoint, skipping (and reporting) any
-    `checkpoint-N` without trainer_state.json (what a kill mid-save left before saves were atomic). Says in one line
-    where it resumes. Returns the resume record for the run's summary (None without `resume`); its "checkpoint" is
-    the directory to pass to Trainer. `max_steps` (-1: from the checkpoint) is only for the report."""
-    checkpoint_dir = Path(checkpoint_dir)
-    entries = sorted(checkpoint_dir.iterdir()) if checkpoint_dir.is_dir() else []
-    skipped = []
-    for path in entries:
-        leftover = LEFTOVER_NAME.match(path.name)
-        if leftover and path.is_dir():
-            what = f"{PREFIX_CHECKPOINT_DIR}-{leftover.group(1)}"
-            skipped.append(f"{what} (its save was interrupted; removed the temporary {path.name})")
-            if is_main_process():  # the others see the same directory; one process removes
-                shutil.rmtree(path, ignore_errors=True)
-                logger.warning("skipping incomplete %s", skipped[-1])
-    if not resume:
-        return None
-    candidates = sorted((p for p in entries if CHECKPOINT_NAME.match(p.name) and p.is_dir()), key=_step_of)
-    complete = [p for p in candidates if (p / TRAINER_STATE).is_file()]
-    for path in candidates:
-        if path not in complete:
-            skipped.append(f"{path.name} (no {TRAINER_STATE})")
-            if is_main_process():
-                logger.warning("skipping incomplete %s", skipped[-1])
-    if not complete:
-        found = f"no complete checkpoint under {checkpoint_dir} (skipped: {'; '.join(skipped)})" if skipped else \
-            f"no checkpoint under {checkpoint_dir}"
-        raise FileNotFoundError(f"--resume: {found}; start without --resume")
-    chosen = complete[-1]
-    state = json.loads((chosen / TRAINER_STATE).read_text(encoding="utf-8"))
-    step = int(state["global_step"])
-    total = max_steps if max_steps > 0 else state.get("max_steps")
-    if is_main_process():
-        logger.warning("resuming from %s, step %d of %s", chosen.name, step, total)
-    return {"checkpoint": str(chosen), "from_step": step, "skipped": skipped}
-
-
-def _resume_summary(resume: dict, final_step: int) -> dict:
-    """What the summary says of a resumed run. The coverage is Trainer's (transformers 5): train_loss is the loss summed
-    over the steps trained since the resume divided by their number, and the restored TrainerState brings the log
-    history of the steps before it."""
-    first = resume["from_step"] + 1
-    trained = [first, final_step] if final_step >= first else []  # resumed from the last step: nothing left to train
-    return {"resumed": True, "from_checkpoint": Path(resume["checkpoint"]).name, "from_step": resume["from_step"],
-            "skipped_incomplete": resume["skipped"], "steps_trained_by_this_run": trained,
-            "metrics_cover": (f"steps {first}-{final_step} only: train_loss is the mean loss of the steps this run "
-                              "trained, train_runtime and the speeds are this run's") if trained else
-                             "no steps: the run resumed from its last step",
-            "log_history_covers": f"all steps: the entries up to step {resume['from_step']} are the interrupted "
-                                  f"run's (restored from the checkpoint), the first one after it averages steps "
-                                  f"from {first} only"}
 
 
 def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: FinetuneSettings,
@@ -422,4 +322,4 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
             with contextlib.suppress(OSError):
                 Path(arguments.output_dir).parent.rmdir()
     return {**result.metrics, "log_history": trainer.state.log_history,
-            "resume": _resume_summary(resume, trainer.state.global_step) if resume else None}
+            "resume": resume_summary(resume, trainer.state.global_step) if resume else None}

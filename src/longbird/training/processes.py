@@ -1,0 +1,25 @@
+"""Which process this is in a multi-process run (`torchrun` / `accelerate launch`): only the first writes outputs."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def is_main_process() -> bool:
+    """False in every process but the first of a `torchrun` / `accelerate launch` run: only the first writes the
+    outputs (all of them train; Trainer saves checkpoints from the first only). Before Trainer has set up the process
+    group (checkpoints are prepared before), the launcher's RANK says which process this is."""
+    if _distributed():
+        return torch.distributed.get_rank() == 0
+    return os.environ.get("RANK", "0") == "0"
+
+
+def world_size() -> int:
+    """Processes training together (1 without torchrun / accelerate launch); recorded in the run's summary."""
+    return torch.distributed.get_world_size() if _distributed() else 1

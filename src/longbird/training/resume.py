@@ -1,0 +1,98 @@
+"""Atomic Trainer checkpoints and exact resume: each checkpoint is renamed into place only when complete, and a resumed
+run starts from the last complete one, reporting what it skipped and what its metrics cover."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from .processes import is_main_process
+
+logger = logging.getLogger("longbird.training.finetune")  # the logger these messages always had (tests read it)
+
+
+# Checkpoints are written as `.checkpoint-N.partial/checkpoint-N` and renamed to `checkpoint-N` when complete; a
+# `checkpoint-N` saved again (a resumed run passing a step it had saved) is first moved to `.checkpoint-N.replaced`.
+# The leading dot keeps both out of Trainer's `checkpoint-*` globs (resume, rotation) and experiments' listings.
+CHECKPOINT_NAME = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+LEFTOVER_NAME = re.compile(rf"^\.{PREFIX_CHECKPOINT_DIR}-(\d+)\.(partial|replaced)$")
+TRAINER_STATE = "trainer_state.json"  # Trainer writes it last: a checkpoint without it is incomplete
+
+
+def publish_checkpoint(written: Path, target: Path) -> None:
+    """Rename the complete checkpoint `written` to `target`. An existing `target` (saved at the same step by an
+    earlier run, or an incomplete one an older longbird left) is moved aside first and removed once `written` is in
+    place: a kill at any point leaves either checkpoint whole, never a mixture of the two."""
+    if not target.exists():
+        os.replace(written, target)
+        return
+    aside = target.parent / f".{target.name}.replaced"
+    shutil.rmtree(aside, ignore_errors=True)
+    os.replace(target, aside)
+    os.replace(written, target)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _step_of(path: Path) -> int:
+    return int(CHECKPOINT_NAME.match(path.name).group(1))
+
+
+def prepare_checkpoints(checkpoint_dir: str | Path, resume: bool, max_steps: int = -1) -> dict | None:
+    """Before a run that keeps checkpoints in `checkpoint_dir`: remove the hidden leftovers of saves that were killed
+    (each reported), and with `resume` choose the last complete checkpoint, skipping (and reporting) any
+    `checkpoint-N` without trainer_state.json (what a kill mid-save left before saves were atomic). Says in one line
+    where it resumes. Returns the resume record for the run's summary (None without `resume`); its "checkpoint" is
+    the directory to pass to Trainer. `max_steps` (-1: from the checkpoint) is only for the report."""
+    checkpoint_dir = Path(checkpoint_dir)
+    entries = sorted(checkpoint_dir.iterdir()) if checkpoint_dir.is_dir() else []
+    skipped = []
+    for path in entries:
+        leftover = LEFTOVER_NAME.match(path.name)
+        if leftover and path.is_dir():
+            what = f"{PREFIX_CHECKPOINT_DIR}-{leftover.group(1)}"
+            skipped.append(f"{what} (its save was interrupted; removed the temporary {path.name})")
+            if is_main_process():  # the others see the same directory; one process removes
+                shutil.rmtree(path, ignore_errors=True)
+                logger.warning("skipping incomplete %s", skipped[-1])
+    if not resume:
+        return None
+    candidates = sorted((p for p in entries if CHECKPOINT_NAME.match(p.name) and p.is_dir()), key=_step_of)
+    complete = [p for p in candidates if (p / TRAINER_STATE).is_file()]
+    for path in candidates:
+        if path not in complete:
+            skipped.append(f"{path.name} (no {TRAINER_STATE})")
+            if is_main_process():
+                logger.warning("skipping incomplete %s", skipped[-1])
+    if not complete:
+        found = f"no complete checkpoint under {checkpoint_dir} (skipped: {'; '.join(skipped)})" if skipped else \
+            f"no checkpoint under {checkpoint_dir}"
+        raise FileNotFoundError(f"--resume: {found}; start without --resume")
+    chosen = complete[-1]
+    state = json.loads((chosen / TRAINER_STATE).read_text(encoding="utf-8"))
+    step = int(state["global_step"])
+    total = max_steps if max_steps > 0 else state.get("max_steps")
+    if is_main_process():
+        logger.warning("resuming from %s, step %d of %s", chosen.name, step, total)
+    return {"checkpoint": str(chosen), "from_step": step, "skipped": skipped}
+
+
+def resume_summary(resume: dict, final_step: int) -> dict:
+    """What the summary says of a resumed run. The coverage is Trainer's (transformers 5): train_loss is the loss summed
+    over the steps trained since the resume divided by their number, and the restored TrainerState brings the log
+    history of the steps before it."""
+    first = resume["from_step"] + 1
+    trained = [first, final_step] if final_step >= first else []  # resumed from the last step: nothing left to train
+    return {"resumed": True, "from_checkpoint": Path(resume["checkpoint"]).name, "from_step": resume["from_step"],
+            "skipped_incomplete": resume["skipped"], "steps_trained_by_this_run": trained,
+            "metrics_cover": (f"steps {first}-{final_step} only: train_loss is the mean loss of the steps this run "
+                              "trained, train_runtime and the speeds are this run's") if trained else
+                             "no steps: the run resumed from its last step",
+            "log_history_covers": f"all steps: the entries up to step {resume['from_step']} are the interrupted "
+                                  f"run's (restored from the checkpoint), the first one after it averages steps "
+                                  f"from {first} only"}

@@ -1,0 +1,26 @@
+"""Issue 23: a house a newcomer can walk. Every module of src/longbird keeps to about 400 lines, and the CLI stays thin:
+every command is a short function (its options included) that calls the library. The import layering itself is
+checked by `make lint` (import-linter contracts in pyproject.toml), not here."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import longbird
+from longbird.cli import app
+
+SOURCE = Path(longbird.__file__).parent
+
+
+def test_every_command_is_a_short_function():
+    lengths = {info.callback.__name__: len(inspect.getsourcelines(info.callback)[0]) for info in app.registered_commands}
+    assert len(lengths) == 11 and max(lengths.values()) <= 35, lengths
+
+
+def test_every_source_file_is_at_most_400_lines():
+    sizes = {str(path.relative_to(SOURCE)): len(path.read_text(encoding="utf-8").splitlines())
+             for path in SOURCE.rglob("*.py")}
+    assert len(sizes) > 50 and "cli/__init__.py" in sizes
+    too_long = {name: lines for name, lines in sizes.items() if lines > 400}
+    assert not too_long, too_long
