@@ -119,3 +119,52 @@ def test_unreachable_answers_are_reported_as_the_eager_route_does(tokenizer, cap
     assert all(lazy[i]["start_positions"] == 0 for i in range(len(lazy)))
     assert "toc-answer" in caplog.text and "dropped by preprocessing" in caplog.text
     assert "long-answer" in caplog.text and "fits in no window" in caplog.text
+
+
+class _KnownLengths:
+    """A dataset whose items the sampler must never build: it reads `lengths()` (as QAWindows offers)."""
+
+    def __init__(self, lengths):
+        self._lengths = lengths
+
+    def __len__(self):
+        return len(self._lengths)
+
+    def __getitem__(self, index):
+        raise AssertionError("the length-grouped sampler built an item to measure it")
+
+    def lengths(self):
+        return self._lengths
+
+
+def test_length_grouped_batches_come_from_the_datasets_own_lengths(tmp_path):
+    """--group-by-length: batches of similar lengths (little padding) drawn from `lengths()`, every item once."""
+    import torch
+    from transformers import TrainingArguments
+
+    import longbird
+    from longbird.training.finetune import LongBirdTrainer
+
+    from conftest import make_source
+
+    generator = np.random.default_rng(0)
+    lengths = generator.integers(20, 513, 800).tolist()
+    model = longbird.convert(make_source("bert"), preset="full", max_length=512)
+    batch = 16
+
+    def padding_ratio(order):
+        batches = [[lengths[i] for i in order[k:k + batch]] for k in range(0, len(order), batch)]
+        return sum(max(b) * len(b) for b in batches) / sum(lengths)
+
+    ratios = {}
+    for strategy in ("random", "group_by_length"):
+        arguments = TrainingArguments(output_dir=str(tmp_path / strategy), per_device_train_batch_size=batch,
+                                      use_cpu=True, report_to=[], train_sampling_strategy=strategy)
+        dataset = _KnownLengths(lengths) if strategy == "group_by_length" else list(range(len(lengths)))
+        trainer = LongBirdTrainer(model=model, args=arguments, train_dataset=dataset)
+        torch.manual_seed(0)
+        order = list(trainer._get_train_sampler())
+        assert sorted(order) == list(range(len(lengths)))
+        ratios[strategy] = padding_ratio(order)
+    # uniform lengths in 20..512: a random batch of 16 pads to ~483 against a mean of 266 (ratio ~1.8)
+    assert ratios["group_by_length"] < 1.15 and ratios["random"] > 1.5, ratios

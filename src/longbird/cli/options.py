@@ -63,6 +63,8 @@ Seed = Annotated[int, typer.Option()]
 Flag = Annotated[bool, typer.Option()]  # a switch without help text (finetune-cls's --padding-insertion and --bf16)
 PaddingInsertion = Annotated[bool, typer.Option(help="Padding Insertion on training batches (LittleBird 3.4)")]
 TrainWordEmbeddings = Annotated[bool, typer.Option(help=WORD_EMBEDDINGS_HELP)]
+GroupByLength = Annotated[bool, typer.Option(help="Batch windows of similar length together (less padding; Trainer's "
+                                                  "group_by_length sampling)")]
 SaveSteps = Annotated[int, typer.Option(help=SAVE_STEPS_HELP)]
 SaveTotalLimit = Annotated[int | None, typer.Option(help=SAVE_TOTAL_LIMIT_HELP)]
 Resume = Annotated[bool, typer.Option(help=RESUME_HELP)]

@@ -19,6 +19,7 @@ from .options import (
     Epochs,
     FinetuneLoggingSteps,
     Fp16,
+    GroupByLength,
     LearningRate,
     MaxAnswerTokens,
     MaxWindows,
@@ -87,7 +88,7 @@ def finetune_qa(
     padding_insertion: PaddingInsertion = False, bf16: MixedBf16 = False, fp16: Fp16 = False,
     device: TrainDevice = "auto", train_word_embeddings: TrainWordEmbeddings = False, save_steps: SaveSteps = 0,
     save_total_limit: SaveTotalLimit = None, logging_steps: FinetuneLoggingSteps = 20, peft: TaskPeft = None,
-    resume: Resume = False, overwrite: Overwrite = False,
+    group_by_length: GroupByLength = False, resume: Resume = False, overwrite: Overwrite = False,
 ):
     """Fine-tune extractive QA on long documents (Trainer; `accelerate launch` for several GPUs)."""
     settings = training_settings(locals())
