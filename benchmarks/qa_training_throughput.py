@@ -61,6 +61,21 @@ print(json.dumps({"strategy": strategy, "steps": steps, "seconds": metrics["trai
 """
 
 
+def matmul_rates() -> str:
+    """The machine's measured 4096×768×3072 matmul rate, fp32 and bf16 (machines differ several-fold)."""
+    a, b = torch.randn(4096, 768), torch.randn(768, 3072)
+    rates = []
+    for dtype in (torch.float32, torch.bfloat16):
+        x, y = a.to(dtype), b.to(dtype)
+        for _ in range(2):
+            x @ y
+        started, repeats = time.perf_counter(), 5
+        for _ in range(repeats):
+            x @ y
+        rates.append(2 * 4096 * 768 * 3072 * repeats / (time.perf_counter() - started) / 1e12)
+    return f"4096×768×3072 matmul {rates[0]:.3f} TFLOP/s fp32, {rates[1]:.3f} bf16"
+
+
 def run(strategy: str, steps: int, bf16: bool) -> dict:
     result = subprocess.run([sys.executable, "-c", CHILD, strategy, str(steps), "1" if bf16 else "0", str(DATA)],
                             capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
@@ -76,6 +91,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "qa_training_throughput.md")
     args = parser.parse_args()
     bf16 = native_bf16("cpu")
+    rates = matmul_rates()
     rows = []
     for _ in range(args.rounds):
         for strategy in ("random", "group_by_length"):
@@ -101,7 +117,7 @@ def main() -> None:
              f"Command: `python benchmarks/qa_training_throughput.py --steps {args.steps} --rounds {args.rounds}`  ",
              f"Machine: {cpu_model()}, {os.cpu_count()} CPUs, ATen {torch.backends.cpu.get_cpu_capability()}, "
              f"torch {torch.__version__}, {'bf16 autocast' if bf16 else 'fp32 (bf16 is not native here)'}, "
-             f"{time.strftime('%Y-%m-%d')}  ",
+             f"{time.strftime('%Y-%m-%d')}; {rates}  ",
              "Set-up: `make qa-model`'s (multilingual-e5-small → kobigbird-4096, KorQuAD 1.0 training paragraphs of "
              "the by-article split, 512-token windows, batch 16, word embeddings frozen).", "", *table, "",
              f"Length-grouped batches train **{gain:.2f}×** the real (non-padding) tokens per second of random "
