@@ -51,6 +51,12 @@ QAHead = Annotated[str | None, typer.Option(help="conditional (start, then end g
 SavedAnswerTokens = Annotated[int | None, typer.Option(
     min=1, help="Longest answer span `answer` and `evaluate` decode with this model (saved in its config; default 64)")]
 MaxStepsOverEpochs = Annotated[int, typer.Option(help="Stop after N optimiser steps (overrides --epochs)")]
+Teacher = Annotated[Path | None, typer.Option(help="Distil from this short QA model (e.g. `make qa-model`) read in "
+                                                 "sliding windows of its trained length: its merged span "
+                                                 "distributions are soft targets beside the gold labels")]
+TeacherWeight = Annotated[float, typer.Option(min=0.0, max=1.0, help="Weight of the teacher's soft targets in the "
+                                                                     "loss (the gold labels get the rest)")]
+TeacherTemperature = Annotated[float, typer.Option(min=0.01, help="Temperature of the teacher's distributions")]
 
 EvaluatedModel = Annotated[Path, typer.Option(help="Fine-tuned longbird QA or classification directory")]
 EvaluationData = Annotated[list[Path], typer.Option("--data", help="Evaluation data (repeatable for korquad2)")]
@@ -89,6 +95,7 @@ def finetune_qa(
     device: TrainDevice = "auto", train_word_embeddings: TrainWordEmbeddings = False, save_steps: SaveSteps = 0,
     save_total_limit: SaveTotalLimit = None, logging_steps: FinetuneLoggingSteps = 20, peft: TaskPeft = None,
     group_by_length: GroupByLength = False, resume: Resume = False, overwrite: Overwrite = False,
+    teacher: Teacher = None, teacher_weight: TeacherWeight = 0.5, teacher_temperature: TeacherTemperature = 1.0,
 ):
     """Fine-tune extractive QA on long documents (Trainer; `accelerate launch` for several GPUs)."""
     settings = training_settings(locals())
@@ -97,7 +104,8 @@ def finetune_qa(
     metrics = run(model_path=model, train_data=_one_or_many(train), out=out, data_format=data_format, preset=preset,
                   max_length=max_length, window_length=window_length, doc_stride=doc_stride, max_windows=max_windows,
                   negative_fraction=negative_fraction, max_examples=max_examples, settings=settings,
-                  overwrite=overwrite, qa_head=qa_head, split=split, max_answer_tokens=max_answer_tokens)
+                  overwrite=overwrite, qa_head=qa_head, split=split, max_answer_tokens=max_answer_tokens,
+                  teacher=teacher, teacher_weight=teacher_weight, teacher_temperature=teacher_temperature)
     print_metrics(f"fine-tuned QA model saved to {out}", metrics)
 
 

@@ -124,13 +124,16 @@ class QAWindows:
 
     `rows`: dataset rows in the `read_korquad_v2` / `read_korquad_v1_articles` schema (the first gold answer labels
     the windows that hold it). `windows` counts every window before the negative draw (the eager route's feature
-    count)."""
+    count). With `with_question_tokens` an item also says how many tokens its question has (`question_tokens`): what
+    a sliding teacher needs to cut the window again (training/sliding_teacher.py)."""
 
     def __init__(self, tokenizer, rows, max_length: int, doc_stride: int | None = None,
                  max_windows: int | None = None, negative_fraction: float = 1.0, seed: int = 0,
-                 token_types: bool = False, max_question_tokens: int = MAX_QUESTION_TOKENS):
+                 token_types: bool = False, max_question_tokens: int = MAX_QUESTION_TOKENS,
+                 with_question_tokens: bool = False):
         self.template = PairTemplate.of(tokenizer)
         self.token_types = token_types
+        self.with_question_tokens = with_question_tokens
         self.documents: list[TokenizedDocument] = []
         self.questions: list[list[int]] = []
         rng = random.Random(seed)
@@ -186,7 +189,10 @@ class QAWindows:
         question, document, start, stop, first, last = (int(x) for x in self.items[index])
         item = self.template.assemble(self.questions[question], self.documents[document].ids[start:stop],
                                       self.token_types)
-        return {**item, "start_positions": first, "end_positions": last}
+        item = {**item, "start_positions": first, "end_positions": last}
+        if self.with_question_tokens:
+            item["question_tokens"] = len(self.questions[question])
+        return item
 
     def lengths(self) -> list[int]:
         """Tokens of every item (for length-grouped batches), without building the items."""

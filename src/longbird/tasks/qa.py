@@ -88,10 +88,13 @@ def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "
                 max_length: int = 4096, window_length: int | None = None, doc_stride: int | None = None,
                 max_windows: int | None = None, negative_fraction: float = 1.0, max_examples: int | None = None,
                 settings: FinetuneSettings | None = None, overwrite: bool = False, qa_head: str | None = None,
-                split: str | None = None, max_answer_tokens: int | None = None) -> dict:
+                split: str | None = None, max_answer_tokens: int | None = None, teacher=None,
+                teacher_weight: float = 0.5, teacher_temperature: float = 1.0) -> dict:
     """Fine-tune a QA model and save it (with its tokenizer, which gains the HTML tag tokens) to `out`.
     `window_length` (default: the model's maximum) is the feature window; `max_windows=1` trains on the first window
-    only (truncation)."""
+    only (truncation). With `teacher` (a fine-tuned short QA model directory) the loss mixes the gold labels with
+    the teacher's span distributions read in sliding windows of its trained length (training/sliding_teacher.py),
+    `teacher_weight` of the soft part at `teacher_temperature`."""
     settings = settings or FinetuneSettings()
     out = Path(out)
     check_output(out, overwrite)
@@ -115,18 +118,39 @@ def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "
     window_length = window_length or model.config.max_position_embeddings
     # Built on demand: each document tokenized once, only the drawn windows kept as token ranges (data/windows.py).
     items = QAWindows(tokenizer, rows, window_length, doc_stride, max_windows, negative_fraction, settings.seed,
-                      token_types=model.config.type_vocab_size >= 2)
+                      token_types=model.config.type_vocab_size >= 2, with_question_tokens=teacher is not None)
+    distillation = ({} if teacher is None else
+                    sliding_teacher(teacher, tokenizer, items, settings, teacher_weight, teacher_temperature))
     metrics = train(model, tokenizer, items, out.parent / f".{out.name}.work", settings,
-                    checkpoint_dir=out.parent / f"{out.name}.checkpoints")
+                    checkpoint_dir=out.parent / f"{out.name}.checkpoints", **distillation.pop("trainer", {}))
 
     summary = {"task": "qa", "data": data_record(train_data), "format": data_format, "split": split,
                "source_model": model_record(model_path, preset, max_length),
                "train_examples": len(rows), "windows": items.windows, "training_windows": len(items),
-               "window_length": window_length, "doc_stride": doc_stride, "settings": vars(settings),
+               "window_length": window_length, "doc_stride": doc_stride, "settings": vars(settings), **distillation,
                "processes": world_size(), **training_record(metrics)}
     write_trained_model(out, model, tokenizer, "longbird_finetune.json", summary, overwrite, settings,
                         (model_path, preset, max_length))
     return {**metrics, "windows": items.windows, "training_windows": len(items)}
+
+def sliding_teacher(teacher_path, tokenizer, items: QAWindows, settings: FinetuneSettings, weight: float,
+                    temperature: float) -> dict:
+    """What `finetune_qa` needs to distil from a sliding short reader: {"trainer": train()'s trainer arguments,
+    "teacher": the record of the teacher kept in longbird_finetune.json}."""
+    from ..training.sliding_teacher import SlidingTeacher, SlidingTeacherTrainer
+
+    model, teacher_tokenizer = load_on_device(teacher_path, LongBirdForQuestionAnswering)
+    if teacher_tokenizer.get_vocab() != tokenizer.get_vocab():
+        raise ValueError(f"the teacher {teacher_path} reads another vocabulary than the model being trained: the "
+                         "teacher must be a QA model fine-tuned from the same source (e.g. `make qa-model`)")
+    window, stride = trained_windows(teacher_path)
+    window = window or model.config.max_position_embeddings
+    stride = stride if stride is not None else min(128, window // 4)
+    teacher = SlidingTeacher(model, items.template, window, stride, temperature, token_types=items.token_types)
+    record = {"model": str(teacher_path), "window_length": window, "doc_stride": stride, "weight": weight,
+              "temperature": temperature}
+    return {"trainer": {"trainer_class": SlidingTeacherTrainer,
+                        "trainer_kwargs": {"teacher": teacher, "teacher_weight": weight}}, "teacher": record}
 
 def evaluate_qa(model_path, data, *, data_format: str = "korquad2", window_length: int | None = None,
                 doc_stride: int | None = None, max_windows: int | None = None, batch_size: int = 4,
