@@ -196,3 +196,37 @@ def test_finetune_qa_distils_from_a_sliding_teacher_end_to_end(tmp_path, monkeyp
     result = runner.invoke(app, ["finetune-qa", *common, "--model", str(other), "--out", str(tmp_path / "v"),
                                  "--teacher", str(short)])
     assert result.exit_code == 1 and "another vocabulary" in result.output
+
+
+def test_a_cpu_budget_stops_training_and_a_constant_schedule_keeps_the_rate(tmp_path):
+    """finetune-qa --cpu-minutes stops at the first step past the budget (the steps and CPU seconds recorded);
+    --lr-scheduler constant keeps the learning rate after warmup; a bad schedule is named."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from longbird.cli import app
+    from test_qa_cli import PAGES, write_tiny_source
+
+    runner = CliRunner()
+    source = write_tiny_source(tmp_path / "source")
+    common = ["finetune-qa", "--model", str(source), "--preset", "kobigbird", "--max-length", "256", "--train",
+              str(PAGES[0]), "--max-steps", "40", "--batch-size", "2", "--logging-steps", "1",
+              "--learning-rate", "3e-4"]
+    out = tmp_path / "budget"
+    result = runner.invoke(app, [*common, "--out", str(out), "--cpu-minutes", "0.001", "--lr-scheduler", "constant"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "longbird_finetune.json").read_text())
+    budget = summary["metrics"]["cpu_budget"]
+    assert budget["minutes"] == 0.001 and budget["steps"] >= 1 and budget["cpu_seconds"] >= 0.06
+    steps = [entry for entry in summary["log_history"] if "learning_rate" in entry]
+    assert max(entry["step"] for entry in steps) == budget["steps"] < 40  # stopped by the budget, not max-steps
+    out = tmp_path / "constant"  # 10 steps: 1 of warmup (10 %), then the rate stays
+    result = runner.invoke(app, [*common[:-8], "--max-steps", "10", "--batch-size", "2", "--logging-steps", "1",
+                                 "--learning-rate", "3e-4", "--out", str(out), "--lr-scheduler", "constant"])
+    assert result.exit_code == 0, result.output
+    rates = [entry["learning_rate"] for entry in json.loads((out / "longbird_finetune.json").read_text())[
+        "log_history"] if "learning_rate" in entry]
+    assert len(rates) == 10 and all(rate == pytest.approx(3e-4, rel=1e-6) for rate in rates[1:])
+    result = runner.invoke(app, [*common, "--out", str(tmp_path / "bad"), "--lr-scheduler", "cosine"])
+    assert result.exit_code == 1 and "'linear' or 'constant'" in result.output

@@ -188,6 +188,21 @@ def predict_features(model, features: list[QAFeature], documents: dict[str, Proc
     return merge_windows(windows, documents, scoring)
 
 
+def question_token_limit(config, window_length: int, tokens_before_question: int = 1) -> int:
+    """The most question tokens a window of `window_length` reads with a model of `config`.
+
+    The question must be seen by every document token and see every one of them. Full attention does that at any
+    length; the sparse patterns do it only for their global tokens, and the question lies in the first block, which is
+    global in both (BigBird ITC: query and key block 0; LittleBird: the global first block). A question token past the
+    first block would be a plain local token, read only by its neighbours. So when the window is sparse the question
+    is cut to fit the first block with what precedes it (`[CLS]`): `block_size - tokens_before_question` tokens (63 at
+    block 64; the longest KorQuAD 1.0 question is 59 multilingual-e5-small tokens, so none is cut there)."""
+    limit = MAX_QUESTION_TOKENS
+    sparse = (config.attention == "littlebird"
+              or (config.attention == "bigbird" and window_length > config.full_attention_threshold))
+    return min(limit, config.block_size - tokens_before_question) if sparse else limit
+
+
 def row_features(model, tokenizer, rows: Sequence[dict], max_length: int, doc_stride: int | None = None,
                  max_windows: int | None = None, max_question_tokens: int = MAX_QUESTION_TOKENS,
                  ) -> tuple[list[QAFeature], dict[str, ProcessedDocument]]:

@@ -56,6 +56,11 @@ Teacher = Annotated[Path | None, typer.Option(help="Distil from this short QA mo
                                                  "distributions are soft targets beside the gold labels")]
 TeacherWeight = Annotated[float, typer.Option(min=0.0, max=1.0, help="Weight of the teacher's soft targets in the "
                                                                      "loss (the gold labels get the rest)")]
+CPUMinutes = Annotated[float | None, typer.Option(min=0.001, help="Stop after this many minutes of CPU time (all "
+                                                                   "threads) in training: equal budgets for methods "
+                                                                   "whose steps cost differently")]
+LRScheduler = Annotated[str, typer.Option(help="linear (decay to 0 at --max-steps) or constant (after warmup; for "
+                                               "runs stopped by --cpu-minutes)")]
 TeacherTemperature = Annotated[float, typer.Option(min=0.01, help="Temperature of the teacher's distributions")]
 
 EvaluatedModel = Annotated[Path, typer.Option(help="Fine-tuned longbird QA or classification directory")]
@@ -74,8 +79,10 @@ Question = Annotated[str, typer.Option(help="The question")]
 ReadWindow = Annotated[int | None, typer.Option(help=READ_WINDOW_HELP)]
 ReadStride = Annotated[int | None, typer.Option(help="Tokens shared by neighbouring windows (default: the trained "
                                                      "stride, else half a window)")]
-QuestionTokens = Annotated[int, typer.Option(min=1, help="Read at most this many tokens of the question in every "
-                                                         "window (a longer one is cut, with a warning)")]
+QuestionTokens = Annotated[int | None, typer.Option(min=1, help="Read at most this many tokens of the question in "
+                                                                "every window (a longer one is cut, with a warning; "
+                                                                "default 64, or what fits in the first block of a "
+                                                                "sparse window)")]
 MinProbability = Annotated[float, typer.Option(help="Say 'no answer' (exit 1) when the best span's probability is "
                                                     "below this (0-1; default 0: always answer)")]
 Json = Annotated[bool, typer.Option("--json", help="Print the answer as JSON (also when none is found)")]
@@ -96,6 +103,7 @@ def finetune_qa(
     save_total_limit: SaveTotalLimit = None, logging_steps: FinetuneLoggingSteps = 20, peft: TaskPeft = None,
     group_by_length: GroupByLength = False, resume: Resume = False, overwrite: Overwrite = False,
     teacher: Teacher = None, teacher_weight: TeacherWeight = 0.5, teacher_temperature: TeacherTemperature = 1.0,
+    cpu_minutes: CPUMinutes = None, lr_scheduler: LRScheduler = "linear",
 ):
     """Fine-tune extractive QA on long documents (Trainer; `accelerate launch` for several GPUs)."""
     settings = training_settings(locals())
@@ -140,7 +148,7 @@ def evaluate(
 def answer(
     model: QAModel, document: Document, question: Question, window_length: ReadWindow = None,
     doc_stride: ReadStride = None, max_answer_tokens: MaxAnswerTokens = None, scoring: str = SCORING,
-    max_question_tokens: QuestionTokens = 64, min_probability: MinProbability = 0.0, as_json: Json = False,
+    max_question_tokens: QuestionTokens = None, min_probability: MinProbability = 0.0, as_json: Json = False,
     device: Device = "auto", bf16: AutocastBf16 = False,
 ):
     """Answer a question about a long document: the answer, its character span in the file and its probability.

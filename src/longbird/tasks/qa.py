@@ -14,10 +14,10 @@ from transformers import set_seed
 from ..checkpoints import check_tokenizer, load_on_device, load_task_model
 from ..data.html import add_tag_tokens
 from ..data.korquad import read_korquad_v1_articles, read_korquad_v2, read_squad_paragraphs, split_by_title
-from ..data.windows import QAWindows
+from ..data.windows import PairTemplate, QAWindows
 from ..heads import LongBirdForQuestionAnswering
 from ..metrics.korquad import korquad_v1, korquad_v2, squad_v1
-from ..qa import DEFAULT_SCORING, predict_rows
+from ..qa import DEFAULT_SCORING, predict_rows, question_token_limit
 from ..runs import (
     check_output,
     data_record,
@@ -78,6 +78,11 @@ def require_trained_apart(model_dir, held_titles, root: Path | None = None) -> s
         raise ValueError(f"{model_dir} was trained on {len(leaked)} held-out articles, e.g. {sorted(leaked)[:3]}")
     return titles
 
+def question_limit(model, tokenizer, window_length: int) -> int:
+    """The most question tokens `model` reads in windows of `window_length` (`qa.question_token_limit`: a sparse
+    window keeps the whole question in the global first block)."""
+    return question_token_limit(model.config, window_length, len(PairTemplate.of(tokenizer).prefix))
+
 def sample_questions(rows: Dataset, n: int | None, seed: int = 0) -> Dataset:
     """`n` questions drawn with `seed` (all when n is None): a first-N cut would take a few articles only."""
     if n is None or n >= len(rows):
@@ -118,7 +123,8 @@ def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "
     window_length = window_length or model.config.max_position_embeddings
     # Built on demand: each document tokenized once, only the drawn windows kept as token ranges (data/windows.py).
     items = QAWindows(tokenizer, rows, window_length, doc_stride, max_windows, negative_fraction, settings.seed,
-                      token_types=model.config.type_vocab_size >= 2, with_question_tokens=teacher is not None)
+                      token_types=model.config.type_vocab_size >= 2, with_question_tokens=teacher is not None,
+                      max_question_tokens=question_limit(model, tokenizer, window_length))
     distillation = ({} if teacher is None else
                     sliding_teacher(teacher, tokenizer, items, settings, teacher_weight, teacher_temperature))
     metrics = train(model, tokenizer, items, out.parent / f".{out.name}.work", settings,
@@ -168,7 +174,8 @@ def evaluate_qa(model_path, data, *, data_format: str = "korquad2", window_lengt
     check_tokenizer(model, tokenizer)
     window_length, doc_stride, window_source = reading_windows(model, model_path, window_length, doc_stride)
     answers = predict_rows(model, tokenizer, rows, window_length, doc_stride, max_windows, batch_size,
-                           max_answer_tokens=max_answer_tokens, scoring=scoring, progress=progress)
+                           max_answer_tokens=max_answer_tokens, scoring=scoring, progress=progress,
+                           max_question_tokens=question_limit(model, tokenizer, window_length))
     predictions = {row["id"]: answers[row["id"]].text if row["id"] in answers else "" for row in rows}
     metrics = score_predictions(predictions, rows, data_format)
     if skipped:  # as the official scripts do, a question we could not read scores 0
@@ -256,9 +263,14 @@ def answer(model, document: str, question: str, *, tokenizer=None, is_html: bool
     window_length, doc_stride, window_source = reading_windows(model, model_dir, window_length, doc_stride)
     if is_html is None:
         is_html = document.lstrip()[:1] == "<"
-    from ..data.features import MAX_QUESTION_TOKENS, question_token_count
+    from ..data.features import question_token_count
 
-    max_question_tokens = max_question_tokens or MAX_QUESTION_TOKENS  # a question too long for the window is named
+    limit = question_limit(model, tokenizer, window_length)
+    if max_question_tokens is not None and max_question_tokens > limit:
+        raise ValueError(f"--max-question-tokens {max_question_tokens} is more than this model reads: its "
+                         f"{window_length}-token windows are sparse and only the first block is seen by every token, "
+                         f"so at most {limit} question tokens fit there; give {limit} or fewer")
+    max_question_tokens = max_question_tokens or limit  # a question too long for the window is named
     found = answer_question(model, tokenizer, document, question, is_html, window_length, doc_stride,
                             max_answer_tokens=max_answer_tokens, scoring=scoring,
                             max_question_tokens=max_question_tokens)

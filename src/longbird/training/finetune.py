@@ -12,13 +12,14 @@ import logging
 import os
 import random
 import shutil
+import time
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import ProgressCallback, Trainer, TrainingArguments
+from transformers import ProgressCallback, Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_pt_utils import LengthGroupedSampler
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
@@ -73,8 +74,19 @@ class FinetuneSettings:
     # (median 295 of 512 tokens) spend a third of their tokens on padding. The lengths come from the dataset's own
     # `lengths()` where it has one (data/windows.py), so no item is built to measure it.
     group_by_length: bool = False
+    # "linear" decay to 0 at max_steps (after warmup), or "constant" after warmup: what a run stopped by a CPU budget
+    # needs, since it does not know its last step in advance.
+    lr_scheduler: str = "linear"
+    # Stop after this many minutes of the process's CPU time in training (all its threads: 2 threads for 1 wall
+    # minute use 2 CPU minutes), checked after every optimiser step: equal budgets for methods whose steps cost
+    # differently (experiments/e7_long_reading.py). None: no budget.
+    cpu_minutes: float | None = None
 
     def __post_init__(self):
+        if self.lr_scheduler not in ("linear", "constant"):
+            raise ValueError(f"the learning-rate schedule must be 'linear' or 'constant'; got {self.lr_scheduler!r}")
+        if self.cpu_minutes is not None and self.cpu_minutes <= 0:
+            raise ValueError(f"the CPU budget must be a positive number of minutes; got {self.cpu_minutes}")
         if self.peft not in (None, "tape"):
             raise ValueError(f"--peft must be 'tape' (or left out); got {self.peft!r}")
         if self.save_total_limit is not None and self.save_total_limit < 1:
@@ -121,6 +133,23 @@ class QuietProgressCallback(ProgressCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if os.environ.get("LONGBIRD_VERBOSE") == "1":
             super().on_log(args, state, control, logs=logs, **kwargs)
+
+
+class CPUBudget(TrainerCallback):
+    """Stops training once the process has used `minutes` of CPU time since training began (`time.process_time`,
+    every thread of the process: the model, the data loader at 0 workers and a distillation teacher alike). The
+    steps taken and the CPU seconds used are in `used`."""
+
+    def __init__(self, minutes: float):
+        self.minutes, self.begun, self.used = minutes, None, {"cpu_seconds": 0.0, "steps": 0}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.begun = time.process_time()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.used = {"cpu_seconds": time.process_time() - self.begun, "steps": state.global_step}
+        if self.used["cpu_seconds"] >= 60 * self.minutes:
+            control.should_training_stop = True
 
 
 class LongBirdTrainer(Trainer):
@@ -311,6 +340,7 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
         save_total_limit=settings.save_total_limit,
         report_to=[],
         train_sampling_strategy="group_by_length" if settings.group_by_length else "random",
+        lr_scheduler_type="linear" if settings.lr_scheduler == "linear" else "constant_with_warmup",
         remove_unused_columns=False,
         disable_tqdm=not settings.progress,
         dataloader_num_workers=0,
@@ -320,6 +350,9 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
         model=model, args=arguments, train_dataset=items, processing_class=tokenizer,
         data_collator=collator or PaddedBatches(pad), slope_learning_rate=settings.slope_learning_rate,
         padding_insertion=make_padding_insertion(model, tokenizer, settings), **(trainer_kwargs or {}))
+    budget = CPUBudget(settings.cpu_minutes) if settings.cpu_minutes is not None else None
+    if budget is not None:
+        trainer.add_callback(budget)
     try:
         # the checkpoint chosen above, not Trainer's `True` (the highest-numbered one, complete or not)
         result = trainer.train(resume_from_checkpoint=resume["checkpoint"] if resume else None)
@@ -336,4 +369,5 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
             with contextlib.suppress(OSError):
                 Path(arguments.output_dir).parent.rmdir()
     return {**result.metrics, "log_history": trainer.state.log_history,
+            "cpu_budget": None if budget is None else {"minutes": budget.minutes, **budget.used},
             "resume": resume_summary(resume, trainer.state.global_step) if resume else None}
