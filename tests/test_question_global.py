@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import VOCAB
 from transformers import BertConfig, BertModel
 
 import longbird
 from longbird.qa import question_token_limit
-from conftest import VOCAB
 
 
 def one_layer(attention: str, length: int = 256, block: int = 8):
@@ -56,10 +56,10 @@ def test_a_far_token_reads_every_question_token_in_the_first_block_and_not_one_b
 
 
 def test_answer_refuses_more_question_tokens_than_the_first_block_holds(tmp_path):
-    from longbird.tasks.qa import answer
     from test_qa_cli import write_tiny_source
-
     from transformers import AutoTokenizer
+
+    from longbird.tasks.qa import answer
 
     source = write_tiny_source(tmp_path / "source")
     tokenizer = AutoTokenizer.from_pretrained(source)

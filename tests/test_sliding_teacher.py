@@ -8,11 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import BLOCK, VOCAB, kl_rounding_bound, make_source
 
 import longbird
 from longbird.data.windows import PairTemplate, window_ranges
 from longbird.training.sliding_teacher import SlidingTeacher, divergence, max_context_windows
-from conftest import BLOCK, VOCAB, kl_rounding_bound, make_source
 
 TEMPLATE = PairTemplate(prefix=(2,), middle=(3,), suffix=(3,), types=None)  # [CLS] q [SEP] d [SEP], ids 2 and 3
 
@@ -154,12 +154,12 @@ def test_finetune_qa_distils_from_a_sliding_teacher_end_to_end(tmp_path, monkeyp
     with another vocabulary or Padding Insertion beside it is refused with the fix."""
     import json
 
+    from test_qa_cli import PAGES, write_tiny_source
     from transformers import AutoTokenizer, BertConfig, BertModel
     from typer.testing import CliRunner
 
     from longbird.cli import app
     from longbird.training import sliding_teacher as module
-    from test_qa_cli import PAGES, write_tiny_source
 
     runner = CliRunner()
     source = write_tiny_source(tmp_path / "source")
@@ -203,10 +203,10 @@ def test_a_cpu_budget_stops_training_and_a_constant_schedule_keeps_the_rate(tmp_
     --lr-scheduler constant keeps the learning rate after warmup; a bad schedule is named."""
     import json
 
+    from test_qa_cli import PAGES, write_tiny_source
     from typer.testing import CliRunner
 
     from longbird.cli import app
-    from test_qa_cli import PAGES, write_tiny_source
 
     runner = CliRunner()
     source = write_tiny_source(tmp_path / "source")

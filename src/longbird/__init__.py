@@ -25,7 +25,7 @@ _LAZY = {
     "LongBirdForSequenceClassification": "heads", "register_auto_classes": "registration",
     "LongBirdModel": "modeling",
     "SUPPORTED_FAMILIES": "conversion", "convert": "conversion",
-    "answer": "tasks.qa",
+    "answer": "tasks.qa", "Reader": "reader",
     "tape_peft": "training.peft", "load_tape_peft": "checkpoints",
 }
 

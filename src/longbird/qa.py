@@ -152,29 +152,45 @@ def score_windows(model, features: list[QAFeature], batch_size: int = 4, top_k: 
 def merge_windows(windows: list[WindowCandidates], documents: dict[str, ProcessedDocument],
                   scoring: str = DEFAULT_SCORING) -> dict[str, Answer]:
     """Best answer per example id over all of its windows under `scoring`. `documents` maps example id -> its
-    document. A span that maps to only tags or spaces gives way to the window's next candidate."""
+    document. A span that maps to only tags or spaces gives way to the next candidate."""
+    return {example: answers[0] for example, answers in rank_answers(windows, documents, scoring, 1).items()}
+
+
+def rank_answers(windows: list[WindowCandidates], documents: dict[str, ProcessedDocument],
+                 scoring: str = DEFAULT_SCORING, top_k: int = 1) -> dict[str, list[Answer]]:
+    """The `top_k` best distinct answers per example id over all of its windows under `scoring`, best first (equal
+    scores: the earlier window first). A span that maps to only tags or spaces, or to a place in the document an
+    answer above already took (overlapping windows see the same span twice), gives way to the next candidate."""
     if scoring not in SCORING_RULES:
         raise ValueError(f"unknown scoring rule {scoring!r}; use one of {', '.join(SCORING_RULES)}")
-    best: dict[str, Answer] = {}
-    for window in windows:
-        feature, offset = window.feature, window.offsets[scoring]
-        document = documents[feature.example_id]
+    if top_k < 1:
+        raise ValueError(f"top_k must be at least 1; got {top_k}")
+    candidates: dict[str, list[tuple[float, int, WindowCandidates, float, int, int]]] = {}
+    for order, window in enumerate(windows):
+        offset = window.offsets[scoring]
         for raw, start, end in window.spans:
-            score = raw + offset
-            current = best.get(feature.example_id)
-            if current is not None and current.score >= score:
-                break
+            candidates.setdefault(window.feature.example_id, []).append((raw + offset, -order, window, raw, start, end))
+    ranked: dict[str, list[Answer]] = {}
+    for example, found in candidates.items():
+        document, answers = documents[example], []
+        for score, _, window, raw, start, end in sorted(found, key=lambda c: (c[0], c[1]), reverse=True):
+            feature = window.feature
             span = document.to_source_span(*_without_edge_spaces(document.text, feature.offsets[start][0],
                                                                  feature.offsets[end][1]))
             if span is None or not document.source[span[0]:span[1]].strip():  # only tags or spaces: next candidate
                 continue
+            if any((answer.start, answer.end) == span for answer in answers):
+                continue
             # raw = start logit + log P(end | start); adding -logsumexp(start logits) gives log P(start)P(end | start)
             probability = (None if window.log_start_normaliser is None
                            else float(torch.exp(torch.tensor(raw + window.log_start_normaliser))))
-            best[feature.example_id] = Answer(document.source[span[0]:span[1]], span[0], span[1], score,
-                                              feature.window_index, probability)
-            break
-    return best
+            answers.append(Answer(document.source[span[0]:span[1]], span[0], span[1], score, feature.window_index,
+                                  probability))
+            if len(answers) == top_k:
+                break
+        if answers:
+            ranked[example] = answers
+    return ranked
 
 
 def predict_features(model, features: list[QAFeature], documents: dict[str, ProcessedDocument],

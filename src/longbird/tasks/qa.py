@@ -18,6 +18,7 @@ from ..data.windows import PairTemplate, QAWindows
 from ..heads import LongBirdForQuestionAnswering
 from ..metrics.korquad import korquad_v1, korquad_v2, squad_v1
 from ..qa import DEFAULT_SCORING, predict_rows, question_token_limit
+from ..reader import Reader, check_question, reading_windows, trained_windows
 from ..runs import (
     check_output,
     data_record,
@@ -27,7 +28,6 @@ from ..runs import (
     write_outputs,
     write_trained_model,
 )
-from ..sources import resolve_model_directory
 from ..training.finetune import FinetuneSettings, train
 from ..training.processes import world_size
 
@@ -206,32 +206,6 @@ def per_question_scores(predictions: dict[str, str], rows, data_format: str) -> 
     return {row["id"]: score_predictions({row["id"]: predictions.get(row["id"], "")}, [row], data_format)
             for row in rows}
 
-def trained_windows(model_path) -> tuple[int | None, int | None]:
-    """(window_length, doc_stride) a QA model was fine-tuned with, from its `longbird_finetune.json`; (None, None)
-    for a model without that record (converted or saved by hand), which then reads windows of its full length.
-    Reading with the trained window is the default of `answer` and `evaluate`: a model fine-tuned on 512-token
-    windows has never been trained to read 4096 (design: the trained window, not the model length)."""
-    record = resolve_model_directory(model_path) / "longbird_finetune.json"
-    if not record.exists():
-        return None, None
-    data = json.loads(record.read_text(encoding="utf-8"))
-    return (data.get("window_length"), data.get("doc_stride")) if data.get("task") == "qa" else (None, None)
-
-def reading_windows(model, model_path, window_length: int | None,
-                    doc_stride: int | None) -> tuple[int, int | None, str]:
-    """(window_length, doc_stride, where the window came from: "given", "trained" or "model length")."""
-    if window_length is not None:
-        source = "given"
-    else:
-        window_length, trained_stride = trained_windows(model_path) if model_path is not None else (None, None)
-        source = "trained" if window_length is not None else "model length"
-        doc_stride = doc_stride if doc_stride is not None else trained_stride
-    limit = model.config.max_position_embeddings
-    window_length = window_length or limit
-    if not 1 <= window_length <= limit:
-        raise ValueError(f"window_length {window_length} must lie in 1..{limit} (the model's maximum length)")
-    return window_length, doc_stride, source
-
 def check_min_probability(min_probability: float) -> None:
     """`answer`'s threshold is a probability; checked on every call, before a model directory is loaded."""
     if not 0.0 <= min_probability <= 1.0:
@@ -245,43 +219,33 @@ def answer(model, document: str, question: str, *, tokenizer=None, is_html: bool
     a directory path, or a loaded model with its `tokenizer` (and `model_dir`, where its record lives). Returns
     `qa.answer_record`: the readable answer, the raw span, character offsets into `document`, score and probability
     (all None when no span qualifies), plus `window_length` and `window_source`: unless given, windows are the length
-    the model was fine-tuned at (`trained_windows`), else its full length. With `min_probability` > 0 a best span
-    whose probability is below it is no answer (all fields None; `best_probability` says how close it came), so a
-    caller can tell "not in this document" from a guess. transformers 5 has no question-answering pipeline; this is
-    longbird's."""
-    from ..qa import answer_question, answer_record
+    the model was fine-tuned at (`reader.trained_windows`), else its full length. With `min_probability` > 0 a best
+    span whose probability is below it is no answer (all fields None; `best_probability` says how close it came), so
+    a caller can tell "not in this document" from a guess. The engine is `longbird.Reader` (one call of it), which
+    `longbird serve` shares; transformers 5 has no question-answering pipeline."""
+    from ..qa import answer_record
 
-    if not question or not question.strip():
-        raise ValueError("the question is empty; ask a question about the document")
+    check_question(question)
     check_min_probability(min_probability)
     if isinstance(model, (str, Path)):
-        model_dir = model
-        model, tokenizer = load_on_device(model, LongBirdForQuestionAnswering, device)
+        reader = Reader(model, device, scoring=scoring)
     elif tokenizer is None:
         raise ValueError("a loaded model needs its tokenizer: answer(model, document, question, tokenizer=...)")
-    check_tokenizer(model, tokenizer)
-    window_length, doc_stride, window_source = reading_windows(model, model_dir, window_length, doc_stride)
+    else:
+        reader = Reader.of(model, tokenizer, model_dir, scoring=scoring)
     if is_html is None:
         is_html = document.lstrip()[:1] == "<"
-    from ..data.features import question_token_count
-
-    limit = question_limit(model, tokenizer, window_length)
-    if max_question_tokens is not None and max_question_tokens > limit:
-        raise ValueError(f"--max-question-tokens {max_question_tokens} is more than this model reads: its "
-                         f"{window_length}-token windows are sparse and only the first block is seen by every token, "
-                         f"so at most {limit} question tokens fit there; give {limit} or fewer")
-    max_question_tokens = max_question_tokens or limit  # a question too long for the window is named
-    found = answer_question(model, tokenizer, document, question, is_html, window_length, doc_stride,
-                            max_answer_tokens=max_answer_tokens, scoring=scoring,
+    reading = reader.answer(question, document, is_html=is_html, max_answer_tokens=max_answer_tokens,
+                            window_length=window_length, doc_stride=doc_stride,
                             max_question_tokens=max_question_tokens)
-    windows = {"window_length": window_length, "window_source": window_source}
-    question_tokens = question_token_count(tokenizer, question)
-    if question_tokens > max_question_tokens:  # windows read only its start: say so rather than answer in silence
-        windows["question_cut"] = {"tokens": question_tokens, "read": max_question_tokens}
-    if min_probability > 0 and found is not None:
-        if found.probability is None:
+    found = reading.answers[0] if reading.answers else answer_record(None, is_html)
+    windows = {"window_length": reading.window_length, "window_source": reading.window_source}
+    if reading.question_cut:  # windows read only its start: say so rather than answer in silence
+        windows["question_cut"] = reading.question_cut
+    if min_probability > 0 and found["answer"] is not None:
+        if found["probability"] is None:
             raise ValueError("--min-probability needs the conditional-end head's probability; this model has the "
                              "linear head (qa_head='linear'): leave --min-probability out")
-        if found.probability < min_probability:
-            return answer_record(None, is_html) | windows | {"best_probability": found.probability}
-    return answer_record(found, is_html) | windows
+        if found["probability"] < min_probability:
+            return answer_record(None, is_html) | windows | {"best_probability": found["probability"]}
+    return found | windows

@@ -341,6 +341,7 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
         report_to=[],
         train_sampling_strategy="group_by_length" if settings.group_by_length else "random",
         lr_scheduler_type="linear" if settings.lr_scheduler == "linear" else "constant_with_warmup",
+        include_num_input_tokens_seen="non_padding",  # real tokens trained on: budgets are stated in tokens too
         remove_unused_columns=False,
         disable_tqdm=not settings.progress,
         dataloader_num_workers=0,
@@ -370,4 +371,5 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
                 Path(arguments.output_dir).parent.rmdir()
     return {**result.metrics, "log_history": trainer.state.log_history,
             "cpu_budget": None if budget is None else {"minutes": budget.minutes, **budget.used},
+            "tokens_seen": int(trainer.state.num_input_tokens_seen),
             "resume": resume_summary(resume, trainer.state.global_step) if resume else None}

@@ -90,7 +90,8 @@ class SlidingTeacher:
         room = self.window_length - question_tokens - self.template.special_tokens
         if room < 2 or not 0 <= self.doc_stride < room:
             raise ValueError(f"teacher windows of {self.window_length} tokens hold {room} document tokens after a "
-                             f"{question_tokens}-token question: doc_stride {self.doc_stride} must lie in 0..{room - 1}")
+                             f"{question_tokens}-token question: doc_stride {self.doc_stride} must lie in "
+                             f"0..{room - 1}")
         ranges = window_ranges(len(document), room, self.doc_stride)
         before = prefix + question_tokens + middle
         items = []

@@ -1,0 +1,311 @@
+"""E7: long reading at an equal CPU budget: does a longbird long reader beat sliding 512-token windows of its own short
+source on whole unseen KorQuAD 1.0 articles? (issue 24)
+
+Protocol.
+- Data: the 140 KorQuAD 1.0 dev articles joined into whole-article contexts, split by article (seed 0, 20 % dev; the
+  split of `evaluate --split dev`). Dev questions are drawn *by article*: whole dev-side articles in a seeded order
+  until at least `--min-dev-questions` questions and `--min-beyond` answers beyond the first 512 tokens are in
+  (defaults 300 and 150). Training uses the questions of the train-side articles. The script asserts that no title
+  and no context hash is on both sides, and that the reader was fine-tuned on the train side only; both lists go
+  into the results JSON.
+- Start: every method starts from the same paragraph reader (`make qa-model`), converted to the method's preset with
+  its QA head kept (E4's `from_reader`).
+- Budget: every method trains for the same `--cpu-minutes` of process CPU time (all threads; a distillation
+  teacher's reading counts), at a constant learning rate, and reports its updates and real tokens. Batches are
+  length-grouped; `--batch-tokens` sets about as many tokens per update for every method (16 x 512 by default).
+- Baseline: sliding-512, the reader trained further on whole-article 512-token windows (doc_stride 128, windows
+  without the answer kept with p = `--negative-fraction`) and read the same way, merged with the library's
+  cross-window scoring (`qa.DEFAULT_SCORING`, chosen on the training side; experiments/cross_window_scoring.py).
+- Long methods read each article in one window of up to 4096 tokens (an article longer than that in windows of 4096
+  sharing 1024), trained on windows of the articles' own lengths (no padding to 4096).
+- Scores: the official KorQuAD 1.0 EM/F1 overall, for answers starting in the first 512 tokens of
+  `[CLS] question [SEP] article` and beyond, each with a 95 % percentile-bootstrap interval over questions, and the
+  paired difference of every method against the baseline (same questions resampled together).
+
+Methods (ablation rows of issue 24; `--methods` picks):
+- sliding-512: the baseline above.
+- kobigbird-long / kobigbird-long-exp: BigBird ITC at 4096 with TAPER `copy` / `exp` (tau 2) beyond 512.
+- kobigbird-long-teacher: kobigbird-long trained with the sliding reader as teacher (training/sliding_teacher.py):
+  the reader's merged span distributions over each training window as soft targets beside the gold labels.
+- littlebird-long, littlebird-long-teacher: LittleBird (BiALiBi, sliding window, pack & unpack) at 4096.
+- full-long: dense attention at 4096 (an upper reference on the CPU).
+
+Usage: python experiments/e7_long_reading.py --reader qa-model/kobigbird-e5-korquad [--cpu-minutes 60]
+       [--methods ...] [--resume] [--name e7_long_reading]
+Writes experiments/results/NAME.{json,md,png} and NAME_predictions/; models go to experiments/runs/NAME/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "data"
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "experiments"))
+
+from e4_korquad_articles import BUCKETS, answer_buckets, from_reader  # noqa: E402
+
+from longbird.checkpoints import load_task_model  # noqa: E402
+from longbird.data.corpus import text_hash  # noqa: E402
+from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # noqa: E402
+from longbird.files import save_figure_atomically, write_file_atomically  # noqa: E402
+from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
+from longbird.metrics.intervals import bootstrap_interval, paired_difference  # noqa: E402
+from longbird.precision import native_bf16  # noqa: E402
+from longbird.qa import DEFAULT_SCORING, predict_rows  # noqa: E402
+from longbird.tasks.qa import finetune_qa, per_question_scores, question_limit, require_trained_apart  # noqa: E402
+from longbird.training.finetune import FinetuneSettings  # noqa: E402
+
+SOURCE_WINDOW, BASELINE = 512, "sliding-512"
+LONG = 4096
+COPY, EXP = {"taper_schedule": "copy"}, {"taper_schedule": "exp", "taper_tau": 2.0}
+# name: (preset, model length, window, doc_stride, conversion overrides, distil from the sliding reader)
+METHODS = {
+    "sliding-512": ("full", SOURCE_WINDOW, SOURCE_WINDOW, 128, {}, False),
+    "kobigbird-long": ("kobigbird", LONG, LONG, 1024, COPY, False),
+    "kobigbird-long-exp": ("kobigbird", LONG, LONG, 1024, EXP, False),
+    "kobigbird-long-teacher": ("kobigbird", LONG, LONG, 1024, COPY, True),
+    "littlebird-long": ("littlebird", LONG, LONG, 1024, {}, False),
+    "littlebird-long-teacher": ("littlebird", LONG, LONG, 1024, {}, True),
+    "full-long": ("full", LONG, LONG, 1024, COPY, False),
+}
+
+
+def draw_dev_articles(dev, tokenizer, min_questions: int, min_beyond: int, seed: int = 0):
+    """Whole dev-side articles in a seeded order until both thresholds are met: (questions, their buckets)."""
+    titles = sorted(set(dev["title"]))
+    order = torch.randperm(len(titles), generator=torch.Generator().manual_seed(seed)).tolist()
+    buckets_of_all = answer_buckets(dev, tokenizer)
+    chosen, questions, beyond = set(), 0, 0
+    for index in order:
+        if questions >= min_questions and beyond >= min_beyond:
+            break
+        title = titles[index]
+        ids = [row["id"] for row in dev if row["title"] == title]
+        chosen.add(title)
+        questions += len(ids)
+        beyond += sum(buckets_of_all[i] == "beyond 512" for i in ids)
+    if questions < min_questions or beyond < min_beyond:
+        raise SystemExit(f"the dev side holds only {questions} questions ({beyond} beyond 512 tokens): fewer than "
+                         f"--min-dev-questions {min_questions} / --min-beyond {min_beyond}")
+    rows = dev.filter(lambda row: row["title"] in chosen)
+    return rows, {row["id"]: buckets_of_all[row["id"]] for row in rows}
+
+
+def held_out_record(train, dev) -> dict:
+    """Titles and context hashes of both sides; raises unless they are disjoint (by title and by text)."""
+    sides = {name: (sorted(set(rows["title"])), sorted({text_hash(c) for c in rows["context"]}))
+             for name, rows in (("train", train), ("dev", dev))}
+    shared_titles = set(sides["train"][0]) & set(sides["dev"][0])
+    shared_texts = set(sides["train"][1]) & set(sides["dev"][1])
+    if shared_titles or shared_texts:
+        raise AssertionError(f"train and dev share {len(shared_titles)} titles and {len(shared_texts)} articles")
+    return {f"{name}_{kind}": values[i] for name, values in sides.items()
+            for i, kind in enumerate(("titles", "context_sha256"))}
+
+
+def summarise(scores: dict[str, dict], buckets: dict[str, str], baseline: dict[str, dict] | None) -> dict:
+    """Per bucket: questions, EM, F1 with bootstrap intervals, and the paired F1 difference against the baseline."""
+    summary = {}
+    for bucket in ("all",) + BUCKETS:
+        ids = [i for i in scores if bucket == "all" or buckets[i] == bucket]
+        if not ids:
+            continue
+        summary[bucket] = {"questions": len(ids)}
+        for metric in ("exact_match", "f1"):
+            values = [scores[i][metric] for i in ids]
+            summary[bucket][metric] = sum(values) / len(values)
+            summary[bucket][f"{metric}_interval"] = bootstrap_interval(values)
+        if baseline is not None:
+            summary[bucket]["f1_vs_baseline"] = paired_difference([scores[i]["f1"] for i in ids],
+                                                                  [baseline[i]["f1"] for i in ids])
+    return summary
+
+
+def train_method(name: str, start: Path, train, run_dir: Path, args, reader: Path) -> dict:
+    preset, length, window, stride, _, teacher = METHODS[name]
+    batch = max(1, round(args.batch_tokens / window)) if window == SOURCE_WINDOW else args.long_batch_size
+    settings = FinetuneSettings(learning_rate=args.learning_rate, max_steps=args.max_steps, batch_size=batch,
+                                bf16=args.bf16, progress=True, logging_steps=10, group_by_length=True,
+                                lr_scheduler="constant", warmup_ratio=0.0, cpu_minutes=args.cpu_minutes)
+    metrics = finetune_qa(start, train, run_dir, data_format="korquad1-articles", window_length=window,
+                          doc_stride=stride, negative_fraction=args.negative_fraction, settings=settings,
+                          overwrite=True, teacher=reader if teacher else None, teacher_weight=args.teacher_weight)
+    history = metrics["log_history"]
+    return {"batch_size": batch, "cpu_budget": metrics["cpu_budget"], "tokens_seen": metrics["tokens_seen"],
+            "training_windows": metrics["training_windows"], "windows": metrics["windows"],
+            "loss_curve": [(entry["step"], entry["loss"]) for entry in history if "loss" in entry]}
+
+
+def evaluate_method(run_dir: Path, dev, window: int, stride: int, bf16: bool):
+    model, tokenizer = load_task_model(run_dir, LongBirdForQuestionAnswering)
+    started = time.process_time()
+    with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+        answers = predict_rows(model, tokenizer, dev, window, stride, batch_size=2 if window > SOURCE_WINDOW else 8,
+                               scoring=DEFAULT_SCORING, max_question_tokens=question_limit(model, tokenizer, window),
+                               progress=True)
+    predictions = {row["id"]: answers[row["id"]].text if row["id"] in answers else "" for row in dev}
+    return predictions, time.process_time() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reader", type=Path, required=True, help="The paragraph reader (make qa-model) to start from")
+    parser.add_argument("--cpu-minutes", type=float, default=60.0, help="Training budget of every method")
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--min-dev-questions", type=int, default=300)
+    parser.add_argument("--min-beyond", type=int, default=150)
+    parser.add_argument("--batch-tokens", type=int, default=16 * SOURCE_WINDOW, help="Tokens per update at 512")
+    parser.add_argument("--long-batch-size", type=int, default=4, help="Whole-article windows per update")
+    parser.add_argument("--learning-rate", type=float, default=5e-5)
+    parser.add_argument("--negative-fraction", type=float, default=0.1)
+    parser.add_argument("--teacher-weight", type=float, default=0.5)
+    parser.add_argument("--max-steps", type=int, default=100_000, help="Upper bound; the CPU budget stops a run")
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
+    parser.add_argument("--name", default="e7_long_reading")
+    parser.add_argument("--resume", action="store_true", help="Keep the finished methods of an earlier run")
+    parser.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
+    parser.add_argument("--work", type=Path, default=None, help="Default: experiments/runs/NAME")
+    args = parser.parse_args()
+    args.bf16 = args.precision == "bf16" or (args.precision == "auto" and native_bf16("cpu"))
+    args.work = args.work or ROOT / "experiments" / "runs" / args.name
+    rows, _ = read_korquad_v1_articles(DATA / "korquad" / "KorQuAD_v1.0_dev.json")
+    split = split_by_title(rows)
+    train = split["train"]
+    _, tokenizer = load_task_model(args.reader, LongBirdForQuestionAnswering)
+    dev, buckets = draw_dev_articles(split["dev"], tokenizer, args.min_dev_questions, args.min_beyond)
+    held_out = held_out_record(train, dev)
+    require_trained_apart(args.reader, set(split["dev"]["title"]), root=ROOT)  # the reader never read a dev article
+    settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()
+                if key not in ("methods", "resume")}
+    results_path = args.out / f"{args.name}.json"
+    results = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "settings": settings,
+               "machine": machine(), "train_questions": len(train), "train_articles": len(set(train["title"])),
+               "dev_questions": len(dev), "dev_articles": len(set(dev["title"])),
+               "dev_bucket_sizes": {b: list(buckets.values()).count(b) for b in BUCKETS}, "held_out": held_out,
+               "scoring": DEFAULT_SCORING, "methods": {}}
+    if args.resume and results_path.exists():
+        old = json.loads(results_path.read_text())
+        if old["settings"] != settings:
+            raise SystemExit(f"--resume needs the settings of {results_path}: {old['settings']}")
+        results["methods"] = {k: v for k, v in old["methods"].items() if k not in args.methods}
+        results["command"] = old["command"] + " && " + results["command"]
+    order = [BASELINE] + [m for m in args.methods if m != BASELINE] if BASELINE in args.methods else args.methods
+    for name in order:
+        preset, length, window, stride, overrides, _ = METHODS[name]
+        start = from_reader(args.reader, preset, length, overrides, args.work)
+        run_dir = args.work / name
+        trained = train_method(name, start, train, run_dir, args, args.reader)
+        predictions, eval_seconds = evaluate_method(run_dir, dev, window, stride, args.bf16)
+        scores = per_question_scores(predictions, dev, "korquad1-articles")
+        results["methods"][name] = {**trained, "window": window, "doc_stride": stride, "per_question": scores,
+                                    "eval_cpu_seconds": eval_seconds}
+        write_file_atomically(args.out / f"{args.name}_predictions" / f"{name}.json",
+                              json.dumps(predictions, ensure_ascii=False, indent=1) + "\n")
+        write_results(results, buckets, args.out, args.name)
+        print(name, json.dumps(results["methods"][name]["summary"]["all"]), flush=True)
+
+
+def machine() -> dict:
+    """What the CPU minutes were spent on: machines differ several-fold, so the matmul rates go beside every time."""
+    import os
+
+    from longbird.bench.models import matmul_throughput
+    from longbird.bench.sweep import cpu_model
+    from longbird.precision import native_bf16
+
+    # bf16 is emulated (~100x slower) where it is not native: a smaller product keeps that measurement short
+    rates = {"fp32 4096x768x3072": matmul_throughput(torch.float32) / 1e12,
+             "bf16 " + ("4096x768x3072" if native_bf16("cpu") else "512x768x768"): matmul_throughput(
+                 torch.bfloat16, size=None if native_bf16("cpu") else (512, 768, 768), repeats=3) / 1e12}
+    described = ", ".join(f"{name} {rate:.3f} TFLOP/s" for name, rate in rates.items())
+    summary = (f"{cpu_model()}, {os.cpu_count()} CPUs, ATen {torch.backends.cpu.get_cpu_capability()}, torch "
+               f"{torch.__version__}, {torch.get_num_threads()} threads; matmul {described}")
+    return {"summary": summary, "matmul_tflops": rates}
+
+
+def write_results(results: dict, buckets: dict[str, str], out: Path, stem: str) -> None:
+    baseline = results["methods"].get(BASELINE, {}).get("per_question")
+    for name, method in results["methods"].items():
+        method["summary"] = summarise(method["per_question"], buckets, None if name == BASELINE else baseline)
+    write_file_atomically(out / f"{stem}.json", json.dumps(results, indent=1, ensure_ascii=False) + "\n")
+    write_file_atomically(out / f"{stem}.md", "\n".join(table(results)) + "\n")
+    plot(results, out / f"{stem}.png")
+
+
+def table(results: dict) -> list[str]:
+    s, sizes = results["settings"], results["dev_bucket_sizes"]
+    lines = [f"Command: `{results['command']}`  ",
+             f"Machine: {results['machine']['summary']}  ",
+             f"Every method starts from the paragraph reader {s['reader']} and trains for {s['cpu_minutes']:g} CPU "
+             f"minutes (process CPU time, all threads; constant lr {s['learning_rate']:g}, length-grouped batches, "
+             f"{'bf16 autocast' if s['bf16'] else 'fp32'}) on the {results['train_questions']:,} questions of "
+             f"{results['train_articles']} train-side articles; scored on {results['dev_questions']} questions of "
+             f"{results['dev_articles']} unseen articles ({sizes['first 512']} answers in the first 512 tokens, "
+             f"{sizes['beyond 512']} beyond), cross-window scoring {results['scoring']}. Held out by article: titles "
+             "and context hashes of both sides are in the JSON and asserted disjoint.", "",
+             "| method | F1 (95 % CI) | EM | F1 first 512 | F1 beyond 512 | F1 − sliding-512 (paired 95 % CI) | "
+             "beyond − sliding-512 | updates | tokens | train CPU min | eval CPU min |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, m in results["methods"].items():
+        summary = m["summary"]
+        low, high = summary["all"]["f1_interval"]
+        cells = [f"{summary[b]['f1']:.1f}" if b in summary else "" for b in BUCKETS]
+        diffs = [summary[b].get("f1_vs_baseline") if b in summary else None for b in ("all", "beyond 512")]
+        diff_cells = [f"{d['difference']:+.1f} ({d['low']:+.1f} to {d['high']:+.1f})" if d else "—" for d in diffs]
+        budget = m["cpu_budget"]
+        lines.append(f"| {name} | {summary['all']['f1']:.1f} ({low:.1f}–{high:.1f}) | "
+                     f"{summary['all']['exact_match']:.1f} | {cells[0]} | {cells[1]} | {diff_cells[0]} | "
+                     f"{diff_cells[1]} | {budget['steps']} | {m['tokens_seen']:,} | {budget['cpu_seconds'] / 60:.1f} "
+                     f"| {m['eval_cpu_seconds'] / 60:.1f} |")
+    return lines
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results["methods"])
+    figure, (bars, curves) = plt.subplots(1, 2, figsize=(13, 4.5))
+    width = 0.27
+    for offset, bucket in enumerate(("all",) + BUCKETS):
+        values, errors = [], [[], []]
+        for name in names:
+            entry = results["methods"][name]["summary"].get(bucket)
+            f1 = entry["f1"] if entry else 0.0
+            low, high = entry["f1_interval"] if entry else (0.0, 0.0)
+            values.append(f1)
+            errors[0].append(f1 - low)
+            errors[1].append(high - f1)
+        bars.bar([i + (offset - 1) * width for i in range(len(names))], values, width, yerr=errors, capsize=2,
+                 label=f"F1 {bucket}")
+    bars.set_xticks(range(len(names)), names, rotation=20, ha="right")
+    bars.set_ylabel("KorQuAD 1.0 F1 (%), 95 % CI")
+    bars.legend()
+    bars.grid(axis="y", alpha=0.3)
+    for name in names:
+        curve = results["methods"][name]["loss_curve"]
+        if curve:
+            curves.plot([step for step, _ in curve], [loss for _, loss in curve], label=name)
+    curves.set_xlabel("update")
+    curves.set_ylabel("training loss")
+    curves.legend(fontsize=7)
+    curves.grid(alpha=0.3)
+    figure.suptitle("E7: whole unseen articles at an equal CPU budget")
+    figure.tight_layout()
+    save_figure_atomically(figure, path)
+    plt.close(figure)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""One engine for reading documents with a fine-tuned longbird model: `Reader(model_dir).answer(question, document)`.
+
+`longbird answer`, `longbird serve` and the Python API call the same object, so an answer from the server is the
+answer of the command line for the same model, document and question (tests/test_serve.py checks it). The model is
+loaded once; every call windows the document (the trained window unless given, `reading_windows`), runs the
+windows and ranks the spans of all windows with the cross-window scoring rule (`qa.rank_answers`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .checkpoints import check_tokenizer, load_on_device
+from .data.features import question_token_count
+from .data.windows import PairTemplate
+from .heads import LongBirdForQuestionAnswering
+from .qa import DEFAULT_SCORING, answer_record, question_token_limit, rank_answers, row_features, score_windows
+from .sources import resolve_model_directory
+
+
+def reading_windows(model, model_dir, window_length: int | None, doc_stride: int | None) -> tuple[int, int | None, str]:
+    """(window_length, doc_stride, where the window came from: "given", "trained" or "model length")."""
+    if window_length is not None:
+        source = "given"
+    else:
+        window_length, trained_stride = trained_windows(model_dir) if model_dir is not None else (None, None)
+        source = "trained" if window_length is not None else "model length"
+        doc_stride = doc_stride if doc_stride is not None else trained_stride
+    limit = model.config.max_position_embeddings
+    window_length = window_length or limit
+    if not 1 <= window_length <= limit:
+        raise ValueError(f"window_length {window_length} must lie in 1..{limit} (the model's maximum length)")
+    return window_length, doc_stride, source
+
+
+def trained_windows(model_path) -> tuple[int | None, int | None]:
+    """(window_length, doc_stride) a QA model was fine-tuned with, from its `longbird_finetune.json`; (None, None)
+    for a model without that record (converted or saved by hand), which then reads windows of its full length.
+    Reading with the trained window is the default of `answer` and `evaluate`: a model fine-tuned on 512-token
+    windows has never been trained to read 4096 (design: the trained window, not the model length)."""
+    record = resolve_model_directory(model_path) / "longbird_finetune.json"
+    if not record.exists():
+        return None, None
+    data = json.loads(record.read_text(encoding="utf-8"))
+    return (data.get("window_length"), data.get("doc_stride")) if data.get("task") == "qa" else (None, None)
+
+
+def check_question(question: str) -> None:
+    if not question or not question.strip():
+        raise ValueError("the question is empty; ask a question about the document")
+
+
+@dataclass
+class Reading:
+    """What one `Reader.answer` call found: `answers` (`qa.answer_record`s, best first, possibly empty), how many
+    windows and tokens were read, the window used and where it came from, and `question_cut` when the question was
+    longer than the windows read."""
+
+    answers: list[dict]
+    windows: int
+    tokens: int
+    window_length: int
+    window_source: str
+    question_cut: dict | None = None
+    extra: dict = field(default_factory=dict)
+
+
+class Reader:
+    """A fine-tuned longbird QA model, loaded once, that answers questions about long documents.
+
+    `Reader(model_dir, device="cpu", bf16=False)`, or `Reader.of(model, tokenizer, model_dir)` for a model already
+    loaded. `answer(question, document)` returns a `Reading`."""
+
+    def __init__(self, model_dir, device: str | None = None, bf16: bool = False, scoring: str = DEFAULT_SCORING):
+        model, tokenizer = load_on_device(model_dir, LongBirdForQuestionAnswering, device)
+        self._setup(model, tokenizer, model_dir, bf16, scoring)
+
+    @classmethod
+    def of(cls, model, tokenizer, model_dir=None, bf16: bool = False, scoring: str = DEFAULT_SCORING) -> Reader:
+        reader = cls.__new__(cls)
+        reader._setup(model, tokenizer, model_dir, bf16, scoring)
+        return reader
+
+    def _setup(self, model, tokenizer, model_dir, bf16: bool, scoring: str) -> None:
+        check_tokenizer(model, tokenizer)
+        self.model, self.tokenizer = model.eval(), tokenizer
+        self.model_dir = None if model_dir is None else Path(model_dir)
+        self.bf16, self.scoring = bf16, scoring
+        self.template = PairTemplate.of(tokenizer)
+
+    def windows_for(self, window_length: int | None = None,
+                    doc_stride: int | None = None) -> tuple[int, int | None, str]:
+        """(window_length, doc_stride, source) a call with these settings reads with; raises ValueError naming the
+        model's limit."""
+        return reading_windows(self.model, self.model_dir, window_length, doc_stride)
+
+    def question_limit(self, window_length: int) -> int:
+        return question_token_limit(self.model.config, window_length, len(self.template.prefix))
+
+    def answer(self, question: str, document: str, *, is_html: bool | None = None, top_k: int = 1,
+               max_answer_tokens: int | None = None, window_length: int | None = None, doc_stride: int | None = None,
+               max_question_tokens: int | None = None) -> Reading:
+        """The `top_k` best distinct answers to `question` in `document` (plain text or HTML; `is_html` None: HTML if
+        it starts with `<`), each with character offsets into `document` as given."""
+        check_question(question)
+        if not document or not document.strip():
+            raise ValueError("the document is empty; give the text or HTML page to read")
+        window_length, doc_stride, source = self.windows_for(window_length, doc_stride)
+        limit = self.question_limit(window_length)
+        if max_question_tokens is not None and max_question_tokens > limit:
+            raise ValueError(f"--max-question-tokens {max_question_tokens} is more than this model reads: its "
+                             f"{window_length}-token windows are sparse and only the first block is seen by every "
+                             f"token, so at most {limit} question tokens fit there; give {limit} or fewer")
+        max_question_tokens = max_question_tokens or limit
+        if is_html is None:
+            is_html = document.lstrip()[:1] == "<"
+        row = {"id": "question", "question": question, "context": document, "is_html": is_html}
+        features, documents = row_features(self.model, self.tokenizer, [row], window_length, doc_stride,
+                                           max_question_tokens=max_question_tokens)
+        with self._precision():
+            windows = score_windows(self.model, features, max_answer_tokens=max_answer_tokens,
+                                    top_k=max(top_k, self.model.config.qa_top_k))
+        answers = rank_answers(windows, documents, self.scoring, top_k).get("question", [])
+        question_tokens = question_token_count(self.tokenizer, question)
+        cut = ({"tokens": question_tokens, "read": max_question_tokens} if question_tokens > max_question_tokens
+               else None)
+        return Reading([answer_record(a, is_html) for a in answers], len(features),
+                       sum(len(f.input_ids) for f in features), window_length, source, cut)
+
+    def _precision(self):
+        if not self.bf16:
+            return contextlib.nullcontext()
+        return torch.autocast(self.model.device.type, dtype=torch.bfloat16)
+
+    def info(self) -> dict:
+        """What is being served: model directory, preset parts, lengths, head, dtype and device."""
+        config = self.model.config
+        window_length, _, source = self.windows_for()
+        return {"model": str(self.model_dir) if self.model_dir else None, "attention": config.attention,
+                "position": config.position, "max_length": config.max_position_embeddings,
+                "window_length": window_length, "window_source": source, "qa_head": config.qa_head,
+                "dtype": "bf16 autocast" if self.bf16 else str(next(self.model.parameters()).dtype).replace(
+                    "torch.", ""), "device": str(self.model.device), "scoring": self.scoring}

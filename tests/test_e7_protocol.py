@@ -1,0 +1,65 @@
+"""E7's protocol (experiments/e7_long_reading.py): dev questions are drawn as whole unseen articles until both
+thresholds hold, the held-out record refuses any article on both sides (by title or by text), and the summary's
+intervals and paired differences are those of `metrics.intervals` over the right questions."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from datasets import Dataset
+from transformers import AutoTokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "experiments"))
+
+from e7_long_reading import draw_dev_articles, held_out_record, summarise  # noqa: E402
+from longbird.conversion import default_source  # noqa: E402
+from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # noqa: E402
+from longbird.metrics.intervals import bootstrap_interval, paired_difference  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def split():
+    rows, _ = read_korquad_v1_articles(ROOT / "data" / "korquad" / "KorQuAD_v1.0_dev.json")
+    return split_by_title(rows)
+
+
+def test_dev_questions_are_whole_unseen_articles_meeting_both_thresholds(split):
+    tokenizer = AutoTokenizer.from_pretrained(default_source(), local_files_only=True)
+    dev, buckets = draw_dev_articles(split["dev"], tokenizer, 60, 30)
+    beyond = sum(bucket == "beyond 512" for bucket in buckets.values())
+    assert len(dev) >= 60 and beyond >= 30 and set(buckets) == set(dev["id"])
+    titles = set(dev["title"])
+    assert len(dev) == sum(title in titles for title in split["dev"]["title"])  # every question of a drawn article
+    assert not titles & set(split["train"]["title"])
+    again, _ = draw_dev_articles(split["dev"], tokenizer, 60, 30)
+    assert list(again["id"]) == list(dev["id"])  # seeded
+    with pytest.raises(SystemExit, match="fewer than --min-dev-questions 100000"):
+        draw_dev_articles(split["dev"], tokenizer, 100000, 1)
+
+
+def test_the_held_out_record_lists_both_sides_and_refuses_an_overlap(split):
+    record = held_out_record(split["train"], split["dev"])
+    assert set(record["dev_titles"]) == set(split["dev"]["title"]) and len(record["train_context_sha256"]) > 100
+    leaked = Dataset.from_list([split["dev"][0], split["train"][0]])  # one training article among dev questions
+    with pytest.raises(AssertionError, match="share 1 titles and 1 articles"):
+        held_out_record(split["train"], leaked)
+    renamed = Dataset.from_list([{**split["train"][0], "title": "another title"}])
+    with pytest.raises(AssertionError, match="share 0 titles and 1 articles"):
+        held_out_record(split["train"], renamed)
+
+
+def test_the_summary_is_bootstrap_intervals_and_paired_differences_per_bucket():
+    scores = {f"q{i}": {"exact_match": 100.0 * (i % 2), "f1": float(10 * i)} for i in range(8)}
+    baseline = {f"q{i}": {"exact_match": 0.0, "f1": float(5 * i)} for i in range(8)}
+    buckets = {f"q{i}": "first 512" if i < 3 else "beyond 512" for i in range(8)}
+    summary = summarise(scores, buckets, baseline)
+    beyond = [f"q{i}" for i in range(3, 8)]
+    assert summary["beyond 512"]["questions"] == 5 and summary["all"]["questions"] == 8
+    assert summary["beyond 512"]["f1"] == sum(10 * i for i in range(3, 8)) / 5
+    assert summary["beyond 512"]["f1_interval"] == bootstrap_interval([scores[i]["f1"] for i in beyond])
+    assert summary["beyond 512"]["f1_vs_baseline"] == paired_difference([scores[i]["f1"] for i in beyond],
+                                                                         [baseline[i]["f1"] for i in beyond])
+    assert "f1_vs_baseline" not in summarise(scores, buckets, None)["all"]
