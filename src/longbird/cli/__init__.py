@@ -16,6 +16,7 @@ from .common import error_console
 from .models import convert, demo, env, export
 from .pretrain import distill, pretrain
 from .qa import answer, evaluate, finetune_qa
+from .serve import serve
 
 
 class _OneLineErrors(TyperGroup):
@@ -100,5 +101,6 @@ def _root(
 
 
 # In the order `longbird --help` lists them.
-for command in (convert, export, env, demo, bench, finetune_qa, evaluate, answer, distill, pretrain, finetune_cls):
+for command in (convert, export, env, demo, bench, finetune_qa, evaluate, answer, serve, distill, pretrain,
+                finetune_cls):
     app.command(command.__name__.replace("_", "-"))(command)

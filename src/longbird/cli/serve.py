@@ -1,0 +1,43 @@
+"""`longbird serve`: the HTTP server (longbird.serve) over one QA model loaded once."""
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .common import console, resolve_device
+from .options import Device
+
+ServedModel = Annotated[Path, typer.Option(help="Fine-tuned longbird QA directory to serve")]
+Host = Annotated[str, typer.Option(help="Address to bind (127.0.0.1: this machine only; 0.0.0.0: every interface)")]
+Port = Annotated[int, typer.Option(min=1, max=65535, help="TCP port")]
+Bf16 = Annotated[bool, typer.Option("--bf16", help="bf16 autocast (fast only where the CPU or GPU multiplies bf16)")]
+Threads = Annotated[int | None, typer.Option(min=1, help="CPU threads of the model (default: torch's choice)")]
+MaxDocumentChars = Annotated[int, typer.Option(min=1, help="Longest document in characters (413 beyond)")]
+MaxQuestionChars = Annotated[int, typer.Option(min=1, help="Longest question in characters (422 beyond)")]
+MaxQueue = Annotated[int, typer.Option(min=1, help="Requests admitted at once; beyond: 503 with Retry-After")]
+ApiKey = Annotated[str | None, typer.Option(envvar="LONGBIRD_API_KEY", help="Require 'Authorization: Bearer KEY' "
+                                                                         "(or set LONGBIRD_API_KEY)")]
+CorsOrigin = Annotated[list[str] | None, typer.Option(help="Allow browser calls from this origin (repeatable; "
+                                                          "default: CORS off)")]
+
+
+def serve(model: ServedModel, host: Host = "127.0.0.1", port: Port = 8000, device: Device = "auto",
+          bf16: Bf16 = False, threads: Threads = None, max_document_chars: MaxDocumentChars = 1_000_000,
+          max_question_chars: MaxQuestionChars = 1_000, max_queue: MaxQueue = 32, api_key: ApiKey = None,
+          cors_origin: CorsOrigin = None):
+    """Serve long-document QA over HTTP: POST /answer, the pipeline format at POST / and /predict, GET /health,
+    /info and /metrics; the schema at /docs."""
+    import torch
+    import uvicorn
+
+    from ..reader import Reader
+    from ..serve import ServeSettings, create_app
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    reader = Reader(model, resolve_device(device), bf16=bf16)
+    settings = ServeSettings(max_document_chars=max_document_chars, max_question_chars=max_question_chars,
+                             max_queue=max_queue, api_key=api_key, cors_origins=list(cors_origin or []))
+    console.print(f"serving {model} on http://{host}:{port} (schema: http://{host}:{port}/docs)")
+    uvicorn.run(create_app(reader, settings), host=host, port=port, log_level="info")

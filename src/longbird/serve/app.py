@@ -1,0 +1,229 @@
+"""The HTTP application of `longbird serve` (FastAPI): one `Reader` loaded once, routes, limits, errors and metrics.
+
+Every error is JSON `{"error", "detail"}` with the status that says who must act (4xx: the client, with the field
+and the fix; 500: the server, whose log has the traceback, which never reaches a client), and the server keeps
+serving after each. Requests are admitted up to `max_queue` at a time (reading or waiting for the model); beyond
+that the answer is 503 with `Retry-After`, so a burst cannot grow memory without bound. The model reads one request
+at a time (a lock): on a CPU its cores are already the model's, and a request's answer then never depends on what
+else was in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.exceptions import HTTPException
+
+from ..reader import Reader
+from .schemas import AnswerRequest, AnswerResponse, ErrorResponse, Info, PipelineAnswer, PipelineRequest
+
+logger = logging.getLogger(__name__)
+ERRORS = {code: {"model": ErrorResponse} for code in (401, 413, 415, 422, 503)}
+
+
+@dataclass
+class ServeSettings:
+    """Limits and access of one server (the `longbird serve` options)."""
+
+    max_document_chars: int = 1_000_000
+    max_question_chars: int = 1_000
+    max_queue: int = 32  # requests admitted at once; beyond: 503 with Retry-After
+    retry_after_seconds: int = 1
+    api_key: str | None = None  # Bearer token required on every route but /health when set
+    cors_origins: list[str] = field(default_factory=list)  # CORS is off unless origins are given
+
+
+class ServeError(Exception):
+    def __init__(self, status: int, error: str, detail, headers: dict | None = None):
+        super().__init__(detail)
+        self.status, self.error, self.detail, self.headers = status, error, detail, headers
+
+
+def _field(location) -> str:
+    return ".".join(str(part) for part in location if part != "body") or "body"
+
+
+class Metrics:
+    """Prometheus metrics of one app (a registry of its own, so two apps in one process never mix counts)."""
+
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        self.requests = Counter("longbird_requests", "Requests by route and status code", ["route", "code"],
+                                registry=self.registry)
+        self.latency = Histogram("longbird_request_seconds", "Request latency by route", ["route"],
+                                 registry=self.registry, buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
+        self.queue = Gauge("longbird_queue_depth", "Requests admitted and not yet answered", registry=self.registry)
+        self.windows = Counter("longbird_windows", "Windows read", registry=self.registry)
+        self.tokens = Counter("longbird_tokens", "Tokens read", registry=self.registry)
+
+
+def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI:
+    """The application serving `reader` under `settings`."""
+    from .. import __version__
+
+    settings = settings or ServeSettings()
+    app = FastAPI(title="longbird", version=__version__, description="Long-document question answering")
+    metrics, model_lock, admission = Metrics(), threading.Lock(), threading.Lock()
+    state = {"admitted": 0}
+    bearer = HTTPBearer(auto_error=False)
+    if settings.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
+
+    def authorised(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
+        if settings.api_key is None:
+            return
+        if credentials is None or not secrets.compare_digest(credentials.credentials, settings.api_key):
+            raise ServeError(401, "unauthorised", "send the API key as 'Authorization: Bearer KEY'",
+                             {"WWW-Authenticate": "Bearer"})
+
+    @app.middleware("http")
+    async def observe(request: Request, call_next):
+        started = time.perf_counter()
+        route = request.url.path
+        if request.method == "POST":
+            problem = _body_problem(request, settings)
+            if problem is not None:
+                metrics.requests.labels(route, str(problem.status_code)).inc()
+                return problem
+        response = await call_next(request)
+        metrics.requests.labels(route, str(response.status_code)).inc()
+        metrics.latency.labels(route).observe(time.perf_counter() - started)
+        return response
+
+    @app.exception_handler(ServeError)
+    async def serve_error(request: Request, error: ServeError):
+        return JSONResponse({"error": error.error, "detail": error.detail}, error.status, headers=error.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, error: RequestValidationError):
+        detail = [f"{_field(e['loc'])}: {e['msg']}" for e in error.errors()]
+        return JSONResponse({"error": "invalid request", "detail": detail}, 422)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, error: HTTPException):
+        return JSONResponse({"error": error.detail if isinstance(error.detail, str) else "error",
+                             "detail": f"{request.method} {request.url.path}"}, error.status_code,
+                            headers=getattr(error, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def crashed(request: Request, error: Exception):
+        logger.exception("request %s %s failed", request.method, request.url.path)
+        return JSONResponse({"error": "internal error", "detail": "the server could not answer; see its log"}, 500)
+
+    def read(call):
+        """Run `call` on the model if the queue has room (else 503); ValueError -> 422 with its message."""
+        with admission:
+            if state["admitted"] >= settings.max_queue:
+                raise ServeError(503, "busy", f"{settings.max_queue} requests are already queued; retry later",
+                                 {"Retry-After": str(settings.retry_after_seconds)})
+            state["admitted"] += 1
+            metrics.queue.set(state["admitted"])
+        try:
+            with model_lock:
+                return call()
+        except ValueError as error:
+            raise ServeError(422, "invalid request", str(error)) from None
+        finally:
+            with admission:
+                state["admitted"] -= 1
+                metrics.queue.set(state["admitted"])
+
+    def check_text(name: str, value: str, limit: int, status: int) -> None:
+        if not value.strip():
+            raise ServeError(422, "invalid request", f"{name}: empty or only whitespace; send the {name} text")
+        if len(value) > limit:
+            raise ServeError(status, "too large", f"{name}: {len(value):,} characters; this server reads at most "
+                                                  f"{limit:,} (its --max-{name}-chars)")
+
+    def answer(question, document, is_html, top_k, max_answer_tokens, window_length, doc_stride):
+        check_text("question", question, settings.max_question_chars, 422)
+        check_text("document", document, settings.max_document_chars, 413)
+        if doc_stride is not None:
+            window, _, _ = _windows(reader, window_length)
+            if doc_stride >= window:
+                raise ServeError(422, "invalid request", f"doc_stride: {doc_stride} must be below the window "
+                                                         f"({window} tokens); send a smaller doc_stride")
+        reading = read(lambda: reader.answer(question, document, is_html=is_html, top_k=top_k,
+                                             max_answer_tokens=max_answer_tokens, window_length=window_length,
+                                             doc_stride=doc_stride))
+        metrics.windows.inc(reading.windows)
+        metrics.tokens.inc(reading.tokens)
+        return reading
+
+    @app.post("/answer", response_model=AnswerResponse, responses=ERRORS, dependencies=[Depends(authorised)])
+    def answer_route(request: AnswerRequest) -> AnswerResponse:
+        """The best answers to a question about one document, as `longbird answer --json` gives them."""
+        started = time.perf_counter()
+        is_html = None if request.format == "auto" else request.format == "html"
+        reading = answer(request.question, request.document, is_html, request.top_k, request.max_answer_tokens,
+                         request.window_length, request.doc_stride)
+        return AnswerResponse(answers=reading.answers, windows=reading.windows, tokens=reading.tokens,
+                              window_length=reading.window_length, question_cut=reading.question_cut,
+                              model=str(reader.model_dir) if reader.model_dir else None,
+                              elapsed_ms=1000 * (time.perf_counter() - started))
+
+    def pipeline(request: PipelineRequest) -> list[PipelineAnswer]:
+        """transformers' removed question-answering pipeline, for its existing clients."""
+        p = request.parameters
+        reading = answer(request.inputs.question, request.inputs.context, None, p.top_k, p.max_answer_len,
+                         p.max_seq_len, p.doc_stride)
+        found = [a for a in reading.answers if not (p.handle_impossible_answer and a["score"] < 0)]
+        if not found and p.handle_impossible_answer:  # the window's "no answer" beat every span (null-relative < 0)
+            return [PipelineAnswer(answer="", score=0.0, start=0, end=0)]
+        return [PipelineAnswer(answer=a["answer"], score=a["probability"] if a["probability"] is not None
+                               else a["score"], start=a["start"], end=a["end"]) for a in found]
+
+    for path in ("/", "/predict"):
+        app.post(path, response_model=list[PipelineAnswer], responses=ERRORS, dependencies=[Depends(authorised)],
+                 summary="Question answering in the transformers pipeline format")(pipeline)
+
+    @app.get("/health")
+    def health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/info", response_model=Info, dependencies=[Depends(authorised)])
+    def info() -> Info:
+        limits = {"max_document_chars": settings.max_document_chars,
+                  "max_question_chars": settings.max_question_chars, "max_queue": settings.max_queue}
+        return Info(**reader.info(), version=__version__, limits=limits)
+
+    @app.get("/metrics", dependencies=[Depends(authorised)])
+    def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def _windows(reader: Reader, window_length):
+    try:
+        return reader.windows_for(window_length)
+    except ValueError as error:
+        raise ServeError(422, "invalid request", f"window_length: {error}") from None
+
+
+def _body_problem(request: Request, settings: ServeSettings) -> JSONResponse | None:
+    """415 for a body that is not JSON, 413 for one larger than any admissible request (checked before it is read)."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/json":
+        return JSONResponse({"error": "unsupported media type",
+                             "detail": f"send JSON with 'Content-Type: application/json' (got {kind or 'none'})"}, 415)
+    length = request.headers.get("content-length")
+    # UTF-8 takes at most 4 bytes a character, and JSON escapes at most 6 (\uXXXX): beyond this no body can fit
+    limit = 6 * (settings.max_document_chars + settings.max_question_chars) + 65_536
+    if length is not None and length.isdigit() and int(length) > limit:
+        return JSONResponse({"error": "too large", "detail": f"the body has {int(length):,} bytes; this server "
+                                                             f"reads documents of at most "
+                                                             f"{settings.max_document_chars:,} characters"}, 413)
+    return None

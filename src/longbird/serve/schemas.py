@@ -1,0 +1,88 @@
+"""Requests and responses of `longbird serve` (pydantic): the OpenAPI schema at /docs and /openapi.json is built from
+these, and unknown fields are refused (`extra="forbid"`), so a misspelt option is an error rather than ignored."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class AnswerRequest(Strict):
+    question: str = Field(description="The question, in the document's language")
+    document: str = Field(description="The document: plain text or an HTML page, as a string (never a path)")
+    format: Literal["text", "html", "auto"] = Field("auto", description="auto: HTML when it starts with '<'")
+    top_k: int = Field(1, ge=1, le=20, description="How many distinct answers to return, best first")
+    max_answer_tokens: int | None = Field(None, ge=1, description="Longest span in tokens (default: the model's)")
+    window_length: int | None = Field(None, ge=1, description="Window in tokens (default: the trained window)")
+    doc_stride: int | None = Field(None, ge=0, description="Tokens shared by neighbouring windows")
+
+
+class AnswerRecord(BaseModel):
+    answer: str = Field(description="The answer as a person reads it (tags stripped from an HTML span)")
+    source_text: str = Field(description="The raw span of the document")
+    start: int = Field(description="Character offset of the span in the document as sent")
+    end: int
+    score: float = Field(description="The cross-window scoring rule's value; higher wins")
+    probability: float | None = Field(description="P(start) P(end | start) within the span's window")
+
+
+class AnswerResponse(BaseModel):
+    answers: list[AnswerRecord]
+    windows: int = Field(description="Windows the document was read in")
+    tokens: int = Field(description="Tokens read (all windows)")
+    window_length: int
+    question_cut: dict | None = Field(None, description="Set when only the question's first tokens were read")
+    model: str | None
+    elapsed_ms: float
+
+
+class PipelineInputs(Strict):
+    question: str
+    context: str
+
+
+class PipelineParameters(Strict):
+    top_k: int = Field(1, ge=1, le=20)
+    doc_stride: int | None = Field(None, ge=0)
+    max_answer_len: int | None = Field(None, ge=1, description="Longest answer in tokens")
+    max_seq_len: int | None = Field(None, ge=1, description="Window length in tokens")
+    handle_impossible_answer: bool = Field(False, description="Return an empty answer when none is found")
+
+
+class PipelineRequest(Strict):
+    """What clients of transformers' removed question-answering pipeline (and of Inference Endpoints) send."""
+
+    inputs: PipelineInputs
+    parameters: PipelineParameters = PipelineParameters()
+
+
+class PipelineAnswer(BaseModel):
+    answer: str
+    score: float = Field(description="The span's probability in its window (the pipeline's score)")
+    start: int
+    end: int
+
+
+class ErrorResponse(BaseModel):
+    error: str = Field(description="What went wrong, in a few words")
+    detail: str | list = Field(description="The field or value at fault and how to fix it")
+
+
+class Info(BaseModel):
+    model: str | None
+    attention: str
+    position: str
+    max_length: int
+    window_length: int
+    window_source: str
+    qa_head: str
+    dtype: str
+    device: str
+    scoring: str
+    version: str
+    limits: dict

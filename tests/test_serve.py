@@ -1,0 +1,194 @@
+"""`longbird serve` through HTTP (FastAPI's TestClient) on a tiny fine-tuned QA model and a real KorQuAD 2.1 page:
+the server's answer is the command line's, the pipeline format, health/info/metrics, and every kind of bad input
+answered with JSON {"error", "detail"} while the server keeps serving."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from longbird.cli import app as cli
+from longbird.data.korquad import read_korquad_v2
+from longbird.reader import Reader
+from longbird.serve import ServeSettings, create_app
+from test_qa_cli import PAGES, tiny_qa, tiny_source  # noqa: F401  (fixtures)
+
+QUESTION = "이 문서의 주제는 무엇인가?"
+
+
+@pytest.fixture(scope="module")
+def page():
+    row = read_korquad_v2(PAGES[0])[0][0]
+    return row["context"], row["question"]
+
+
+@pytest.fixture(scope="module")
+def reader(tiny_qa):
+    return Reader(tiny_qa)
+
+
+@pytest.fixture(scope="module")
+def client(reader):
+    return TestClient(create_app(reader, ServeSettings(max_document_chars=400_000, max_question_chars=200)))
+
+
+def test_the_servers_answer_is_the_command_lines(client, tiny_qa, page, tmp_path):
+    document, question = page
+    served = client.post("/answer", json={"question": question, "document": document})
+    assert served.status_code == 200, served.text
+    body = served.json()
+    path = tmp_path / "page.html"
+    path.write_text(document, encoding="utf-8")
+    result = CliRunner().invoke(cli, ["answer", "--model", str(tiny_qa), "--document", str(path), "--question",
+                                      question, "--json"])
+    expected = json.loads(result.output)
+    assert len(body["answers"]) == 1
+    got = body["answers"][0]
+    for key in ("answer", "source_text", "start", "end"):
+        assert got[key] == expected[key], key
+    assert got["score"] == pytest.approx(expected["score"], abs=1e-5)
+    assert document[got["start"]:got["end"]] == got["source_text"]
+    assert body["windows"] > 1 and body["tokens"] > body["window_length"] and body["elapsed_ms"] > 0
+    assert body["model"] == str(tiny_qa)
+
+
+def test_top_k_answers_are_distinct_and_best_first(client, page):
+    document, question = page
+    answers = client.post("/answer", json={"question": question, "document": document, "top_k": 5}).json()["answers"]
+    assert len(answers) == 5
+    assert [a["score"] for a in answers] == sorted((a["score"] for a in answers), reverse=True)
+    assert len({(a["start"], a["end"]) for a in answers}) == 5
+    first = client.post("/answer", json={"question": question, "document": document}).json()["answers"][0]
+    assert answers[0] == first  # the best of five is the single best
+
+
+def test_the_pipeline_format_of_transformers_is_served_at_root_and_predict(client, page):
+    document, question = page
+    request = {"inputs": {"question": question, "context": document}, "parameters": {"top_k": 2}}
+    for path in ("/", "/predict"):
+        response = client.post(path, json=request)
+        assert response.status_code == 200, response.text
+        answers = response.json()
+        assert len(answers) == 2 and set(answers[0]) == {"answer", "score", "start", "end"}
+        assert 0 <= answers[0]["score"] <= 1  # the span's probability in its window
+    best = client.post("/answer", json={"question": question, "document": document}).json()["answers"][0]
+    assert answers[0]["start"] == best["start"] and answers[0]["end"] == best["end"]
+
+
+def test_health_info_and_metrics(client, tiny_qa):
+    assert client.get("/health").json() == {"status": "ok"}
+    info = client.get("/info").json()
+    assert info["model"] == str(tiny_qa) and info["attention"] == "bigbird" and info["max_length"] == 256
+    assert info["limits"]["max_document_chars"] == 400_000 and info["version"]
+    client.post("/answer", json={"question": "q", "document": "short text here"})
+    client.post("/answer", json={"question": "", "document": "x"})
+    text = client.get("/metrics").text
+    assert 'longbird_requests_total{code="200",route="/answer"}' in text
+    assert 'longbird_requests_total{code="422",route="/answer"}' in text
+    assert "longbird_windows_total" in text and "longbird_request_seconds_bucket" in text
+    assert "longbird_queue_depth 0.0" in text
+
+
+@pytest.mark.parametrize("request_body, status, names", [
+    ({"question": "  ", "document": "text"}, 422, "question: empty"),
+    ({"question": "q", "document": "\n\t "}, 422, "document: empty"),
+    ({"question": "q" * 201, "document": "text"}, 422, "--max-question-chars"),
+    ({"question": "q", "document": "x" * 400_001}, 413, "--max-document-chars"),
+    ({"question": "q"}, 422, "document: Field required"),
+    ({"question": "q", "document": "text", "top_k": 0}, 422, "top_k"),
+    ({"question": "q", "document": "text", "windw_length": 64}, 422, "windw_length: Extra inputs"),
+    ({"question": "q", "document": "text", "window_length": 9999}, 422, "must lie in 1..256"),
+    ({"question": "q", "document": "text", "window_length": 64, "doc_stride": 64}, 422, "doc_stride: 64 must be"),
+    ({"question": "q", "document": "text", "format": "pdf"}, 422, "format"),
+])
+def test_bad_requests_are_named_and_the_server_keeps_serving(client, request_body, status, names):
+    response = client.post("/answer", json=request_body)
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error", "detail"} and names in json.dumps(body["detail"])
+    assert "Traceback" not in response.text
+    assert client.post("/answer", json={"question": "q", "document": "some text"}).status_code == 200
+
+
+def test_malformed_json_wrong_content_type_and_oversized_bodies(client):
+    response = client.post("/answer", content=b'{"question": "q", "document": ', headers={
+        "content-type": "application/json"})
+    assert response.status_code == 422 and response.json()["error"] == "invalid request"
+    response = client.post("/answer", content=b"question=q", headers={"content-type": "text/plain"})
+    assert response.status_code == 415 and "application/json" in response.json()["detail"]
+    response = client.post("/answer", content=b"{}", headers={"content-type": "application/json",
+                                                              "content-length": str(10**9)})
+    assert response.status_code == 413 and response.json()["error"] == "too large"
+    assert client.get("/nowhere").json()["error"] == "Not Found"
+
+
+def test_an_api_key_guards_every_route_but_health(reader):
+    guarded = TestClient(create_app(reader, ServeSettings(api_key="s3cret")))
+    request = {"question": "q", "document": "some text"}
+    assert guarded.post("/answer", json=request).status_code == 401
+    wrong = guarded.post("/answer", json=request, headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401 and wrong.headers["www-authenticate"] == "Bearer"
+    assert guarded.post("/answer", json=request, headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    assert guarded.get("/info").status_code == 401 and guarded.get("/health").status_code == 200
+
+
+def test_cors_is_off_unless_an_origin_is_given(reader):
+    preflight = {"Origin": "https://search.example", "Access-Control-Request-Method": "POST"}
+    closed = TestClient(create_app(reader)).options("/answer", headers=preflight)
+    assert "access-control-allow-origin" not in closed.headers
+    opened = TestClient(create_app(reader, ServeSettings(cors_origins=["https://search.example"])))
+    assert opened.options("/answer", headers=preflight).headers["access-control-allow-origin"] == \
+        "https://search.example"
+
+
+def test_a_full_queue_answers_503_with_retry_after(reader):
+    """One request holds the model; with a queue of one the next is refused at once, not queued without bound."""
+    release, entered = threading.Event(), threading.Event()
+    answer = reader.answer
+
+    def slow(*args, **kwargs):
+        entered.set()
+        release.wait(30)
+        return answer(*args, **kwargs)
+
+    client = TestClient(create_app(reader, ServeSettings(max_queue=1, retry_after_seconds=3)))
+    request = {"question": "q", "document": "some text"}
+    reader.answer = slow
+    try:
+        first = {}
+        thread = threading.Thread(target=lambda: first.update(r=client.post("/answer", json=request)))
+        thread.start()
+        assert entered.wait(30)
+        busy = client.post("/answer", json=request)
+        assert busy.status_code == 503 and busy.headers["retry-after"] == "3" and busy.json()["error"] == "busy"
+        release.set()
+        thread.join(60)
+        assert first["r"].status_code == 200
+    finally:
+        release.set()
+        del reader.answer
+    assert client.post("/answer", json=request).status_code == 200
+
+
+def test_an_unexpected_failure_is_a_500_without_traceback(reader):
+    client = TestClient(create_app(reader), raise_server_exceptions=False)
+    broken = reader.answer
+    reader.answer = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("kernel exploded at /secret/path"))
+    try:
+        response = client.post("/answer", json={"question": "q", "document": "text"})
+    finally:
+        reader.answer = broken
+        del reader.answer
+    assert response.status_code == 500 and response.json()["error"] == "internal error"
+    assert "secret" not in response.text and "Traceback" not in response.text
+    assert client.post("/answer", json={"question": "q", "document": "text"}).status_code == 200
+
+
+def test_the_schema_is_served(client):
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {"/answer", "/", "/predict", "/health", "/info", "/metrics"} <= set(paths)
+    assert client.get("/docs").status_code == 200
