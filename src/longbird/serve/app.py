@@ -30,6 +30,8 @@ from .schemas import AnswerRequest, AnswerResponse, ErrorResponse, Info, Pipelin
 
 logger = logging.getLogger(__name__)
 ERRORS = {code: {"model": ErrorResponse} for code in (401, 413, 415, 422, 503)}
+BEARER = HTTPBearer(auto_error=False)
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)]
 
 
 @dataclass
@@ -76,12 +78,11 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
     app = FastAPI(title="longbird", version=__version__, description="Long-document question answering")
     metrics, model_lock, admission = Metrics(), threading.Lock(), threading.Lock()
     state = {"admitted": 0}
-    bearer = HTTPBearer(auto_error=False)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])
 
-    def authorised(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
+    def authorised(credentials: Credentials) -> None:
         if settings.api_key is None:
             return
         if credentials is None or not secrets.compare_digest(credentials.credentials, settings.api_key):
