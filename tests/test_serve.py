@@ -148,16 +148,16 @@ def test_cors_is_off_unless_an_origin_is_given(reader):
 def test_a_full_queue_answers_503_with_retry_after(reader):
     """One request holds the model; with a queue of one the next is refused at once, not queued without bound."""
     release, entered = threading.Event(), threading.Event()
-    answer = reader.answer
+    prepare = reader.prepare
 
     def slow(*args, **kwargs):
         entered.set()
         release.wait(30)
-        return answer(*args, **kwargs)
+        return prepare(*args, **kwargs)
 
     client = TestClient(create_app(reader, ServeSettings(max_queue=1, retry_after_seconds=3)))
     request = {"question": "q", "document": "some text"}
-    reader.answer = slow
+    reader.prepare = slow
     try:
         first = {}
         thread = threading.Thread(target=lambda: first.update(r=client.post("/answer", json=request)))
@@ -170,19 +170,17 @@ def test_a_full_queue_answers_503_with_retry_after(reader):
         assert first["r"].status_code == 200
     finally:
         release.set()
-        del reader.answer
+        del reader.prepare
     assert client.post("/answer", json=request).status_code == 200
 
 
 def test_an_unexpected_failure_is_a_500_without_traceback(reader):
     client = TestClient(create_app(reader), raise_server_exceptions=False)
-    broken = reader.answer
-    reader.answer = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("kernel exploded at /secret/path"))
+    reader.prepare = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("kernel exploded at /secret/path"))
     try:
         response = client.post("/answer", json={"question": "q", "document": "text"})
     finally:
-        reader.answer = broken
-        del reader.answer
+        del reader.prepare
     assert response.status_code == 500 and response.json()["error"] == "internal error"
     assert "secret" not in response.text and "Traceback" not in response.text
     assert client.post("/answer", json={"question": "q", "document": "text"}).status_code == 200
@@ -192,3 +190,41 @@ def test_the_schema_is_served(client):
     paths = client.get("/openapi.json").json()["paths"]
     assert {"/answer", "/", "/predict", "/health", "/info", "/metrics"} <= set(paths)
     assert client.get("/docs").status_code == 200
+
+
+def test_concurrent_requests_are_batched_and_answered_as_if_alone(reader, page):
+    """Sixteen concurrent requests of mixed lengths, settings and formats through one server: their windows share
+    model passes (the batcher served several requests in one pass), and every answer equals the unbatched one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    document, question = page
+    requests = []
+    for i in range(16):
+        text = document[: 2_000 + 9_000 * (i % 4)]
+        requests.append({"question": question if i % 3 else "무엇인가?", "document": text, "top_k": 1 + i % 3,
+                         "window_length": (None, 128, 256)[i % 3]})
+    app = create_app(reader, ServeSettings(max_batch_tokens=2_048))
+    client = TestClient(app)
+    with ThreadPoolExecutor(16) as pool:
+        responses = list(pool.map(lambda body: client.post("/answer", json=body), requests))
+    assert all(r.status_code == 200 for r in responses), [r.text for r in responses if r.status_code != 200]
+    assert app.state.batcher.stats["most_requests_in_a_pass"] > 1
+    for body, response in zip(requests, responses):
+        alone = reader.answer(body["question"], body["document"], top_k=body["top_k"],
+                              window_length=body["window_length"])
+        got = response.json()["answers"]
+        assert [(a["start"], a["end"], a["answer"]) for a in got] == [
+            (a["start"], a["end"], a["answer"]) for a in alone.answers]
+        for served, expected in zip(got, alone.answers):  # the same function of the same rows; padding may round
+            assert served["score"] == pytest.approx(expected["score"], abs=1e-4)
+
+
+def test_the_batch_plan_respects_the_token_budget():
+    from longbird.serve.batching import plan_batches
+
+    lengths = [100, 512, 30, 512, 200, 90, 700]
+    batches = plan_batches(lengths, 1_024)
+    assert sorted(i for batch in batches for i in batch) == list(range(7))
+    for batch in batches:
+        assert len(batch) == 1 or len(batch) * max(lengths[i] for i in batch) <= 1_024
+    assert [6] in batches  # longer than half the budget with nothing as long beside it: alone

@@ -117,35 +117,59 @@ class WindowCandidates:
     log_start_normaliser: float | None  # -logsumexp of the start logits (conditional head), for `probability`
 
 
+@dataclass
+class WindowOutputs:
+    """What the model gives for one window, on the CPU: the k best starts (k,), the end logits conditioned on each
+    (k, l) (the linear head's one end row repeated) and the start logits (l,)."""
+
+    start_top: torch.Tensor
+    end_top: torch.Tensor
+    start_logits: torch.Tensor
+
+
 @torch.no_grad()
+def run_windows(model, features: list[QAFeature], top_k: int) -> list[WindowOutputs]:
+    """One forward pass over `features` as one padded batch (the per-row plan makes each row's outputs independent
+    of the others and of the padding: tests/test_batch_independence.py)."""
+    model.eval()
+    collate = PaddedBatches(model.config.pad_token_id if model.config.pad_token_id is not None else 0)
+    batch = {name: tensor.to(model.device) for name, tensor in
+             collate([feature.model_inputs() for feature in features]).items()}
+    candidates = _document_tokens(features, batch["input_ids"].shape[1]).to(model.device)
+    out = model(**batch, top_k=top_k, start_candidates=candidates)
+    # Decoding is Python over a few candidates: on the CPU, whatever device the model ran on.
+    start_top, end_top, start_logits = (t.float().cpu() if t.is_floating_point() else t.cpu()
+                                        for t in (out.start_top_index, out.end_top_logits, out.start_logits))
+    return [WindowOutputs(start_top[row], end_top[row], start_logits[row]) for row in range(len(features))]
+
+
+def decode_outputs(model, feature: QAFeature, outputs: WindowOutputs, top_k: int | None = None,
+                   max_answer_tokens: int | None = None) -> WindowCandidates:
+    """One window's candidates from its outputs, with all rules' offsets. Only the `top_k` best starts are decoded
+    (a batch run for a larger k holds the same best starts first: `topk` is sorted), so a window decodes the same
+    whatever else its batch asked for."""
+    top_k = top_k or model.config.qa_top_k
+    max_answer_tokens = max_answer_tokens or model.config.qa_max_answer_tokens
+    conditional = model.config.qa_head == "conditional"
+    length = len(feature.input_ids)
+    spans = decode_window(feature, outputs.start_top[:top_k], outputs.end_top[:top_k], outputs.start_logits, top_k,
+                          max_answer_tokens, normalise_ends=conditional)
+    ends = None if conditional else outputs.end_top[0, :length]
+    offsets = {rule: window_offset(outputs.start_logits[:length], ends, rule) for rule in SCORING_RULES}
+    return WindowCandidates(feature, spans, offsets, offsets["log-probability"] if conditional else None)
+
+
 def score_windows(model, features: list[QAFeature], batch_size: int = 4, top_k: int | None = None,
                   max_answer_tokens: int | None = None, progress: bool = False) -> list[WindowCandidates]:
     """Run the model over `features` once and decode every window (all rules' offsets kept, so rules can be
     compared without running the model again)."""
-    model.eval()
     top_k = top_k or model.config.qa_top_k
-    max_answer_tokens = max_answer_tokens or model.config.qa_max_answer_tokens
-    conditional = model.config.qa_head == "conditional"
-    collate = PaddedBatches(model.config.pad_token_id if model.config.pad_token_id is not None else 0)
     windows = []
     batches = range(0, len(features), batch_size)
     for begin in tqdm(batches, desc="predicting", unit="batch", disable=not progress):
         chunk = features[begin:begin + batch_size]
-        batch = {name: tensor.to(model.device) for name, tensor in
-                 collate([feature.model_inputs() for feature in chunk]).items()}
-        candidates = _document_tokens(chunk, batch["input_ids"].shape[1]).to(model.device)
-        out = model(**batch, top_k=top_k, start_candidates=candidates)
-        # Decoding is Python over a few candidates: on the CPU, whatever device the model ran on.
-        start_top, end_top, start_logits = (t.float().cpu() if t.is_floating_point() else t.cpu()
-                                            for t in (out.start_top_index, out.end_top_logits, out.start_logits))
-        for row, feature in enumerate(chunk):
-            length = len(feature.input_ids)
-            spans = decode_window(feature, start_top[row], end_top[row], start_logits[row], top_k,
-                                  max_answer_tokens, normalise_ends=conditional)
-            ends = None if conditional else end_top[row, 0, :length]
-            offsets = {rule: window_offset(start_logits[row, :length], ends, rule) for rule in SCORING_RULES}
-            normaliser = offsets["log-probability"] if conditional else None
-            windows.append(WindowCandidates(feature, spans, offsets, normaliser))
+        for feature, outputs in zip(chunk, run_windows(model, chunk, top_k)):
+            windows.append(decode_outputs(model, feature, outputs, top_k, max_answer_tokens))
     return windows
 
 

@@ -10,16 +10,26 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from .checkpoints import check_tokenizer, load_on_device
-from .data.features import question_token_count
+from .data.features import QAFeature, question_token_count
+from .data.html import ProcessedDocument
 from .data.windows import PairTemplate
 from .heads import LongBirdForQuestionAnswering
-from .qa import DEFAULT_SCORING, answer_record, question_token_limit, rank_answers, row_features, score_windows
+from .qa import (
+    DEFAULT_SCORING,
+    WindowCandidates,
+    answer_record,
+    question_token_limit,
+    rank_answers,
+    row_features,
+    score_windows,
+)
 from .sources import resolve_model_directory
 
 
@@ -53,6 +63,25 @@ def trained_windows(model_path) -> tuple[int | None, int | None]:
 def check_question(question: str) -> None:
     if not question or not question.strip():
         raise ValueError("the question is empty; ask a question about the document")
+
+
+@dataclass
+class Request:
+    """A question about a document, windowed and checked, waiting for the model (`Reader.prepare`)."""
+
+    features: list[QAFeature]
+    documents: dict[str, ProcessedDocument]
+    is_html: bool
+    top_k: int  # answers wanted
+    decode_top_k: int  # best starts decoded per window (at least the model's qa_top_k)
+    max_answer_tokens: int | None
+    window_length: int
+    window_source: str
+    question_cut: dict | None
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(feature.input_ids) for feature in self.features)
 
 
 @dataclass
@@ -92,6 +121,9 @@ class Reader:
         self.model_dir = None if model_dir is None else Path(model_dir)
         self.bf16, self.scoring = bf16, scoring
         self.template = PairTemplate.of(tokenizer)
+        # A fast tokenizer keeps its truncation and padding settings as state that each call sets: two threads
+        # windowing at once can cut one document with the other's settings (a 5,428-token "window" was measured).
+        self._tokenizing = threading.Lock()
 
     def windows_for(self, window_length: int | None = None,
                     doc_stride: int | None = None) -> tuple[int, int | None, str]:
@@ -107,9 +139,24 @@ class Reader:
                max_question_tokens: int | None = None) -> Reading:
         """The `top_k` best distinct answers to `question` in `document` (plain text or HTML; `is_html` None: HTML if
         it starts with `<`), each with character offsets into `document` as given."""
+        request = self.prepare(question, document, is_html=is_html, top_k=top_k, max_answer_tokens=max_answer_tokens,
+                               window_length=window_length, doc_stride=doc_stride,
+                               max_question_tokens=max_question_tokens)
+        with self._precision():
+            windows = score_windows(self.model, request.features, top_k=request.decode_top_k,
+                                    max_answer_tokens=max_answer_tokens)
+        return self.finish(request, windows)
+
+    def prepare(self, question: str, document: str, *, is_html: bool | None = None, top_k: int = 1,
+                max_answer_tokens: int | None = None, window_length: int | None = None,
+                doc_stride: int | None = None, max_question_tokens: int | None = None) -> Request:
+        """Everything of `answer` before the model runs: the checks and the windows (a server batches the windows of
+        several requests, then `finish`es each)."""
         check_question(question)
         if not document or not document.strip():
             raise ValueError("the document is empty; give the text or HTML page to read")
+        if top_k < 1:
+            raise ValueError(f"top_k must be at least 1; got {top_k}")
         window_length, doc_stride, source = self.windows_for(window_length, doc_stride)
         limit = self.question_limit(window_length)
         if max_question_tokens is not None and max_question_tokens > limit:
@@ -120,17 +167,21 @@ class Reader:
         if is_html is None:
             is_html = document.lstrip()[:1] == "<"
         row = {"id": "question", "question": question, "context": document, "is_html": is_html}
-        features, documents = row_features(self.model, self.tokenizer, [row], window_length, doc_stride,
-                                           max_question_tokens=max_question_tokens)
-        with self._precision():
-            windows = score_windows(self.model, features, max_answer_tokens=max_answer_tokens,
-                                    top_k=max(top_k, self.model.config.qa_top_k))
-        answers = rank_answers(windows, documents, self.scoring, top_k).get("question", [])
-        question_tokens = question_token_count(self.tokenizer, question)
+        with self._tokenizing:
+            features, documents = row_features(self.model, self.tokenizer, [row], window_length, doc_stride,
+                                               max_question_tokens=max_question_tokens)
+            question_tokens = question_token_count(self.tokenizer, question)
         cut = ({"tokens": question_tokens, "read": max_question_tokens} if question_tokens > max_question_tokens
                else None)
-        return Reading([answer_record(a, is_html) for a in answers], len(features),
-                       sum(len(f.input_ids) for f in features), window_length, source, cut)
+        return Request(features, documents, is_html, top_k, max(top_k, self.model.config.qa_top_k),
+                       max_answer_tokens, window_length, source, cut)
+
+    def finish(self, request: Request, windows: list[WindowCandidates]) -> Reading:
+        """The answers of a prepared request from its decoded windows."""
+        answers = rank_answers(windows, request.documents, self.scoring, request.top_k).get("question", [])
+        return Reading([answer_record(a, request.is_html) for a in answers], len(request.features),
+                       sum(len(f.input_ids) for f in request.features), request.window_length, request.window_source,
+                       request.question_cut)
 
     def _precision(self):
         if not self.bf16:

@@ -15,6 +15,8 @@ Bf16 = Annotated[bool, typer.Option("--bf16", help="bf16 autocast (fast only whe
 Threads = Annotated[int | None, typer.Option(min=1, help="CPU threads of the model (default: torch's choice)")]
 MaxDocumentChars = Annotated[int, typer.Option(min=1, help="Longest document in characters (413 beyond)")]
 MaxQuestionChars = Annotated[int, typer.Option(min=1, help="Longest question in characters (422 beyond)")]
+MaxBatchTokens = Annotated[int, typer.Option(min=1, help="Padded tokens per model pass over the windows of "
+                                                         "concurrent requests")]
 MaxQueue = Annotated[int, typer.Option(min=1, help="Requests admitted at once; beyond: 503 with Retry-After")]
 ApiKey = Annotated[str | None, typer.Option(envvar="LONGBIRD_API_KEY", help="Require 'Authorization: Bearer KEY' "
                                                                          "(or set LONGBIRD_API_KEY)")]
@@ -24,8 +26,8 @@ CorsOrigin = Annotated[list[str] | None, typer.Option(help="Allow browser calls 
 
 def serve(model: ServedModel, host: Host = "127.0.0.1", port: Port = 8000, device: Device = "auto",
           bf16: Bf16 = False, threads: Threads = None, max_document_chars: MaxDocumentChars = 1_000_000,
-          max_question_chars: MaxQuestionChars = 1_000, max_queue: MaxQueue = 32, api_key: ApiKey = None,
-          cors_origin: CorsOrigin = None):
+          max_question_chars: MaxQuestionChars = 1_000, max_queue: MaxQueue = 32,
+          max_batch_tokens: MaxBatchTokens = 16_384, api_key: ApiKey = None, cors_origin: CorsOrigin = None):
     """Serve long-document QA over HTTP: POST /answer, the pipeline format at POST / and /predict, GET /health,
     /info and /metrics; the schema at /docs."""
     import torch
@@ -38,6 +40,7 @@ def serve(model: ServedModel, host: Host = "127.0.0.1", port: Port = 8000, devic
         torch.set_num_threads(threads)
     reader = Reader(model, resolve_device(device), bf16=bf16)
     settings = ServeSettings(max_document_chars=max_document_chars, max_question_chars=max_question_chars,
-                             max_queue=max_queue, api_key=api_key, cors_origins=list(cors_origin or []))
+                             max_queue=max_queue, max_batch_tokens=max_batch_tokens, api_key=api_key,
+                             cors_origins=list(cors_origin or []))
     console.print(f"serving {model} on http://{host}:{port} (schema: http://{host}:{port}/docs)")
     uvicorn.run(create_app(reader, settings), host=host, port=port, log_level="info")

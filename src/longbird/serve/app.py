@@ -2,10 +2,10 @@
 
 Every error is JSON `{"error", "detail"}` with the status that says who must act (4xx: the client, with the field
 and the fix; 500: the server, whose log has the traceback, which never reaches a client), and the server keeps
-serving after each. Requests are admitted up to `max_queue` at a time (reading or waiting for the model); beyond
-that the answer is 503 with `Retry-After`, so a burst cannot grow memory without bound. The model reads one request
-at a time (a lock): on a CPU its cores are already the model's, and a request's answer then never depends on what
-else was in flight.
+serving after each. Requests are admitted up to `max_queue` at a time (being windowed, waiting or read); beyond that
+the answer is 503 with `Retry-After`, so a burst cannot grow memory without bound. One worker thread owns the model
+and runs the windows of all waiting requests together, up to `max_batch_tokens` per pass (batching.py); a request's
+answer never depends on what it was batched with.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from starlette.exceptions import HTTPException
 
 from ..reader import Reader
+from .batching import WindowBatcher
 from .schemas import AnswerRequest, AnswerResponse, ErrorResponse, Info, PipelineAnswer, PipelineRequest
 
 logger = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ class ServeSettings:
     max_document_chars: int = 1_000_000
     max_question_chars: int = 1_000
     max_queue: int = 32  # requests admitted at once; beyond: 503 with Retry-After
+    max_batch_tokens: int = 16_384  # padded tokens per model pass over the windows of concurrent requests
     retry_after_seconds: int = 1
     api_key: str | None = None  # Bearer token required on every route but /health when set
     cors_origins: list[str] = field(default_factory=list)  # CORS is off unless origins are given
@@ -76,8 +78,11 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
 
     settings = settings or ServeSettings()
     app = FastAPI(title="longbird", version=__version__, description="Long-document question answering")
-    metrics, model_lock, admission = Metrics(), threading.Lock(), threading.Lock()
+    metrics, admission = Metrics(), threading.Lock()
     state = {"admitted": 0}
+    batcher = WindowBatcher(reader, settings.max_batch_tokens)
+    app.state.batcher = batcher
+    app.router.on_shutdown.append(batcher.close)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])
@@ -123,8 +128,9 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
         logger.exception("request %s %s failed", request.method, request.url.path)
         return JSONResponse({"error": "internal error", "detail": "the server could not answer; see its log"}, 500)
 
-    def read(call):
-        """Run `call` on the model if the queue has room (else 503); ValueError -> 422 with its message."""
+    def read(prepare):
+        """Admit a request if the queue has room (else 503), window it (`prepare()`), batch its windows with those of
+        other requests and rank them; ValueError -> 422 with its message."""
         with admission:
             if state["admitted"] >= settings.max_queue:
                 raise ServeError(503, "busy", f"{settings.max_queue} requests are already queued; retry later",
@@ -132,8 +138,8 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
             state["admitted"] += 1
             metrics.queue.set(state["admitted"])
         try:
-            with model_lock:
-                return call()
+            request = prepare()
+            return reader.finish(request, batcher.read(request))
         except ValueError as error:
             raise ServeError(422, "invalid request", str(error)) from None
         finally:
@@ -156,9 +162,9 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
             if doc_stride >= window:
                 raise ServeError(422, "invalid request", f"doc_stride: {doc_stride} must be below the window "
                                                          f"({window} tokens); send a smaller doc_stride")
-        reading = read(lambda: reader.answer(question, document, is_html=is_html, top_k=top_k,
-                                             max_answer_tokens=max_answer_tokens, window_length=window_length,
-                                             doc_stride=doc_stride))
+        reading = read(lambda: reader.prepare(question, document, is_html=is_html, top_k=top_k,
+                                              max_answer_tokens=max_answer_tokens, window_length=window_length,
+                                              doc_stride=doc_stride))
         metrics.windows.inc(reading.windows)
         metrics.tokens.inc(reading.tokens)
         return reading

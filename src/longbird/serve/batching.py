@@ -1,0 +1,111 @@
+"""Batching under load: the windows of concurrent requests run together, up to a token budget.
+
+Each request is windowed in its own thread (`Reader.prepare`: tokenizing runs beside the model), then handed to one
+worker thread that owns the model. The worker takes every request waiting, sorts their windows by length (less
+padding), cuts them into batches of at most `max_batch_tokens` padded tokens (at least one window each; like
+text-embeddings-inference's `--max-batch-tokens`), runs each batch once (`qa.run_windows`) and decodes every window
+with its own request's settings (`qa.decode_outputs`), then wakes the requests, which rank their own windows
+(`Reader.finish`). A request's answer never depends on what it was batched with: the per-row plan makes each row's
+outputs independent of the other rows and of the padding (tests/test_batch_independence.py), each window decodes
+only its own request's k best starts, and a request ranks only its own windows (tests/test_serve.py compares
+batched answers with unbatched ones through HTTP).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+
+from ..qa import WindowCandidates, decode_outputs, run_windows
+from ..reader import Reader, Request
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Job:
+    request: Request
+    done: threading.Event = field(default_factory=threading.Event)
+    windows: list[WindowCandidates | None] = field(default_factory=list)
+    error: BaseException | None = None
+
+
+def plan_batches(lengths: list[int], max_batch_tokens: int) -> list[list[int]]:
+    """Indices of windows grouped into batches, longest first, each padded size (windows x longest) at most
+    `max_batch_tokens` (a window longer than the budget goes alone)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    for index in order:
+        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= max_batch_tokens:
+            batches[-1].append(index)
+        else:
+            batches.append([index])
+    return batches
+
+
+class WindowBatcher:
+    """The one thread that runs the model for a server (module docstring). `read(request)` blocks until the
+    request's windows are decoded; `stats` counts batches, windows and the most requests one pass served."""
+
+    def __init__(self, reader: Reader, max_batch_tokens: int = 16_384):
+        if max_batch_tokens < 1:
+            raise ValueError(f"--max-batch-tokens must be at least 1; got {max_batch_tokens}")
+        self.reader, self.max_batch_tokens = reader, max_batch_tokens
+        self.jobs: queue.Queue[_Job | None] = queue.Queue()  # bounded by the server's admission (--max-queue)
+        self.stats = {"batches": 0, "windows": 0, "most_requests_in_a_pass": 0}
+        self.thread = threading.Thread(target=self._work, name="longbird-batcher", daemon=True)
+        self.thread.start()
+
+    def read(self, request: Request) -> list[WindowCandidates]:
+        job = _Job(request, windows=[None] * len(request.features))
+        self.jobs.put(job)
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return job.windows
+
+    def close(self) -> None:
+        self.jobs.put(None)
+        self.thread.join(timeout=60)
+
+    def _work(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            jobs = [job]
+            while True:  # every request already waiting joins this pass
+                try:
+                    more = self.jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    self.jobs.put(None)  # stop after this pass
+                    break
+                jobs.append(more)
+            try:
+                self._run(jobs)
+            except BaseException as error:  # the requests get the error; the worker keeps serving
+                logger.exception("a batch of %d requests failed", len(jobs))
+                for pending in jobs:
+                    pending.error = error
+            for pending in jobs:
+                pending.done.set()
+
+    def _run(self, jobs: list[_Job]) -> None:
+        windows = [(job, index) for job in jobs for index in range(len(job.request.features))]
+        lengths = [len(job.request.features[index].input_ids) for job, index in windows]
+        self.stats["most_requests_in_a_pass"] = max(self.stats["most_requests_in_a_pass"], len(jobs))
+        model = self.reader.model
+        for batch in plan_batches(lengths, self.max_batch_tokens):
+            members = [windows[i] for i in batch]
+            features = [job.request.features[index] for job, index in members]
+            with self.reader._precision():
+                outputs = run_windows(model, features, max(job.request.decode_top_k for job, _ in members))
+            for (job, index), feature, output in zip(members, features, outputs):
+                job.windows[index] = decode_outputs(model, feature, output, job.request.decode_top_k,
+                                                    job.request.max_answer_tokens)
+            self.stats["batches"] += 1
+            self.stats["windows"] += len(batch)
