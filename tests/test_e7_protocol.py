@@ -28,16 +28,18 @@ def split():
 
 def test_dev_questions_are_whole_unseen_articles_meeting_both_thresholds(split):
     tokenizer = AutoTokenizer.from_pretrained(default_source(), local_files_only=True)
-    dev, buckets = draw_dev_articles(split["dev"], tokenizer, 60, 30)
+    some = sorted(set(split["dev"]["title"]))[:10]  # ten dev articles keep the bucket tokenizing short
+    side = split["dev"].filter(lambda row: row["title"] in some)
+    dev, buckets = draw_dev_articles(side, tokenizer, 60, 30)
     beyond = sum(bucket == "beyond 512" for bucket in buckets.values())
     assert len(dev) >= 60 and beyond >= 30 and set(buckets) == set(dev["id"])
     titles = set(dev["title"])
-    assert len(dev) == sum(title in titles for title in split["dev"]["title"])  # every question of a drawn article
+    assert len(dev) == sum(title in titles for title in side["title"])  # every question of a drawn article
     assert not titles & set(split["train"]["title"])
-    again, _ = draw_dev_articles(split["dev"], tokenizer, 60, 30)
+    again, _ = draw_dev_articles(side, tokenizer, 60, 30)
     assert list(again["id"]) == list(dev["id"])  # seeded
     with pytest.raises(SystemExit, match="fewer than --min-dev-questions 100000"):
-        draw_dev_articles(split["dev"], tokenizer, 100000, 1)
+        draw_dev_articles(side, tokenizer, 100000, 1)
 
 
 def test_the_held_out_record_lists_both_sides_and_refuses_an_overlap(split):

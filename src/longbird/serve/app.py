@@ -15,12 +15,13 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.exceptions import HTTPException
@@ -30,6 +31,7 @@ from .batching import WindowBatcher
 from .schemas import AnswerRequest, AnswerResponse, ErrorResponse, Info, PipelineAnswer, PipelineRequest
 
 logger = logging.getLogger(__name__)
+PAGE = Path(__file__).with_name("static") / "index.html"
 ERRORS = {code: {"model": ErrorResponse} for code in (401, 413, 415, 422, 503)}
 BEARER = HTTPBearer(auto_error=False)
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)]
@@ -191,6 +193,11 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
             return [PipelineAnswer(answer="", score=0.0, start=0, end=0)]
         return [PipelineAnswer(answer=a["answer"], score=a["probability"] if a["probability"] is not None
                                else a["score"], start=a["start"], end=a["end"]) for a in found]
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def page() -> HTMLResponse:
+        """The web page: paste or load a document, ask, see the answers highlighted in it (static/index.html)."""
+        return HTMLResponse(PAGE.read_text(encoding="utf-8"))
 
     for path in ("/", "/predict"):
         app.post(path, response_model=list[PipelineAnswer], responses=ERRORS, dependencies=[Depends(authorised)],
