@@ -124,6 +124,8 @@ def test_malformed_json_wrong_content_type_and_oversized_bodies(client):
                                                               "content-length": str(10**9)})
     assert response.status_code == 413 and response.json()["error"] == "too large"
     assert client.get("/nowhere").json()["error"] == "Not Found"
+    response = client.post("/answer", content=b"\x00\xff\xfe", headers={"content-type": "application/json"})
+    assert response.status_code in (400, 422) and set(response.json()) == {"error", "detail"}
 
 
 def test_an_api_key_guards_every_route_but_health(reader):
@@ -228,3 +230,16 @@ def test_the_batch_plan_respects_the_token_budget():
     for batch in batches:
         assert len(batch) == 1 or len(batch) * max(lengths[i] for i in batch) <= 1_024
     assert [6] in batches  # longer than half the budget with nothing as long beside it: alone
+
+
+def test_the_server_answers_again_after_its_lifespan_ended_and_began(reader):
+    """A test client used as a context manager runs the app's startup and shutdown; a later request must still be
+    read (a worker that stopped at shutdown would leave it waiting for ever)."""
+    app = create_app(reader)
+    request = {"question": "q", "document": "some text"}
+    with TestClient(app) as first:
+        assert first.post("/answer", json=request).status_code == 200
+    assert not app.state.batcher.thread.is_alive()  # stopped at shutdown
+    with TestClient(app) as second:
+        assert second.post("/answer", json=request).status_code == 200
+    assert TestClient(app).post("/answer", json=request).status_code == 200

@@ -32,7 +32,7 @@ from .schemas import AnswerRequest, AnswerResponse, ErrorResponse, Info, Pipelin
 
 logger = logging.getLogger(__name__)
 PAGE = Path(__file__).with_name("static") / "index.html"
-ERRORS = {code: {"model": ErrorResponse} for code in (401, 413, 415, 422, 503)}
+ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 413, 415, 422, 503)}
 BEARER = HTTPBearer(auto_error=False)
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)]
 
@@ -84,6 +84,7 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
     state = {"admitted": 0}
     batcher = WindowBatcher(reader, settings.max_batch_tokens)
     app.state.batcher = batcher
+    app.router.on_startup.append(batcher.start)
     app.router.on_shutdown.append(batcher.close)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
@@ -121,6 +122,9 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, error: HTTPException):
+        if error.status_code == 400:  # FastAPI could not read the body at all (e.g. bytes that are not UTF-8)
+            return JSONResponse({"error": "malformed request", "detail": "the body could not be read as JSON; send "
+                                                                         "a UTF-8 JSON object"}, 400)
         return JSONResponse({"error": error.detail if isinstance(error.detail, str) else "error",
                              "detail": f"{request.method} {request.url.path}"}, error.status_code,
                             headers=getattr(error, "headers", None))

@@ -55,10 +55,19 @@ class WindowBatcher:
         self.reader, self.max_batch_tokens = reader, max_batch_tokens
         self.jobs: queue.Queue[_Job | None] = queue.Queue()  # bounded by the server's admission (--max-queue)
         self.stats = {"batches": 0, "windows": 0, "most_requests_in_a_pass": 0}
-        self.thread = threading.Thread(target=self._work, name="longbird-batcher", daemon=True)
-        self.thread.start()
+        self.thread: threading.Thread | None = None
+        self._starting = threading.Lock()
+
+    def start(self) -> None:
+        """Start the worker unless it runs (`read` calls it too: an app whose lifespan ended, e.g. a test client
+        closed, and that is called again gets a new worker instead of a queue nobody reads)."""
+        with self._starting:
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._work, name="longbird-batcher", daemon=True)
+                self.thread.start()
 
     def read(self, request: Request) -> list[WindowCandidates]:
+        self.start()
         job = _Job(request, windows=[None] * len(request.features))
         self.jobs.put(job)
         job.done.wait()
@@ -67,8 +76,11 @@ class WindowBatcher:
         return job.windows
 
     def close(self) -> None:
-        self.jobs.put(None)
-        self.thread.join(timeout=60)
+        """Stop the worker after the requests already queued (the app's shutdown)."""
+        with self._starting:
+            if self.thread is not None and self.thread.is_alive():
+                self.jobs.put(None)
+                self.thread.join(timeout=60)
 
     def _work(self) -> None:
         while True:
