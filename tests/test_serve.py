@@ -243,3 +243,56 @@ def test_the_server_answers_again_after_its_lifespan_ended_and_began(reader):
     with TestClient(app) as second:
         assert second.post("/answer", json=request).status_code == 200
     assert TestClient(app).post("/answer", json=request).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def tiny_classifier(tiny_source, tmp_path_factory):
+    from test_qa_cli import _law_and_bill_documents
+
+    folder = tmp_path_factory.mktemp("cls")
+    data = _law_and_bill_documents(folder / "docs.jsonl")
+    result = CliRunner().invoke(cli, ["finetune-cls", "--model", str(tiny_source), "--max-length", "256", "--train",
+                                      str(data), "--out", str(folder / "model"), "--max-steps", "2"])
+    assert result.exit_code == 0, result.output
+    return folder / "model", [json.loads(line)["text"] for line in data.read_text().splitlines()]
+
+
+def test_classify_gives_the_probabilities_evaluate_scores_with(tiny_classifier, reader):
+    import torch
+
+    from longbird.reader import predict_documents
+
+    model_dir, texts = tiny_classifier
+    classifier = Reader(model_dir)
+    client = TestClient(create_app(classifier))
+    long_text = " ".join(texts) * 2  # several 256-token windows
+    body = client.post("/classify", json={"document": long_text, "stride": 32}).json()
+    logits = predict_documents(classifier.model, classifier.tokenizer, [long_text], 256, stride=32)[0]
+    expected = dict(zip(["bill", "law"], torch.softmax(logits, -1).tolist()))
+    assert body["windows"] > 1 and [item["label"] for item in body["labels"]] == sorted(
+        expected, key=lambda label: -expected[label])
+    for item in body["labels"]:
+        assert item["probability"] == pytest.approx(expected[item["label"]], abs=1e-6)
+    refused = client.post("/answer", json={"question": "q", "document": "text"})
+    assert refused.status_code == 422 and "classification model" in refused.json()["detail"]
+    qa = TestClient(create_app(reader)).post("/classify", json={"document": "text"})
+    assert qa.status_code == 422 and "needs a fine-tuned classification model" in qa.json()["detail"]
+
+
+def test_embed_pools_the_encoders_last_states(reader):
+    import torch
+
+    client = TestClient(create_app(reader))
+    text = "신대철의 아버지는 신중현이다."
+    encoded = reader.tokenizer(text, return_tensors="pt")
+    with torch.no_grad():
+        states = reader.model.longbird(**encoded).last_hidden_state[0]
+    mean = client.post("/embed", json={"inputs": text}).json()
+    assert mean["dimension"] == states.shape[-1] and mean["tokens"] == states.shape[0]
+    torch.testing.assert_close(torch.tensor(mean["embeddings"][0]), states.mean(0), atol=1e-5, rtol=1e-5)
+    cls = client.post("/embed", json={"inputs": [text, "둘째 문장"], "pooling": "cls", "normalize": True}).json()
+    assert len(cls["embeddings"]) == 2
+    torch.testing.assert_close(torch.tensor(cls["embeddings"][0]),
+                               torch.nn.functional.normalize(states[0], dim=-1), atol=1e-5, rtol=1e-5)
+    empty = client.post("/embed", json={"inputs": ["text", " "]})
+    assert empty.status_code == 422 and "document: empty" in empty.json()["detail"]

@@ -16,11 +16,14 @@ from pathlib import Path
 
 import torch
 
-from .checkpoints import check_tokenizer, load_on_device
+from .checkpoints import check_tokenizer, load_on_device, load_task_model
+from .data.batching import PaddedBatches
+from .data.classification import document_windows
 from .data.features import QAFeature, question_token_count
 from .data.html import ProcessedDocument
 from .data.windows import PairTemplate
-from .heads import LongBirdForQuestionAnswering
+from .heads import LongBirdForQuestionAnswering, LongBirdForSequenceClassification
+from .modeling import LongBirdModel
 from .qa import (
     DEFAULT_SCORING,
     WindowCandidates,
@@ -58,6 +61,21 @@ def trained_windows(model_path) -> tuple[int | None, int | None]:
         return None, None
     data = json.loads(record.read_text(encoding="utf-8"))
     return (data.get("window_length"), data.get("doc_stride")) if data.get("task") == "qa" else (None, None)
+
+
+@torch.no_grad()
+def predict_documents(model, tokenizer, texts, window_length: int | None = None,
+                      stride: int = 128) -> list[torch.Tensor]:
+    """Per document, the mean of its windows' logits (num_labels,)."""
+    model.eval()
+    window_length = window_length or model.config.max_position_embeddings
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    collate = PaddedBatches(pad)
+    def logits(text):
+        batch = collate(document_windows(tokenizer, text, window_length, stride))
+        return model(**{name: tensor.to(model.device) for name, tensor in batch.items()}).logits.float().mean(dim=0)
+
+    return [logits(text).cpu() for text in texts]
 
 
 def check_question(question: str) -> None:
@@ -106,8 +124,28 @@ class Reader:
     loaded. `answer(question, document)` returns a `Reading`."""
 
     def __init__(self, model_dir, device: str | None = None, bf16: bool = False, scoring: str = DEFAULT_SCORING):
-        model, tokenizer = load_on_device(model_dir, LongBirdForQuestionAnswering, device)
+        saved = json.loads((resolve_model_directory(model_dir) / "config.json").read_text(encoding="utf-8"))
+        architectures = saved.get("architectures") or []
+        for task_class in (LongBirdForQuestionAnswering, LongBirdForSequenceClassification):
+            if task_class.__name__ in architectures:
+                model, tokenizer = load_on_device(model_dir, task_class, device)
+                break
+        else:  # any other longbird model: its encoder, for `embed`
+            model, tokenizer = load_task_model(model_dir, LongBirdModel)
+            model = model.to(device) if device else model
         self._setup(model, tokenizer, model_dir, bf16, scoring)
+
+    @property
+    def task(self) -> str:
+        """"qa", "classification" or "encoder" (what the loaded model can do beyond `embed`)."""
+        if isinstance(self.model, LongBirdForQuestionAnswering):
+            return "qa"
+        return "classification" if isinstance(self.model, LongBirdForSequenceClassification) else "encoder"
+
+    def _require(self, task: str, call: str) -> None:
+        if self.task != task:
+            raise ValueError(f"{call} needs a fine-tuned {'QA' if task == 'qa' else task} model; "
+                             f"{self.model_dir or 'this model'} is a {self.task} model")
 
     @classmethod
     def of(cls, model, tokenizer, model_dir=None, bf16: bool = False, scoring: str = DEFAULT_SCORING) -> Reader:
@@ -152,6 +190,7 @@ class Reader:
                 doc_stride: int | None = None, max_question_tokens: int | None = None) -> Request:
         """Everything of `answer` before the model runs: the checks and the windows (a server batches the windows of
         several requests, then `finish`es each)."""
+        self._require("qa", "answering")
         check_question(question)
         if not document or not document.strip():
             raise ValueError("the document is empty; give the text or HTML page to read")
@@ -183,6 +222,64 @@ class Reader:
                        sum(len(f.input_ids) for f in request.features), request.window_length, request.window_source,
                        request.question_cut)
 
+    def classify(self, document: str, window_length: int | None = None, stride: int = 128) -> dict:
+        """Class probabilities of `document` (best first) from the mean of its windows' logits, as `evaluate --task
+        classification` scores it; `windows` read."""
+        self._require("classification", "classification")
+        if not document or not document.strip():
+            raise ValueError("the document is empty; give the text to classify")
+        window_length = self._length(window_length)
+        with self._tokenizing:
+            windows = document_windows(self.tokenizer, document, window_length, stride)
+        with self._precision(), torch.no_grad():
+            logits = self._forward(windows, lambda out: out.logits.float()).mean(0)
+        probabilities = torch.softmax(logits, -1).tolist()
+        labels = [{"label": self.model.config.id2label[i], "probability": p} for i, p in enumerate(probabilities)]
+        return {"labels": sorted(labels, key=lambda item: -item["probability"]), "windows": len(windows)}
+
+    def embed(self, texts: list[str], pooling: str = "mean", window_length: int | None = None,
+              normalize: bool = False) -> dict:
+        """One vector per text from the encoder's last hidden states: "mean" averages every real token of every
+        window of the text (windows of `window_length`, 128 tokens shared); "cls" is the first token of the first
+        window. `normalize` scales each vector to unit length."""
+        if pooling not in ("mean", "cls"):
+            raise ValueError(f"pooling must be 'mean' or 'cls'; got {pooling!r}")
+        if not texts or any(not text or not text.strip() for text in texts):
+            raise ValueError("every text to embed must be non-empty")
+        window_length = self._length(window_length)
+        encoder = getattr(self.model, "longbird", self.model)
+        vectors, tokens = [], 0
+        for text in texts:
+            with self._tokenizing:
+                windows = document_windows(self.tokenizer, text, window_length, min(128, window_length // 4))
+            tokens += sum(len(w["input_ids"]) for w in windows)
+            with self._precision(), torch.no_grad():
+                if pooling == "cls":
+                    vector = self._forward(windows[:1], lambda out: out.last_hidden_state[:, 0].float(), encoder)[0]
+                else:
+                    vector = self._forward(windows, lambda out: out.last_hidden_state.float(), encoder, pooled=True)
+            vectors.append(torch.nn.functional.normalize(vector, dim=-1) if normalize else vector)
+        return {"embeddings": [v.tolist() for v in vectors], "dimension": int(vectors[0].shape[-1]),
+                "tokens": tokens}
+
+    def _length(self, window_length: int | None) -> int:
+        limit = self.model.config.max_position_embeddings
+        window_length = window_length or limit
+        if not 1 <= window_length <= limit:
+            raise ValueError(f"window_length {window_length} must lie in 1..{limit} (the model's maximum length)")
+        return window_length
+
+    def _forward(self, windows: list[dict], pick, module=None, pooled: bool = False) -> torch.Tensor:
+        """`pick(outputs)` of `module` (default: the model) over `windows` as one padded batch; with `pooled`, the
+        mean over every real token of all the windows of `pick`'s (B, l, h) states."""
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        batch = {k: v.to(self.model.device) for k, v in PaddedBatches(pad)(windows).items()}
+        picked = pick((module or self.model)(**batch))
+        if not pooled:
+            return picked.cpu()
+        mask = batch["attention_mask"].to(picked.dtype)[..., None]
+        return ((picked * mask).sum((0, 1)) / mask.sum()).cpu()
+
     def _precision(self):
         if not self.bf16:
             return contextlib.nullcontext()
@@ -191,8 +288,10 @@ class Reader:
     def info(self) -> dict:
         """What is being served: model directory, preset parts, lengths, head, dtype and device."""
         config = self.model.config
-        window_length, _, source = self.windows_for()
-        return {"model": str(self.model_dir) if self.model_dir else None, "attention": config.attention,
+        window_length, _, source = self.windows_for() if self.task == "qa" else (config.max_position_embeddings,
+                                                                                 None, "model length")
+        return {"model": str(self.model_dir) if self.model_dir else None, "task": self.task,
+                "attention": config.attention,
                 "position": config.position, "max_length": config.max_position_embeddings,
                 "window_length": window_length, "window_source": source, "qa_head": config.qa_head,
                 "dtype": "bf16 autocast" if self.bf16 else str(next(self.model.parameters()).dtype).replace(

@@ -8,7 +8,8 @@ import typer
 from .common import console, resolve_device
 from .options import Device
 
-ServedModel = Annotated[Path, typer.Option(help="Fine-tuned longbird QA directory to serve")]
+ServedModel = Annotated[Path, typer.Option(help="A fine-tuned longbird QA or classification directory, or any "
+                                                  "longbird model (for /embed)")]
 Host = Annotated[str, typer.Option(help="Address to bind (127.0.0.1: this machine only; 0.0.0.0: every interface)")]
 Port = Annotated[int, typer.Option(min=1, max=65535, help="TCP port")]
 Bf16 = Annotated[bool, typer.Option("--bf16", help="bf16 autocast (fast only where the CPU or GPU multiplies bf16)")]
@@ -28,8 +29,8 @@ def serve(model: ServedModel, host: Host = "127.0.0.1", port: Port = 8000, devic
           bf16: Bf16 = False, threads: Threads = None, max_document_chars: MaxDocumentChars = 1_000_000,
           max_question_chars: MaxQuestionChars = 1_000, max_queue: MaxQueue = 32,
           max_batch_tokens: MaxBatchTokens = 16_384, api_key: ApiKey = None, cors_origin: CorsOrigin = None):
-    """Serve long-document QA over HTTP: POST /answer, the pipeline format at POST / and /predict, GET /health,
-    /info and /metrics; the schema at /docs."""
+    """Serve long documents over HTTP: POST /answer, the pipeline format at POST / and /predict, /classify, /embed,
+    the web page at GET /, /health, /info and /metrics; the schema at /docs."""
     import torch
     import uvicorn
 

@@ -28,7 +28,18 @@ from starlette.exceptions import HTTPException
 
 from ..reader import Reader
 from .batching import WindowBatcher
-from .schemas import AnswerRequest, AnswerResponse, ErrorResponse, Info, PipelineAnswer, PipelineRequest
+from .schemas import (
+    AnswerRequest,
+    AnswerResponse,
+    ClassifyRequest,
+    ClassifyResponse,
+    EmbedRequest,
+    EmbedResponse,
+    ErrorResponse,
+    Info,
+    PipelineAnswer,
+    PipelineRequest,
+)
 
 logger = logging.getLogger(__name__)
 PAGE = Path(__file__).with_name("static") / "index.html"
@@ -134,9 +145,10 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
         logger.exception("request %s %s failed", request.method, request.url.path)
         return JSONResponse({"error": "internal error", "detail": "the server could not answer; see its log"}, 500)
 
-    def read(prepare):
+    def read(prepare, alone=None):
         """Admit a request if the queue has room (else 503), window it (`prepare()`), batch its windows with those of
-        other requests and rank them; ValueError -> 422 with its message."""
+        other requests and rank them; or, with `alone`, run that on the model's thread by itself. ValueError -> 422
+        with its message."""
         with admission:
             if state["admitted"] >= settings.max_queue:
                 raise ServeError(503, "busy", f"{settings.max_queue} requests are already queued; retry later",
@@ -144,6 +156,8 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
             state["admitted"] += 1
             metrics.queue.set(state["admitted"])
         try:
+            if alone is not None:
+                return batcher.call(alone)
             request = prepare()
             return reader.finish(request, batcher.read(request))
         except ValueError as error:
@@ -161,6 +175,9 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
                                                   f"{limit:,} (its --max-{name}-chars)")
 
     def answer(question, document, is_html, top_k, max_answer_tokens, window_length, doc_stride):
+        if reader.task != "qa":
+            raise ServeError(422, "invalid request", f"this server holds a {reader.task} model: it cannot answer "
+                                                     "questions; use /classify or /embed")
         check_text("question", question, settings.max_question_chars, 422)
         check_text("document", document, settings.max_document_chars, 413)
         if doc_stride is not None:
@@ -206,6 +223,32 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
     for path in ("/", "/predict"):
         app.post(path, response_model=list[PipelineAnswer], responses=ERRORS, dependencies=[Depends(authorised)],
                  summary="Question answering in the transformers pipeline format")(pipeline)
+
+    def exclusive(call):
+        """Admit and run `call` on the batcher's thread, alone (classification and embedding are not batched)."""
+        return read(lambda: None, call)
+
+    @app.post("/classify", response_model=ClassifyResponse, responses=ERRORS, dependencies=[Depends(authorised)])
+    def classify(request: ClassifyRequest) -> ClassifyResponse:
+        """Label probabilities of a document (a classification model; windows averaged as `evaluate` does)."""
+        started = time.perf_counter()
+        check_text("document", request.document, settings.max_document_chars, 413)
+        result = exclusive(lambda: reader.classify(request.document, request.window_length, request.stride))
+        metrics.windows.inc(result["windows"])
+        return ClassifyResponse(**result, model=str(reader.model_dir) if reader.model_dir else None,
+                                elapsed_ms=1000 * (time.perf_counter() - started))
+
+    @app.post("/embed", response_model=EmbedResponse, responses=ERRORS, dependencies=[Depends(authorised)])
+    def embed(request: EmbedRequest) -> EmbedResponse:
+        """Vectors of texts from the encoder's last hidden states (any longbird model)."""
+        started = time.perf_counter()
+        texts = [request.inputs] if isinstance(request.inputs, str) else request.inputs
+        for text in texts:
+            check_text("document", text, settings.max_document_chars, 413)
+        result = exclusive(lambda: reader.embed(texts, request.pooling, request.window_length, request.normalize))
+        metrics.tokens.inc(result["tokens"])
+        return EmbedResponse(**result, model=str(reader.model_dir) if reader.model_dir else None,
+                             elapsed_ms=1000 * (time.perf_counter() - started))
 
     @app.get("/health")
     def health() -> dict:

@@ -26,10 +26,12 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class _Job:
-    request: Request
+    request: Request | None  # None: a call run alone (`WindowBatcher.call`)
     done: threading.Event = field(default_factory=threading.Event)
     windows: list[WindowCandidates | None] = field(default_factory=list)
     error: BaseException | None = None
+    call: object = None
+    result: object = None
 
 
 def plan_batches(lengths: list[int], max_batch_tokens: int) -> list[list[int]]:
@@ -75,6 +77,17 @@ class WindowBatcher:
             raise job.error
         return job.windows
 
+    def call(self, function):
+        """Run `function()` on the model's thread between passes (the model is never used by two threads at once)
+        and return its result."""
+        self.start()
+        job = _Job(None, call=function)
+        self.jobs.put(job)
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return job.result
+
     def close(self) -> None:
         """Stop the worker after the requests already queued (the app's shutdown)."""
         with self._starting:
@@ -97,6 +110,13 @@ class WindowBatcher:
                     self.jobs.put(None)  # stop after this pass
                     break
                 jobs.append(more)
+            for alone in [pending for pending in jobs if pending.request is None]:
+                try:
+                    alone.result = alone.call()
+                except BaseException as error:  # the caller gets it; the worker keeps serving
+                    alone.error = error
+                alone.done.set()
+            jobs = [pending for pending in jobs if pending.request is not None]
             try:
                 self._run(jobs)
             except BaseException as error:  # the requests get the error; the worker keeps serving
@@ -107,6 +127,8 @@ class WindowBatcher:
                 pending.done.set()
 
     def _run(self, jobs: list[_Job]) -> None:
+        if not jobs:
+            return
         windows = [(job, index) for job in jobs for index in range(len(job.request.features))]
         lengths = [len(job.request.features[index].input_ids) for job, index in windows]
         self.stats["most_requests_in_a_pass"] = max(self.stats["most_requests_in_a_pass"], len(jobs))

@@ -86,3 +86,37 @@ class Info(BaseModel):
     scoring: str
     version: str
     limits: dict
+
+
+class ClassifyRequest(Strict):
+    document: str = Field(description="The text to classify")
+    window_length: int | None = Field(None, ge=1, description="Window in tokens (default: the model length)")
+    stride: int = Field(128, ge=0, description="Tokens shared by neighbouring windows")
+
+
+class LabelProbability(BaseModel):
+    label: str
+    probability: float
+
+
+class ClassifyResponse(BaseModel):
+    labels: list[LabelProbability] = Field(description="Every label with its probability, best first")
+    windows: int = Field(description="Windows read; their logits are averaged, as `evaluate` does")
+    model: str | None
+    elapsed_ms: float
+
+
+class EmbedRequest(Strict):
+    inputs: str | list[str] = Field(description="A text or a list of texts")
+    pooling: Literal["mean", "cls"] = Field("mean", description="mean: every real token of every window; cls: the "
+                                                                "first token of the first window")
+    normalize: bool = Field(False, description="Scale each vector to unit length")
+    window_length: int | None = Field(None, ge=1)
+
+
+class EmbedResponse(BaseModel):
+    embeddings: list[list[float]]
+    dimension: int
+    tokens: int
+    model: str | None
+    elapsed_ms: float

@@ -11,10 +11,10 @@ from datasets import Dataset
 from transformers import set_seed
 
 from ..checkpoints import check_tokenizer, load_on_device, load_task_model
-from ..data.batching import PaddedBatches
 from ..data.classification import document_windows, label_vocabulary, read_classification
 from ..heads import LongBirdForSequenceClassification
 from ..metrics.classification import accuracy, macro_f1
+from ..reader import predict_documents
 from ..runs import (
     check_output,
     data_record,
@@ -63,20 +63,6 @@ def finetune_cls(model_path, train_data, out: str | Path, *, preset: str = "kobi
     write_trained_model(out, model, tokenizer, "longbird_finetune.json", summary, overwrite, settings,
                         (model_path, preset, max_length))
     return {**metrics, "documents": len(rows), "windows": len(items)}
-
-@torch.no_grad()
-def predict_documents(model, tokenizer, texts, window_length: int | None = None,
-                      stride: int = 128) -> list[torch.Tensor]:
-    """Per document, the mean of its windows' logits (num_labels,)."""
-    model.eval()
-    window_length = window_length or model.config.max_position_embeddings
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    collate = PaddedBatches(pad)
-    def logits(text):
-        batch = collate(document_windows(tokenizer, text, window_length, stride))
-        return model(**{name: tensor.to(model.device) for name, tensor in batch.items()}).logits.float().mean(dim=0)
-
-    return [logits(text).cpu() for text in texts]
 
 def evaluate_cls(model_path, data, *, window_length: int | None = None, stride: int = 128, text_field: str = "text",
                  label_field: str = "label", out: str | Path | None = None, device: str | None = None,
