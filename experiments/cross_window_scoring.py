@@ -34,7 +34,7 @@ from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # no
 from longbird.files import write_file_atomically  # noqa: E402
 from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
 from longbird.precision import native_bf16  # noqa: E402
-from longbird.metrics.intervals import bootstrap_interval, paired_difference  # noqa: E402
+from longbird.metrics.intervals import bucket_summary, paired_difference  # noqa: E402
 from longbird.qa import DEFAULT_SCORING, SCORING_RULES, merge_windows, row_features, score_windows  # noqa: E402
 from longbird.checkpoints import load_task_model  # noqa: E402
 from longbird.tasks.qa import per_question_scores, require_trained_apart, sample_questions  # noqa: E402
@@ -54,16 +54,7 @@ def measure(model, tokenizer, rows, buckets, bf16: bool) -> dict:
         answers = merge_windows(windows, documents, rule)
         predictions = {row["id"]: answers[row["id"]].text if row["id"] in answers else "" for row in rows}
         scores = per_question_scores(predictions, rows, "korquad1-articles")
-        summary = {}
-        for bucket in ("all",) + BUCKETS:
-            ids = [row["id"] for row in rows if bucket == "all" or buckets[row["id"]] == bucket]
-            if not ids:
-                continue
-            summary[bucket] = {"questions": len(ids)}
-            for metric in ("exact_match", "f1"):
-                values = [scores[i][metric] for i in ids]
-                summary[bucket][metric] = sum(values) / len(values)
-                summary[bucket][f"{metric}_interval"] = bootstrap_interval(values)
+        summary = bucket_summary(scores, buckets, BUCKETS)
         result["rules"][rule] = {"scores": summary, "per_question": scores, "predictions": predictions}
     for rule in SCORING_RULES:
         ids = list(result["rules"][rule]["per_question"])

@@ -58,7 +58,7 @@ from longbird.data.corpus import text_hash  # noqa: E402
 from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # noqa: E402
 from longbird.files import save_figure_atomically, write_file_atomically  # noqa: E402
 from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
-from longbird.metrics.intervals import bootstrap_interval, paired_difference  # noqa: E402
+from longbird.metrics.intervals import bucket_summary  # noqa: E402
 from longbird.precision import native_bf16  # noqa: E402
 from longbird.qa import DEFAULT_SCORING, predict_rows  # noqa: E402
 from longbird.tasks.qa import finetune_qa, per_question_scores, question_limit, require_trained_apart  # noqa: E402
@@ -114,20 +114,7 @@ def held_out_record(train, dev) -> dict:
 
 def summarise(scores: dict[str, dict], buckets: dict[str, str], baseline: dict[str, dict] | None) -> dict:
     """Per bucket: questions, EM, F1 with bootstrap intervals, and the paired F1 difference against the baseline."""
-    summary = {}
-    for bucket in ("all",) + BUCKETS:
-        ids = [i for i in scores if bucket == "all" or buckets[i] == bucket]
-        if not ids:
-            continue
-        summary[bucket] = {"questions": len(ids)}
-        for metric in ("exact_match", "f1"):
-            values = [scores[i][metric] for i in ids]
-            summary[bucket][metric] = sum(values) / len(values)
-            summary[bucket][f"{metric}_interval"] = bootstrap_interval(values)
-        if baseline is not None:
-            summary[bucket]["f1_vs_baseline"] = paired_difference([scores[i]["f1"] for i in ids],
-                                                                  [baseline[i]["f1"] for i in ids])
-    return summary
+    return bucket_summary(scores, buckets, BUCKETS, baseline)
 
 
 def train_method(name: str, start: Path, train, run_dir: Path, args, reader: Path) -> dict:

@@ -296,3 +296,14 @@ def test_embed_pools_the_encoders_last_states(reader):
                                torch.nn.functional.normalize(states[0], dim=-1), atol=1e-5, rtol=1e-5)
     empty = client.post("/embed", json={"inputs": ["text", " "]})
     assert empty.status_code == 422 and "document: empty" in empty.json()["detail"]
+
+
+def test_a_server_wide_window_is_the_default_of_requests_that_name_none(tiny_qa):
+    reader = Reader(tiny_qa, window_length=64)
+    client = TestClient(create_app(reader))
+    body = client.post("/answer", json={"question": "q", "document": "some text " * 200}).json()
+    assert body["window_length"] == 64 and reader.info()["window_length"] == 64
+    assert client.post("/answer", json={"question": "q", "document": "some text", "window_length": 128}).json()[
+        "window_length"] == 128
+    with pytest.raises(ValueError, match="must lie in 1..256"):
+        Reader(tiny_qa, window_length=1024)

@@ -120,10 +120,12 @@ class Reading:
 class Reader:
     """A fine-tuned longbird QA model, loaded once, that answers questions about long documents.
 
-    `Reader(model_dir, device="cpu", bf16=False)`, or `Reader.of(model, tokenizer, model_dir)` for a model already
-    loaded. `answer(question, document)` returns a `Reading`."""
+    `Reader(model_dir, device="cpu", bf16=False, window_length=None)`, or `Reader.of(model, tokenizer, model_dir)` for
+    a model already loaded; `window_length` is the window of calls that name none (default: the window the model
+    was fine-tuned at, else its length). `answer(question, document)` returns a `Reading`."""
 
-    def __init__(self, model_dir, device: str | None = None, bf16: bool = False, scoring: str = DEFAULT_SCORING):
+    def __init__(self, model_dir, device: str | None = None, bf16: bool = False, scoring: str = DEFAULT_SCORING,
+                 window_length: int | None = None):
         saved = json.loads((resolve_model_directory(model_dir) / "config.json").read_text(encoding="utf-8"))
         architectures = saved.get("architectures") or []
         for task_class in (LongBirdForQuestionAnswering, LongBirdForSequenceClassification):
@@ -133,7 +135,7 @@ class Reader:
         else:  # any other longbird model: its encoder, for `embed`
             model, tokenizer = load_task_model(model_dir, LongBirdModel)
             model = model.to(device) if device else model
-        self._setup(model, tokenizer, model_dir, bf16, scoring)
+        self._setup(model, tokenizer, model_dir, bf16, scoring, window_length)
 
     @property
     def task(self) -> str:
@@ -148,16 +150,19 @@ class Reader:
                              f"{self.model_dir or 'this model'} is a {self.task} model")
 
     @classmethod
-    def of(cls, model, tokenizer, model_dir=None, bf16: bool = False, scoring: str = DEFAULT_SCORING) -> Reader:
+    def of(cls, model, tokenizer, model_dir=None, bf16: bool = False, scoring: str = DEFAULT_SCORING,
+           window_length: int | None = None) -> Reader:
         reader = cls.__new__(cls)
-        reader._setup(model, tokenizer, model_dir, bf16, scoring)
+        reader._setup(model, tokenizer, model_dir, bf16, scoring, window_length)
         return reader
 
-    def _setup(self, model, tokenizer, model_dir, bf16: bool, scoring: str) -> None:
+    def _setup(self, model, tokenizer, model_dir, bf16: bool, scoring: str, window_length: int | None) -> None:
         check_tokenizer(model, tokenizer)
         self.model, self.tokenizer = model.eval(), tokenizer
         self.model_dir = None if model_dir is None else Path(model_dir)
         self.bf16, self.scoring = bf16, scoring
+        # the window of calls that name none (None: the trained window, else the model length); checked now
+        self.window_length = reading_windows(model, model_dir, window_length, None)[0] if window_length else None
         self.template = PairTemplate.of(tokenizer)
         # A fast tokenizer keeps its truncation and padding settings as state that each call sets: two threads
         # windowing at once can cut one document with the other's settings (a 5,428-token "window" was measured).
@@ -167,6 +172,8 @@ class Reader:
                     doc_stride: int | None = None) -> tuple[int, int | None, str]:
         """(window_length, doc_stride, source) a call with these settings reads with; raises ValueError naming the
         model's limit."""
+        if window_length is None and self.window_length is not None:
+            return (*reading_windows(self.model, self.model_dir, self.window_length, doc_stride)[:2], "reader")
         return reading_windows(self.model, self.model_dir, window_length, doc_stride)
 
     def question_limit(self, window_length: int) -> int:

@@ -13,6 +13,8 @@ ServedModel = Annotated[Path, typer.Option(help="A fine-tuned longbird QA or cla
 Host = Annotated[str, typer.Option(help="Address to bind (127.0.0.1: this machine only; 0.0.0.0: every interface)")]
 Port = Annotated[int, typer.Option(min=1, max=65535, help="TCP port")]
 Bf16 = Annotated[bool, typer.Option("--bf16", help="bf16 autocast (fast only where the CPU or GPU multiplies bf16)")]
+ServeWindow = Annotated[int | None, typer.Option(min=1, help="Reading window of requests that name none (default: "
+                                                             "the window the model was fine-tuned at)")]
 Threads = Annotated[int | None, typer.Option(min=1, help="CPU threads of the model (default: torch's choice)")]
 MaxDocumentChars = Annotated[int, typer.Option(min=1, help="Longest document in characters (413 beyond)")]
 MaxQuestionChars = Annotated[int, typer.Option(min=1, help="Longest question in characters (422 beyond)")]
@@ -26,8 +28,9 @@ CorsOrigin = Annotated[list[str] | None, typer.Option(help="Allow browser calls 
 
 
 def serve(model: ServedModel, host: Host = "127.0.0.1", port: Port = 8000, device: Device = "auto",
-          bf16: Bf16 = False, threads: Threads = None, max_document_chars: MaxDocumentChars = 1_000_000,
-          max_question_chars: MaxQuestionChars = 1_000, max_queue: MaxQueue = 32,
+          bf16: Bf16 = False, threads: Threads = None, window_length: ServeWindow = None,
+          max_document_chars: MaxDocumentChars = 1_000_000, max_question_chars: MaxQuestionChars = 1_000,
+          max_queue: MaxQueue = 32,
           max_batch_tokens: MaxBatchTokens = 16_384, api_key: ApiKey = None, cors_origin: CorsOrigin = None):
     """Serve long documents over HTTP: POST /answer, the pipeline format at POST / and /predict, /classify, /embed,
     the web page at GET /, /health, /info and /metrics; the schema at /docs."""
@@ -39,7 +42,7 @@ def serve(model: ServedModel, host: Host = "127.0.0.1", port: Port = 8000, devic
 
     if threads is not None:
         torch.set_num_threads(threads)
-    reader = Reader(model, resolve_device(device), bf16=bf16)
+    reader = Reader(model, resolve_device(device), bf16=bf16, window_length=window_length)
     settings = ServeSettings(max_document_chars=max_document_chars, max_question_chars=max_question_chars,
                              max_queue=max_queue, max_batch_tokens=max_batch_tokens, api_key=api_key,
                              cors_origins=list(cors_origin or []))

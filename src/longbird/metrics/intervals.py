@@ -32,3 +32,24 @@ def paired_difference(values: Sequence[float], baseline: Sequence[float], sample
         raise ValueError(f"paired scores need the same questions: {values.shape} vs {baseline.shape}")
     low, high = bootstrap_interval(values - baseline, samples, seed, level)
     return {"difference": float((values - baseline).mean()), "low": low, "high": high}
+
+
+def bucket_summary(scores: dict[str, dict[str, float]], buckets: dict[str, str], names: Sequence[str],
+                   baseline: dict[str, dict[str, float]] | None = None) -> dict[str, dict]:
+    """Per bucket ("all", then `names`): the questions, the mean EM and F1 with their bootstrap intervals, and with
+    `baseline` (per-question scores of another method on the same questions) the paired F1 difference. `scores`
+    maps question id -> {"exact_match", "f1"}; `buckets` maps question id -> bucket name."""
+    summary = {}
+    for bucket in ("all", *names):
+        ids = [i for i in scores if bucket == "all" or buckets[i] == bucket]
+        if not ids:
+            continue
+        summary[bucket] = {"questions": len(ids)}
+        for metric in ("exact_match", "f1"):
+            values = [scores[i][metric] for i in ids]
+            summary[bucket][metric] = sum(values) / len(values)
+            summary[bucket][f"{metric}_interval"] = bootstrap_interval(values)
+        if baseline is not None:
+            summary[bucket]["f1_vs_baseline"] = paired_difference([scores[i]["f1"] for i in ids],
+                                                                  [baseline[i]["f1"] for i in ids])
+    return summary
