@@ -249,9 +249,12 @@ def test_min_probability_turns_a_weak_answer_into_no_answer(tiny_qa, tmp_path):
 
 
 def test_a_question_longer_than_the_reader_reads_is_warned_about(tiny_qa, tmp_path):
-    """Questions are cut to their first 64 tokens in every window; a 5,000-character question used to be cut without a
-    word. The CLI warns on stderr (stdout stays JSON) and the record says how many tokens were read."""
-    from longbird.data.features import MAX_QUESTION_TOKENS
+    """Questions are cut to their first tokens in every window (64, or fewer where a sparse window's global first block
+    holds fewer); a 5,000-character question used to be cut without a word. The CLI warns on stderr (stdout stays
+    JSON) and the record says how many tokens were read."""
+    from longbird.data.features import MAX_QUESTION_TOKENS, question_token_count
+    from longbird.qa import question_token_cap
+    from transformers import AutoConfig, AutoTokenizer
 
     document = tmp_path / "doc.txt"
     document.write_text("T-X 프로그램은 미국 공군의 고등훈련기 교체 사업이다. 초기 물량은 350대이다.", encoding="utf-8")
@@ -260,15 +263,15 @@ def test_a_question_longer_than_the_reader_reads_is_warned_about(tiny_qa, tmp_pa
     assert short.exit_code == 0 and "warning" not in short.stderr and "question_cut" not in json.loads(short.stdout)
     long = runner.invoke(app, args + ["초기 물량은 " * 1000 + "몇 대인가?"])
     record = json.loads(long.stdout)
-    assert record["question_cut"]["read"] == MAX_QUESTION_TOKENS < record["question_cut"]["tokens"]
-    assert f"only its first {MAX_QUESTION_TOKENS} were read" in long.stderr
-    from longbird.data.features import question_token_count
-    from transformers import AutoTokenizer
-
+    config = AutoConfig.from_pretrained(tiny_qa)
+    cap = question_token_cap(config, record["window_length"])  # the tiny reader's windows are sparse
+    assert cap == config.block_size - 1 < MAX_QUESTION_TOKENS
+    assert record["question_cut"]["read"] == cap < record["question_cut"]["tokens"]
+    assert f"only its first {cap} were read" in long.stderr
     medium = "초기 물량은 " * 15 + "몇 대인가?"
-    assert MAX_QUESTION_TOKENS < question_token_count(AutoTokenizer.from_pretrained(tiny_qa), medium) <= 100
-    more = runner.invoke(app, args + [medium, "--max-question-tokens", "100"])
-    assert more.exit_code == 0 and "question_cut" not in json.loads(more.stdout)  # read whole
+    assert cap < question_token_count(AutoTokenizer.from_pretrained(tiny_qa), medium) <= 100
+    more = runner.invoke(app, args + [medium, "--max-question-tokens", "100"])  # beyond the first block: refused
+    assert more.exit_code != 0 and f"at most {cap} question tokens fit there" in more.output
     fewer = json.loads(runner.invoke(app, args + ["초기 물량은 몇 대인가?", "--max-question-tokens", "2"]).stdout)
     assert fewer["question_cut"]["read"] == 2
 

@@ -10,7 +10,7 @@ from conftest import VOCAB
 from transformers import BertConfig, BertModel
 
 import longbird
-from longbird.qa import question_token_limit
+from longbird.qa import question_token_cap, question_token_limit
 
 
 def one_layer(attention: str, length: int = 256, block: int = 8):
@@ -30,6 +30,8 @@ def test_the_limit_keeps_the_question_in_the_first_block_of_sparse_windows_only(
     assert question_token_limit(littlebird.config, 64, tokens_before_question=2) == 6
     real = bigbird.config.__class__(**{**bigbird.config.to_dict(), "block_size": 64})
     assert question_token_limit(real, 4096) == 63  # multilingual-e5-small's longest KorQuAD question: 59 tokens
+    # the default (64) is only a default where attention is full: an explicit longer question is not capped there
+    assert question_token_cap(bigbird.config, 64) is None and question_token_cap(bigbird.config, 65) == 7
 
 
 @pytest.mark.parametrize("attention", ["bigbird", "littlebird"])

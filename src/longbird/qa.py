@@ -228,19 +228,26 @@ def predict_features(model, features: list[QAFeature], documents: dict[str, Proc
     return merge_windows(windows, documents, scoring)
 
 
-def question_token_limit(config, window_length: int, tokens_before_question: int = 1) -> int:
-    """The most question tokens a window of `window_length` reads with a model of `config`.
+def question_token_cap(config, window_length: int, tokens_before_question: int = 1) -> int | None:
+    """The most question tokens a window of `window_length` can read with a model of `config`; None when no
+    attention pattern limits it (full attention).
 
     The question must be seen by every document token and see every one of them. Full attention does that at any
     length; the sparse patterns do it only for their global tokens, and the question lies in the first block, which is
     global in both (BigBird ITC: query and key block 0; LittleBird: the global first block). A question token past the
     first block would be a plain local token, read only by its neighbours. So when the window is sparse the question
-    is cut to fit the first block with what precedes it (`[CLS]`): `block_size - tokens_before_question` tokens (63 at
+    must fit the first block with what precedes it (`[CLS]`): `block_size - tokens_before_question` tokens (63 at
     block 64; the longest KorQuAD 1.0 question is 59 multilingual-e5-small tokens, so none is cut there)."""
-    limit = MAX_QUESTION_TOKENS
     sparse = (config.attention == "littlebird"
               or (config.attention == "bigbird" and window_length > config.full_attention_threshold))
-    return min(limit, config.block_size - tokens_before_question) if sparse else limit
+    return config.block_size - tokens_before_question if sparse else None
+
+
+def question_token_limit(config, window_length: int, tokens_before_question: int = 1) -> int:
+    """The question tokens read by default: `MAX_QUESTION_TOKENS`, or fewer where a sparse window's first block
+    holds fewer (`question_token_cap`)."""
+    cap = question_token_cap(config, window_length, tokens_before_question)
+    return MAX_QUESTION_TOKENS if cap is None else min(MAX_QUESTION_TOKENS, cap)
 
 
 def row_features(model, tokenizer, rows: Sequence[dict], max_length: int, doc_stride: int | None = None,

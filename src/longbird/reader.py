@@ -28,6 +28,7 @@ from .qa import (
     DEFAULT_SCORING,
     WindowCandidates,
     answer_record,
+    question_token_cap,
     question_token_limit,
     rank_answers,
     row_features,
@@ -204,12 +205,12 @@ class Reader:
         if top_k < 1:
             raise ValueError(f"top_k must be at least 1; got {top_k}")
         window_length, doc_stride, source = self.windows_for(window_length, doc_stride)
-        limit = self.question_limit(window_length)
-        if max_question_tokens is not None and max_question_tokens > limit:
+        cap = question_token_cap(self.model.config, window_length, len(self.template.prefix))
+        if max_question_tokens is not None and cap is not None and max_question_tokens > cap:
             raise ValueError(f"--max-question-tokens {max_question_tokens} is more than this model reads: its "
                              f"{window_length}-token windows are sparse and only the first block is seen by every "
-                             f"token, so at most {limit} question tokens fit there; give {limit} or fewer")
-        max_question_tokens = max_question_tokens or limit
+                             f"token, so at most {cap} question tokens fit there; give {cap} or fewer")
+        max_question_tokens = max_question_tokens or self.question_limit(window_length)
         if is_html is None:
             is_html = document.lstrip()[:1] == "<"
         row = {"id": "question", "question": question, "context": document, "is_html": is_html}
