@@ -86,6 +86,9 @@ class LongBirdConfig(PreTrainedConfig):
     tape_init: str = "identity"
     tape_channels: int | None = None  # I, the feed-forward side's channels (default 4 x heads)
     tape_rope_base: float | int = 10000.0
+    # The content-driven phase of the states (positions/tape.py, TapePhase; gate zero at init). False keeps the states
+    # real-only, which with identity init is a learned attention gain and no position code (E6's "gain-only" row).
+    tape_phase: bool = True
     # Pack attention's output projection: "shared" with unpack attention (LittleBird §3.4: pack attention has its own
     # Q/K/V only; the paper's model sizes fit exactly three extra h x h matrices per layer) or "separate".
     pack_output_projection: str = "shared"

@@ -181,12 +181,15 @@ class LongBirdLayer(nn.Module):
         if config.position == "tape":
             self.tape_ffn = tape_states.TapeFeedForward(config.hidden_size, config.num_attention_heads,
                                                         config.tape_channels, ACT2FN[config.hidden_act])
+            self.tape_phase = _tape_phase(config)
 
     def forward(self, hidden_states, key_mask, plan=None, use_reference=False, workspace=None, backend=None,
                 tape=None):
         """Returns the hidden states, or (hidden states, TAPE states) when `tape` states are given."""
         if tape is None:
             return feed_forward(self, self.attention(hidden_states, key_mask, plan, use_reference, workspace, backend))
+        if self.tape_phase is not None:  # TAPE: the content turns each state's phase (TapePhase)
+            tape = self.tape_phase(tape, hidden_states)
         attended, tape = self.attention(hidden_states, key_mask, plan, use_reference, workspace, backend, tape)
         hidden_states = feed_forward(self, attended)
         return hidden_states, self.tape_ffn(tape, hidden_states)  # TAPE, feed-forward side (m_i: the layer output)
@@ -213,6 +216,7 @@ class LittleBirdLayer(nn.Module):
                 del self.pack_attention.self.tape_post
             self.tape_ffn = tape_states.TapeFeedForward(config.hidden_size, config.num_attention_heads,
                                                         config.tape_channels, ACT2FN[config.hidden_act])
+            self.tape_phase = _tape_phase(config)
 
     def forward(self, hidden_states, key_mask, positions, pack, layout=None, workspace=None, backend=None,
                 use_reference=False, tape=None):
@@ -227,6 +231,8 @@ class LittleBirdLayer(nn.Module):
             pack_key, pack_value = unpack._heads(unpack.key(context)), unpack._heads(unpack.value(context))
         query, key, value = (unpack._heads(proj(hidden_states)) for proj in (unpack.query, unpack.key, unpack.value))
         scale = None
+        if tape is not None and self.tape_phase is not None:  # TAPE: the content turns each state's phase
+            tape = self.tape_phase(tape, hidden_states)
         if tape is not None:
             query, key, value, pack_key, pack_value = _tape_usw_inputs(query, key, value, pack_key, pack_value, tape)
             scale = unpack.head_dim ** -0.5  # the head's own scale, not that of the widened q, k
@@ -251,6 +257,14 @@ class LittleBirdLayer(nn.Module):
         out = self.pack_attention.output
         projection = out.dense if out.dense is not None else self.attention.output.dense
         return projection(packer._merge(packed))
+
+
+def _tape_phase(config) -> tape_states.TapePhase | None:
+    """The layer's TAPE phase rotation, or None for the real-only ("gain-only") states of config.tape_phase=False."""
+    if not config.tape_phase:
+        return None
+    heads = config.num_attention_heads
+    return tape_states.TapePhase(config.hidden_size, heads, config.hidden_size // heads // 2)
 
 
 def _tape_usw_inputs(query, key, value, pack_key, pack_value, tape):

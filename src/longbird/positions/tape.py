@@ -8,9 +8,24 @@ Every token carries, per head, a position state e ∈ C^{d/2} stored as real (re
   init) really mixes heads (the official code only rescales each head by a row sum).
 - The feed-forward block writes it: e_i^h ← e_i^h + Σ_c W2[h, c] · act(W_x m_i)[c] · Σ_h' W1[c, h'] e_i^{h'}
   (`TapeFeedForward`; W1 zero at init, I = 4H channels by default).
-Every map is real and acts on the head axis only, never on the (re, im) pair: a rotation common to all states
-(e.g. shifting every position id under `rope` init) multiplies every q_i ⊙ e_i and k_j ⊙ e_j alike and cancels in
-the logits, so relative-position invariance holds in every layer.
+- The layer's input turns it (`TapePhase`, issue 26): e_i^{h,f} ← e_i^{h,f} · exp(i g_{h,f} c_h(x_i)), a rotation
+  of each pair by an angle generated from the token's content: c_h = w_h · x_i is a per-head "clock" read from the
+  hidden state, g_{h,f} a per-head, per-frequency gate, zero at init.
+The maps of the attention and feed-forward sides are real and act on the head axis only, never on the (re, im) pair;
+the phase is a multiplication by a unit complex number per token, head and pair. All of them commute with a rotation
+common to all states (e.g. shifting every position id under `rope` init, or any unit complex per pair): it multiplies
+every q_i ⊙ e_i and k_j ⊙ e_j alike and cancels in the logits, so relative-position invariance holds in every layer.
+
+Why the phase. Without it, identity states (e = 1, the default for a converted absolute-position source) can never
+leave the real line: every other map is real and treats all pairs alike, so e stays real and equal across pairs, and
+attention computes s_i · s_j · q_i·k_j — a learned per-token temperature, not a position code. The paper's states
+are tensorial and its updates equivariant under rotations of the state (Zhu et al. 2025, §3); its code starts from
+RoPE angles. A converted source must equal itself at init, so longbird starts at e = 1 and lets the content turn the
+states: the gate is zero (the source is reproduced exactly), its gradient at init is
+∂L/∂g_{h,f} = Σ_i c_h(x_i) · ∂L/∂φ_{i,h,f} ≠ 0, and since a converted source's hidden states carry its absolute
+positions, c_h(x_i) can learn to track position p_i and g_{h,f} the frequencies θ_f, which is RoPE
+(φ = p·θ_f, RoFormer eq. 15) grown out of the source, then contextualised by the two updates above.
+The rotation is in SO(2) per pair, so reflections (O(2)) are not an invariance: only rotations are needed for shifts.
 """
 
 from __future__ import annotations
@@ -84,3 +99,21 @@ class TapeFeedForward(nn.Module):
         channels = torch.einsum("ch,bhl...->bcl...", self.tape_ffn_in.to(states.dtype), states)
         channels = channels * gate.transpose(1, 2)[..., None, None]
         return states + torch.einsum("hc,bcl...->bhl...", self.tape_ffn_out.to(states.dtype), channels)
+
+
+class TapePhase(nn.Module):
+    """e_i^{h,f} ← e_i^{h,f} · exp(i g_{h,f} c_h(x_i)) with c_h(x) = w_h · x (`tape_phase_clock`, no bias: a constant
+    angle would be a common rotation, which cancels) and g (`tape_phase_gate`, H × d/2) zero at init, so the states
+    are unchanged at init and the gradient reaches g (see the module docstring)."""
+
+    def __init__(self, hidden_size: int, heads: int, pairs: int):
+        super().__init__()
+        self.tape_phase_clock = nn.Linear(hidden_size, heads, bias=False)
+        self.tape_phase_gate = nn.Parameter(torch.zeros(heads, pairs))
+
+    def forward(self, states: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        clock = self.tape_phase_clock(hidden).to(states.dtype).transpose(1, 2)  # (B, H, l)
+        angles = clock[..., None] * self.tape_phase_gate.to(states.dtype)[:, None, :]  # (B, H, l, d/2)
+        c, s = angles.cos(), angles.sin()
+        re, im = states[..., 0], states[..., 1]
+        return torch.stack([re * c - im * s, re * s + im * c], dim=-1)
