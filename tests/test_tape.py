@@ -494,3 +494,24 @@ def test_peft_checkpoint_of_a_littlebird_tape_base_reloads_exactly(tmp_path):
     assert torch.equal(dict(reloaded.named_parameters())[pack], dict(trained.named_parameters())[pack])
     input_ids = torch.randint(len(tokenizer), (2, 200), generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(_qa_logits(reloaded, input_ids), _qa_logits(trained, input_ids), rtol=0, atol=0)
+
+
+def test_a_checkpoint_saved_before_the_phase_existed_loads_as_it_was(tmp_path):
+    """A TAPE model saved without `tape_phase_*` tensors (written before issue 26) loads with the gate at zero, which
+    is the earlier real-only model exactly, whatever its other TAPE weights were."""
+    from safetensors.torch import load_file, save_file
+
+    model = _perturb_tape(longbird.convert(make_source("bert"), preset="tape", max_length=256))
+    with torch.no_grad():
+        for layer in model.encoder.layer:
+            layer.tape_phase.tape_phase_gate.zero_()  # what that model computed: no phase
+    model.eval().save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    old = {name: tensor for name, tensor in load_file(weights).items() if "tape_phase" not in name}
+    save_file(old, weights, metadata={"format": "pt"})
+    loaded = LongBirdModel.from_pretrained(tmp_path).eval()
+    assert all(not layer.tape_phase.tape_phase_gate.any() for layer in loaded.encoder.layer)
+    input_ids, attention_mask = make_batch(100)
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state,
+                           model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state)
