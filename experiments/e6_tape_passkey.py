@@ -7,6 +7,8 @@ source before training) and fine-tuned with `--peft tape` (only the TAPE maps an
 
 Rows, all from the same source, data and step budget:
 - tape-peft         TAPE maps + QA head trained (TAPE §4's PEFT), learning rate --peft-learning-rate
+- tape-gain-only    tape-peft without the phase (tape_phase=False; issue 26): the real-only states, a learned
+                    attention gain per token and head; the difference to tape-peft is what the phase adds
 - head-only         the same model and learning rate with the TAPE maps frozen at their init (W1 and W_post zero, so
                     they add nothing): only the QA head trains, so the difference to tape-peft is what TAPE adds
 - lora              the same source without TAPE (`preset="full"`: full attention, the same extended position table)
@@ -48,10 +50,15 @@ from longbird.checkpoints import load_task_model  # noqa: E402
 SOURCE = "multilingual-e5-small"
 RUNS = {  # run -> (preset, PEFT or full fine-tuning)
     "tape-peft": ("tape", True),
+    "tape-gain-only": ("tape", True),
     "head-only": ("tape", True),
     "lora": ("full", True),
     "kobigbird-copy": ("kobigbird", False),
 }
+
+# tape-gain-only: TAPE without its phase (config.tape_phase=False), the form before issue 26: from identity states it
+# can only learn a per-token attention gain, so the difference to tape-peft is what the phase (position) adds
+CONVERSION = {"tape-gain-only": {"tape_phase": False}}
 
 
 def head_only(model, layer_norms: bool = False) -> list[str]:
@@ -157,7 +164,8 @@ def main() -> None:
             longbird_peft.tape_peft = head_only if run == "head-only" else _tape_peft  # imported at call time
             try:
                 metrics = finetune_qa(SOURCE, train_rows, run_dir, preset=preset, max_length=MAX_LENGTH,
-                                      window_length=TRAIN_LENGTH, max_windows=1, settings=settings)
+                                      window_length=TRAIN_LENGTH, max_windows=1, settings=settings,
+                                      conversion=CONVERSION.get(run))
             finally:
                 longbird_peft.tape_peft = _tape_peft
             record.update(train_seconds=time.time() - run_started, train_loss=metrics["train_loss"],
@@ -165,7 +173,8 @@ def main() -> None:
         if run != "lora":
             model, tokenizer = load_task_model(run_dir, LongBirdForQuestionAnswering)
         record["parameters"] = trainable_counts(load_task_model(SOURCE, LongBirdForQuestionAnswering, preset,
-                                                                MAX_LENGTH)[0], run, lora_trained)
+                                                                MAX_LENGTH, **CONVERSION.get(run, {}))[0], run,
+                                                lora_trained)
         model.eval()
         evaluation_started = time.time()
         for length in args.lengths:

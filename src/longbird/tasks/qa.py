@@ -94,12 +94,14 @@ def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "
                 max_windows: int | None = None, negative_fraction: float = 1.0, max_examples: int | None = None,
                 settings: FinetuneSettings | None = None, overwrite: bool = False, qa_head: str | None = None,
                 split: str | None = None, max_answer_tokens: int | None = None, teacher=None,
-                teacher_weight: float = 0.5, teacher_temperature: float = 1.0) -> dict:
+                teacher_weight: float = 0.5, teacher_temperature: float = 1.0,
+                conversion: dict | None = None) -> dict:
     """Fine-tune a QA model and save it (with its tokenizer, which gains the HTML tag tokens) to `out`.
     `window_length` (default: the model's maximum) is the feature window; `max_windows=1` trains on the first window
     only (truncation). With `teacher` (a fine-tuned short QA model directory) the loss mixes the gold labels with
     the teacher's span distributions read in sliding windows of its trained length (training/sliding_teacher.py),
-    `teacher_weight` of the soft part at `teacher_temperature`."""
+    `teacher_weight` of the soft part at `teacher_temperature`. `conversion`: LongBirdConfig values for a source that
+    is converted (e.g. {"tape_phase": False}); ignored by a longbird directory, which keeps its own."""
     settings = settings or FinetuneSettings()
     out = Path(out)
     check_output(out, overwrite)
@@ -116,6 +118,7 @@ def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "
     # a saved head (and its answer-length limit) is kept unless another is asked for
     overrides = {key: value for key, value in (("qa_head", qa_head), ("qa_max_answer_tokens", max_answer_tokens))
                  if value is not None}
+    overrides = {**(conversion or {}), **overrides}
     set_seed(settings.seed)  # a new head's initialisation is part of the run
     model, tokenizer = load_task_model(model_path, LongBirdForQuestionAnswering, preset, max_length, **overrides)
     add_tag_tokens(tokenizer, model)  # always, so the model can read HTML pages later (`longbird answer`)
