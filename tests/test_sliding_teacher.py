@@ -228,5 +228,13 @@ def test_a_cpu_budget_stops_training_and_a_constant_schedule_keeps_the_rate(tmp_
     rates = [entry["learning_rate"] for entry in json.loads((out / "longbird_finetune.json").read_text())[
         "log_history"] if "learning_rate" in entry]
     assert len(rates) == 10 and all(rate == pytest.approx(3e-4, rel=1e-6) for rate in rates[1:])
+    out = tmp_path / "no-warmup"  # --warmup-ratio 0: the full rate from the first step (what a budgeted run needs)
+    result = runner.invoke(app, [*common[:-8], "--max-steps", "3", "--batch-size", "2", "--logging-steps", "1",
+                                 "--learning-rate", "3e-4", "--out", str(out), "--lr-scheduler", "constant",
+                                 "--warmup-ratio", "0"])
+    assert result.exit_code == 0, result.output
+    rates = [entry["learning_rate"] for entry in json.loads((out / "longbird_finetune.json").read_text())[
+        "log_history"] if "learning_rate" in entry]
+    assert len(rates) == 3 and all(rate == pytest.approx(3e-4, rel=1e-6) for rate in rates)
     result = runner.invoke(app, [*common, "--out", str(tmp_path / "bad"), "--lr-scheduler", "cosine"])
     assert result.exit_code == 1 and "'linear' or 'constant'" in result.output

@@ -61,6 +61,9 @@ CPUMinutes = Annotated[float | None, typer.Option(min=0.001, help="Stop after th
                                                                    "whose steps cost differently")]
 LRScheduler = Annotated[str, typer.Option(help="linear (decay to 0 at --max-steps) or constant (after warmup; for "
                                                "runs stopped by --cpu-minutes)")]
+WarmupRatio = Annotated[float, typer.Option(help="Fraction of --max-steps (or of the epochs' steps) spent warming the "
+                                                 "learning rate up from 0; give 0 with --cpu-minutes, which stops a "
+                                                 "run long before --max-steps")]
 TeacherTemperature = Annotated[float, typer.Option(min=0.01, help="Temperature of the teacher's distributions")]
 
 EvaluatedModel = Annotated[Path, typer.Option(help="Fine-tuned longbird QA or classification directory")]
@@ -103,7 +106,7 @@ def finetune_qa(
     save_total_limit: SaveTotalLimit = None, logging_steps: FinetuneLoggingSteps = 20, peft: TaskPeft = None,
     group_by_length: GroupByLength = False, resume: Resume = False, overwrite: Overwrite = False,
     teacher: Teacher = None, teacher_weight: TeacherWeight = 0.5, teacher_temperature: TeacherTemperature = 1.0,
-    cpu_minutes: CPUMinutes = None, lr_scheduler: LRScheduler = "linear",
+    cpu_minutes: CPUMinutes = None, lr_scheduler: LRScheduler = "linear", warmup_ratio: WarmupRatio = 0.1,
 ):
     """Fine-tune extractive QA on long documents (Trainer; `accelerate launch` for several GPUs)."""
     settings = training_settings(locals())
