@@ -238,3 +238,14 @@ def test_a_cpu_budget_stops_training_and_a_constant_schedule_keeps_the_rate(tmp_
     assert len(rates) == 3 and all(rate == pytest.approx(3e-4, rel=1e-6) for rate in rates)
     result = runner.invoke(app, [*common, "--out", str(tmp_path / "bad"), "--lr-scheduler", "cosine"])
     assert result.exit_code == 1 and "'linear' or 'constant'" in result.output
+
+
+def test_a_budgeted_run_is_not_warned_about_its_step_bound():
+    """--max-steps 100,000 over 4,000 windows would read each 100 times: a warning, unless --cpu-minutes stops the run
+    (then the steps are only a bound)."""
+    from longbird.training.finetune import FinetuneSettings, memorisation_warning
+
+    bounded = FinetuneSettings(max_steps=100_000, batch_size=4)
+    assert "by heart" in memorisation_warning(4_000, bounded)
+    assert memorisation_warning(4_000, FinetuneSettings(max_steps=100_000, batch_size=4, cpu_minutes=30)) is None
+    assert memorisation_warning(4_000, FinetuneSettings(max_steps=1_000, batch_size=4)) is None  # one pass

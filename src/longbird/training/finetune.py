@@ -274,6 +274,17 @@ def repeated_passes(windows: int, settings: FinetuneSettings) -> float:
     return settings.max_steps * settings.batch_size * settings.gradient_accumulation_steps * world_size() / windows
 
 
+def memorisation_warning(windows: int, settings: FinetuneSettings) -> str | None:
+    """The warning for a run whose --max-steps read each training window more than `TINY_TRAINING_SET_PASSES` times,
+    or None. A run stopped by --cpu-minutes treats --max-steps as a bound it will not reach: no warning from it."""
+    passes = repeated_passes(windows, settings)
+    if passes <= TINY_TRAINING_SET_PASSES or settings.cpu_minutes is not None:
+        return None
+    return (f"the training set has {windows:,} window(s) and {settings.max_steps:,} steps of "
+            f"{settings.batch_size * settings.gradient_accumulation_steps} windows read each about {passes:.0f} times: "
+            "the model will learn these windows by heart; give more data or fewer --max-steps")
+
+
 def check_training_device(settings: FinetuneSettings) -> None:
     """Clear errors for devices and precisions Trainer cannot honour here."""
     if settings.device not in ("auto", "cpu", "cuda"):
@@ -304,12 +315,9 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
     check_training_device(settings)
     if not items:
         raise ValueError("no training items: every window was filtered out or the dataset is empty")
-    passes = repeated_passes(len(items), settings)
-    if passes > TINY_TRAINING_SET_PASSES:
-        warnings.warn(f"the training set has {len(items):,} window(s) and {settings.max_steps:,} steps of "
-                      f"{settings.batch_size * settings.gradient_accumulation_steps} windows read each about "
-                      f"{passes:.0f} times: the model will learn these windows by heart; give more data or fewer "
-                      "--max-steps", stacklevel=2)
+    memorising = memorisation_warning(len(items), settings)
+    if memorising:
+        warnings.warn(memorising, stacklevel=2)
     keep = settings.save_steps > 0 or settings.resume
     if keep and checkpoint_dir is None:
         raise ValueError("checkpoints need a checkpoint directory")
