@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 TORCH_SPEC := torch==2.13.0
 
-.PHONY: install demo test docs lint bench qa-model clean
+.PHONY: install demo test docs lint bench qa-model long-reader clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,24 @@ qa-model: install
 	$(VENV)/bin/longbird evaluate --model $(QA_MODEL) --format korquad1 --data data/korquad/KorQuAD_v1.0_dev.json \
 		--split dev --out $(QA_MODEL)-eval --batch-size 16 --overwrite
 	$(PY) experiments/qa_learning_curve.py --model $(QA_MODEL)
+
+# The long reader (issue 24, E7's recipe): `make qa-model`'s paragraph reader trained further on whole KorQuAD 1.0
+# training-side articles in single windows of their own length (up to 4096 tokens, articles beyond in windows sharing
+# 1024), with the paragraph reader itself as a sliding-window teacher (its merged span distributions as soft targets
+# beside the gold labels; training/sliding_teacher.py), for LONG_CPU_MINUTES of process CPU time (all threads: 30 CPU
+# minutes = 15 minutes on 2 cores) at a constant learning rate. Then scored on the unseen dev-side articles. Its
+# record keeps the 4096-token window, so `longbird answer` and `longbird serve` read a whole document at once with it.
+LONG_READER ?= qa-model/kobigbird-e5-korquad-long
+LONG_CPU_MINUTES ?= 30
+long-reader: install
+	@test -f $(QA_MODEL)/longbird_finetune.json || { echo "$(QA_MODEL) is missing: run make qa-model first (or set QA_MODEL)"; exit 1; }
+	$(VENV)/bin/longbird finetune-qa --model $(QA_MODEL) --format korquad1-articles \
+		--train data/korquad/KorQuAD_v1.0_dev.json --split train --window-length 4096 --doc-stride 1024 \
+		--negative-fraction 0.1 --batch-size 4 --learning-rate 5e-5 --lr-scheduler constant --warmup-ratio 0 \
+		--group-by-length --max-steps 100000 --cpu-minutes $(LONG_CPU_MINUTES) $(QA_BF16) \
+		--teacher $(QA_MODEL) --out $(LONG_READER) --overwrite
+	$(VENV)/bin/longbird evaluate --model $(LONG_READER) --format korquad1-articles \
+		--data data/korquad/KorQuAD_v1.0_dev.json --split dev --out $(LONG_READER)-eval --batch-size 2 $(QA_BF16) --overwrite
 
 bench: install
 	$(PY) benchmarks/bigbird_vs_hf.py
