@@ -5,6 +5,10 @@ window each model was fine-tuned at unless --window-length is given).
 Usage: python experiments/answer_pages.py --model qa-model/kobigbird-e5-korquad --model qa-model/kobigbird-e5-korquad-long
        [--name answer_pages] [--bf16]
 Writes experiments/results/NAME.{md,json}.
+
+Held out, asserted: every model's own record (longbird_finetune.json) shows KorQuAD 1.0 training data (format
+korquad1 or korquad1-articles, never a KorQuAD 2.x page), and neither page's title is an article of the repository's
+KorQuAD 1.0 file, the only KorQuAD 1.0 data here; the page titles and context hashes go into the JSON.
 """
 
 from __future__ import annotations
@@ -22,11 +26,32 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from longbird import Reader  # noqa: E402
-from longbird.data.korquad import read_korquad_v2  # noqa: E402
+from longbird.data.corpus import text_hash  # noqa: E402
+from longbird.data.korquad import read_korquad_v1_articles, read_korquad_v2  # noqa: E402
 from longbird.files import write_file_atomically  # noqa: E402
 from longbird.metrics.korquad import f1_korquad_v2, normalize_korquad_v2  # noqa: E402
 
 PAGES = [ROOT / "data" / "korquad" / name for name in ("korquad2.1_dev_00.json", "korquad2.1_train_00.json")]
+KORQUAD1 = ROOT / "data" / "korquad" / "KorQuAD_v1.0_dev.json"
+TRAINED_FORMATS = ("korquad1", "korquad1-articles")
+
+
+def held_out_record(models: list[Path], rows) -> dict:
+    """Raises unless every model was fine-tuned on KorQuAD 1.0 data only and no page title is a KorQuAD 1.0 article;
+    returns the page titles, their context hashes and each model's training format."""
+    formats = {}
+    for model_dir in models:
+        record = json.loads((model_dir / "longbird_finetune.json").read_text(encoding="utf-8"))
+        formats[str(model_dir)] = record.get("format")
+        if record.get("format") not in TRAINED_FORMATS:
+            raise SystemExit(f"{model_dir} was fine-tuned on {record.get('format')!r} data: only readers trained on "
+                             f"KorQuAD 1.0 ({', '.join(TRAINED_FORMATS)}) have never seen these KorQuAD 2.1 pages")
+    titles = sorted(set(rows["title"]))
+    shared = set(titles) & set(read_korquad_v1_articles(KORQUAD1)[0]["title"])
+    if shared:
+        raise SystemExit(f"the KorQuAD 1.0 data holds the pages {sorted(shared)}: they may have been trained on")
+    return {"page_titles": titles, "page_context_sha256": sorted({text_hash(c) for c in rows["context"]}),
+            "training_formats": formats}
 
 
 def main() -> None:
@@ -37,8 +62,11 @@ def main() -> None:
     parser.add_argument("--name", default="answer_pages")
     parser.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
     args = parser.parse_args()
-    rows = [row for page in PAGES for row in read_korquad_v2(page)[0]]
-    results = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "models": {}}
+    pages = read_korquad_v2(PAGES)[0]
+    held_out = held_out_record(args.model, pages)
+    rows = list(pages)
+    results = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "held_out": held_out,
+               "models": {}}
     lines = [f"Command: `{results['command']}`", "",
              "| model | window | page | question | gold | answer | probability | EM | F1 | seconds |",
              "|---|---:|---|---|---|---|---:|---:|---:|---:|"]

@@ -231,9 +231,9 @@ class LittleBirdLayer(nn.Module):
             pack_key, pack_value = unpack._heads(unpack.key(context)), unpack._heads(unpack.value(context))
         query, key, value = (unpack._heads(proj(hidden_states)) for proj in (unpack.query, unpack.key, unpack.value))
         scale = None
-        if tape is not None and self.tape_phase is not None:  # TAPE: the content turns each state's phase
-            tape = self.tape_phase(tape, hidden_states)
         if tape is not None:
+            if self.tape_phase is not None:  # TAPE: the content turns each state's phase (TapePhase)
+                tape = self.tape_phase(tape, hidden_states)
             query, key, value, pack_key, pack_value = _tape_usw_inputs(query, key, value, pack_key, pack_value, tape)
             scale = unpack.head_dim ** -0.5  # the head's own scale, not that of the widened q, k
         context = dispatch.usw(query, key, value, key_mask, positions, self.bialibi, self.block_size, pack_key,

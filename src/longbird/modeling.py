@@ -182,9 +182,8 @@ class LongBirdPreTrainedModel(PreTrainedModel):
         elif isinstance(module, tape_states.TapeFeedForward):  # W1 zero: the states are unchanged at init (TAPE)
             module.tape_ffn_in.zero_()
             module.tape_ffn_out.normal_(0.0, module.tape_ffn_out.shape[1] ** -0.5)
-        elif isinstance(module, tape_states.TapePhase):  # gate zero: no rotation at init; the clock reads content
+        elif isinstance(module, tape_states.TapePhase):  # gate zero: no rotation at init (the clock is an nn.Linear)
             module.tape_phase_gate.zero_()
-            module.tape_phase_clock.weight.normal_(0.0, self.config.initializer_range)
         elif isinstance(module, LongBirdSelfAttention) and hasattr(module, "tape_post"):
             module.tape_post.zero_()
 

@@ -226,9 +226,8 @@ class Reader:
     def finish(self, request: Request, windows: list[WindowCandidates]) -> Reading:
         """The answers of a prepared request from its decoded windows."""
         answers = rank_answers(windows, request.documents, self.scoring, request.top_k).get("question", [])
-        return Reading([answer_record(a, request.is_html) for a in answers], len(request.features),
-                       sum(len(f.input_ids) for f in request.features), request.window_length, request.window_source,
-                       request.question_cut)
+        return Reading([answer_record(a, request.is_html) for a in answers], len(request.features), request.tokens,
+                       request.window_length, request.window_source, request.question_cut)
 
     def classify(self, document: str, window_length: int | None = None, stride: int = 128) -> dict:
         """Class probabilities of `document` (best first) from the mean of its windows' logits, as `evaluate --task

@@ -114,6 +114,5 @@ class TapePhase(nn.Module):
     def forward(self, states: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         clock = self.tape_phase_clock(hidden).to(states.dtype).transpose(1, 2)  # (B, H, l)
         angles = clock[..., None] * self.tape_phase_gate.to(states.dtype)[:, None, :]  # (B, H, l, d/2)
-        c, s = angles.cos(), angles.sin()
-        re, im = states[..., 0], states[..., 1]
-        return torch.stack([re * c - im * s, re * s + im * c], dim=-1)
+        turn = torch.stack([angles.cos(), angles.sin()], dim=-1)  # unit complex numbers, as states
+        return rotate(states.flatten(-2), turn).unflatten(-1, (-1, 2))  # e · exp(iφ), pair by pair

@@ -116,9 +116,9 @@ def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "
                            len(dev_titles))
     rows = sample_questions(rows, max_examples, settings.seed)
     # a saved head (and its answer-length limit) is kept unless another is asked for
-    overrides = {key: value for key, value in (("qa_head", qa_head), ("qa_max_answer_tokens", max_answer_tokens))
-                 if value is not None}
-    overrides = {**(conversion or {}), **overrides}
+    overrides = {**(conversion or {}), **{key: value for key, value in (("qa_head", qa_head),
+                                                                        ("qa_max_answer_tokens", max_answer_tokens))
+                                          if value is not None}}
     set_seed(settings.seed)  # a new head's initialisation is part of the run
     model, tokenizer = load_task_model(model_path, LongBirdForQuestionAnswering, preset, max_length, **overrides)
     add_tag_tokens(tokenizer, model)  # always, so the model can read HTML pages later (`longbird answer`)
