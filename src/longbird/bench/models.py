@@ -19,6 +19,8 @@ PRESET_SETTINGS = {
     "kobigbird": dict(attention="bigbird", position="absolute", block_size=64, num_random_blocks=3),
     "littlebird": dict(attention="littlebird", position="bialibi", block_size=64, pack_size=64),
     "full": dict(attention="full", position="absolute"),
+    # TAPE's preset: full attention, the source's absolute table, identity states updated in every layer
+    "tape": dict(attention="full", position="tape", tape_init="identity"),
 }
 BASELINES = ("hf-bigbird", "hf-longformer", "sdpa-roberta")
 

@@ -1,0 +1,89 @@
+"""How far a forward pass is from its own GEMM floor, per preset, size, dtype and length, and where the rest goes.
+
+For each point the model (random init, batch 1, `longbird.bench.models`) runs one forward; the `nn.Linear` calls it
+made are recorded and replayed alone with the same weights, shapes and dtype (`longbird.bench.floor`); forward and
+replay alternate, medians of --repeats. ratio = forward / floor: 1.0 would be a forward that does nothing but its
+dense projections and feed-forward products. With --profile, the operators of one forward at the longest length
+(self CPU time, torch.profiler) show what the time above the floor is made of. CPU only.
+
+Usage: python benchmarks/floor.py [--preset kobigbird littlebird tape] [--size small base] [--dtype fp32 bf16]
+       [--length 512 4096] [--repeats 3] [--profile] [--name floor]
+Writes benchmarks/results/NAME.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from longbird.bench.floor import floor_measurement, op_profile
+from longbird.bench.models import PRESET_SETTINGS, SIZES, build_model, forward_fn, matmul_throughput
+from longbird.bench.sweep import DTYPES, cpu_model
+from longbird.files import write_file_atomically
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", nargs="+", default=["kobigbird", "littlebird", "tape"], choices=list(PRESET_SETTINGS))
+    parser.add_argument("--size", nargs="+", default=["small", "base"], choices=list(SIZES))
+    parser.add_argument("--dtype", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    parser.add_argument("--length", nargs="+", type=int, default=[512, 4096])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--profile", action="store_true", help="Operator profile of each preset at the longest length")
+    parser.add_argument("--profile-top", type=int, default=12)
+    parser.add_argument("--name", default="floor")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    args = parser.parse_args()
+    command = "python benchmarks/floor.py " + " ".join(sys.argv[1:])
+    report = {"command": command, "cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+              "matmul_tflops": {name: matmul_throughput(DTYPES[name]) / 1e12 for name in args.dtype},
+              "rows": [], "profiles": []}
+    longest = max(args.length)
+    for size in args.size:
+        for preset in args.preset:
+            for dtype in args.dtype:
+                model = build_model(preset, longest, SIZES[size]).to(DTYPES[dtype])
+                for length in sorted(args.length):
+                    run = forward_fn(model, length, backward=False, base=SIZES[size])
+                    row = floor_measurement(model, run, repeats=args.repeats)
+                    row.update(preset=preset, size=size, dtype=dtype, length=length)
+                    report["rows"].append(row)
+                    print(f"{preset} {size} {dtype} {length}: forward {row['forward_seconds']:.3f} s, floor "
+                          f"{row['floor_seconds']:.3f} s, ratio {row['ratio']:.2f}", flush=True)
+                    if args.profile and length == longest:
+                        report["profiles"].append(dict(preset=preset, size=size, dtype=dtype, length=length,
+                                                       ops=op_profile(run, args.profile_top)))
+                del model
+    write_file_atomically(args.out / f"{args.name}.json", json.dumps(report, indent=2) + "\n")
+    write_file_atomically(args.out / f"{args.name}.md", markdown(report))
+    print(markdown(report))
+
+
+def markdown(report: dict) -> str:
+    tflops = ", ".join(f"{name} {value:.3f}" for name, value in report["matmul_tflops"].items())
+    lines = [f"Command: `{report['command']}`  ",
+             f"CPU: {report['cpu']}, {report['threads']} threads, torch {report['torch']}; 4096x768x3072 matmul "
+             f"TFLOP/s: {tflops}. Batch 1, random weights, 12 layers; medians of alternating forward / replay calls.",
+             "", "| preset | size | dtype | tokens | forward | own GEMM floor | floor GFLOP/s | ratio |",
+             "|---|---|---|---:|---:|---:|---:|---:|"]
+    for row in report["rows"]:
+        lines.append(f"| {row['preset']} | {row['size']} | {row['dtype']} | {row['length']} | "
+                     f"{row['forward_seconds']:.3f} s | {row['floor_seconds']:.3f} s | {row['floor_gflops']:.0f} | "
+                     f"**{row['ratio']:.2f}** |")
+    for profile in report["profiles"]:
+        lines += ["", f"Operators of one forward, {profile['preset']} {profile['size']} {profile['dtype']} "
+                      f"{profile['length']} tokens (self CPU time):", "", "| op | self ms | calls | share |",
+                  "|---|---:|---:|---:|"]
+        lines += [f"| `{op['op']}` | {op['self_ms']:.1f} | {op['calls']} | {100 * op['share']:.1f} % |"
+                  for op in profile["ops"]]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
