@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", nargs="+", default=["kobigbird", "littlebird", "tape"], choices=list(PRESET_SETTINGS))
+    parser.add_argument("--preset", nargs="+", default=["kobigbird", "littlebird", "tape"],
+                        choices=list(PRESET_SETTINGS))
     parser.add_argument("--size", nargs="+", default=["small", "base"], choices=list(SIZES))
     parser.add_argument("--dtype", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     parser.add_argument("--length", nargs="+", type=int, default=[512, 4096])
