@@ -150,6 +150,7 @@ def main() -> None:
         run_dir = args.work / name
         record = results["runs"].setdefault(name, {"seed": args.seed})
         record["tape_phase_code"] = True  # measured with issue 26's code (TAPE with its phase where not turned off)
+        record["measured_on"] = time.strftime("%Y-%m-%d")
         lora_trained = None
         if run in LORA_MATCH:
             tape_model = load_task_model(SOURCE, LongBirdForQuestionAnswering, "tape", MAX_LENGTH,
@@ -229,20 +230,23 @@ def _write(results: dict, out: Path, started: float) -> None:
              f"{results['wall_seconds'] / 60:.0f} min wall in total on this CPU (2 cores, fp32).", "",
              *([f"Renamed rows: {results['relabelled']['note']}{_reproduction(results)}", ""]
                if "relabelled" in results else []),
-             "| run | trained parameters | % of all | % of non-embedding | lr | train min | eval min | "
+             "| run | measured | trained parameters | % of all | % of non-embedding | lr | train min | eval min | "
              + " | ".join(str(n) for n in lengths) + " |",
-             "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(lengths)]
+             "|---|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(lengths)]
     for variant in variants:
         run = results["runs"].get(variant, {})
         counts = run.get("parameters", {})
-        lines.append(f"| e5 {variant} | {counts.get('trainable', 0):,} | {100 * counts.get('fraction_of_total', 0):.2f} | "
+        measured = run.get("measured_on") or ("after issue 26" if run.get("tape_phase_code")
+                                              else "2026-11-23, before the phase")
+        lines.append(f"| e5 {variant} | {measured} | {counts.get('trainable', 0):,} | "
+                     f"{100 * counts.get('fraction_of_total', 0):.2f} | "
                      f"{100 * counts.get('fraction_of_non_embedding', 0):.2f} | {run.get('learning_rate', '')} | "
                      f"{run.get('train_seconds', 0) / 60:.0f} | {run.get('eval_seconds', 0) / 60:.0f} | "
                      + " | ".join(f"{score[(variant, n)]:.1f}" if (variant, n) in score else "" for n in lengths)
                      + " |")
     for variant in e3_variants:
         if any((variant, n) in e3_score for n in lengths):
-            lines.append(f"| E3 MiniLM {variant} (full fine-tuning) | | | | 1e-4 | | | "
+            lines.append(f"| E3 MiniLM {variant} (full fine-tuning) | E3 | | | | 1e-4 | | | "
                          + " | ".join(f"{e3_score[(variant, n)]:.1f}" if (variant, n) in e3_score else ""
                                       for n in lengths) + " |")
     out.mkdir(parents=True, exist_ok=True)
