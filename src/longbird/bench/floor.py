@@ -11,12 +11,13 @@ and Python; `op_profile` says which operators take it (torch.profiler, self time
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from .sweep import _timed  # one timed call, synchronised on CUDA
 
 
 @dataclass(frozen=True, eq=False)  # tensors inside: identity, not value, equality
@@ -73,32 +74,19 @@ def replay_fn(calls: list[LinearCall]) -> Callable[[], None]:
     return replay
 
 
-def median_seconds(run: Callable[[], object], repeats: int, synchronize: Callable[[], None] = lambda: None) -> float:
-    """The median wall time of `repeats` calls of `run` after one warm-up call."""
-    run()
-    samples = []
-    for _ in range(repeats):
-        synchronize()
-        start = time.perf_counter()
-        run()
-        synchronize()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
-
-
-def floor_measurement(model: torch.nn.Module, run: Callable[[], object], repeats: int = 3,
-                      synchronize: Callable[[], None] = lambda: None) -> dict:
+def floor_measurement(model: torch.nn.Module, run: Callable[[], object], repeats: int = 3) -> dict:
     """Forward time, the model's own GEMM floor and their ratio, measured alternately in this process.
 
     The forward and the replay alternate (F R F R ...), so a change of machine load hits both alike."""
+    device = next(model.parameters()).device
     calls = record_linear_calls(model, run)
     replay = replay_fn(calls)
     run()
     replay()  # warm-ups
     forward_times, floor_times = [], []
     for _ in range(repeats):
-        forward_times.append(median_seconds(run, 1, synchronize))
-        floor_times.append(median_seconds(replay, 1, synchronize))
+        forward_times.append(_timed(run, device))
+        floor_times.append(_timed(replay, device))
     forward, floor = statistics.median(forward_times), statistics.median(floor_times)
     flops = sum(call.flops for call in calls)
     return {"forward_seconds": forward, "floor_seconds": floor, "ratio": forward / floor,
