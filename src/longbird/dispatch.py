@@ -140,6 +140,8 @@ def mark_broken(key: str, error: Exception) -> None:
 
 def _logged(backend: str, reason: str, strict: bool = False) -> SparseBackend:
     global _last_logged
+    if is_tracing():  # a traced graph has no logging calls (dynamo would break the graph there); eager calls log
+        return SparseBackend(backend, reason, strict)
     if _last_logged != (backend, reason):
         logger.info("sparse attention backend: %s (%s)", backend, reason)
         _last_logged = (backend, reason)

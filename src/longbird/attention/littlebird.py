@@ -43,8 +43,11 @@ def pack_attention(pack_query: torch.Tensor, key: torch.Tensor, value: torch.Ten
 def _neighbour_blocks(x: torch.Tensor, axis: int, fill) -> torch.Tensor:
     """Blocks on `axis`, tokens on `axis + 1`: returns each block's left, own and right block concatenated
     on the token axis (3b tokens), `fill` beyond the ends."""
-    pad = [0, 0] * (x.dim() - axis - 1) + [1, 1]
-    padded = F.pad(x, pad, value=fill)
+    # cat with a filled block rather than F.pad: Inductor's CPU code for a padded bool/int64 tensor fused into the
+    # layout does not compile (torch 2.13, "operands to '?:' have different types VecMask<long> and VecMask<float>")
+    edge = x.narrow(axis, 0, 1)
+    edge = torch.full(edge.shape, fill, dtype=x.dtype, device=x.device)
+    padded = torch.cat([edge, x, edge], dim=axis)
     n = x.shape[axis]
     return torch.cat([padded.narrow(axis, offset, n) for offset in range(3)], dim=axis + 1)
 
