@@ -77,6 +77,19 @@ class USWLayout:
             self.derived[key] = torch.cat([self.mask.new_ones(*self.mask.shape[:2], s), self.mask], dim=-1)
         return self.derived[key]
 
+    def score_terms(self, s: int) -> torch.Tensor:
+        """(B, 5, n·b·(s + 4b)) fp32: per score, the coefficients of [α, β, γ, D_C, MASKED] in D, the last one 1 where
+        the key is masked. One (H, 5) x (5, ·) product per layer then gives every head's bias in the layout SDPA reads
+        (inference; `usw_attention`), instead of four passes over the (B, H, n, b, s + 4b) scores."""
+        key = ("score-terms", s)
+        if key not in self.derived:
+            batch, n, keys = self.mask_with_pack(s).shape
+            b = self.block_size
+            terms = self.bias_terms(s, torch.float32).view(batch, n, b, keys, 4)
+            masked = (~self.mask_with_pack(s))[:, :, None, :, None].expand(batch, n, b, keys, 1).float()
+            self.derived[key] = torch.cat([terms, masked], dim=-1).view(batch, -1, 5).transpose(1, 2).contiguous()
+        return self.derived[key]
+
     def bias_terms(self, s: int, dtype: torch.dtype) -> torch.Tensor:
         """(B, n·b·(s + 4b), 4): per score, the coefficients of [α, β, γ, D_C] in D, so that the gradients of the four
         slopes are one matrix product with dS (instead of four multiply-and-sum passes)."""
@@ -302,13 +315,38 @@ def usw_attention(
                                        slopes.alpha, slopes.beta, slopes.gamma, pack_bias, layout, scale)
     blocks = lambda x: x.view(batch, heads, n, b, x.shape[-1])
     keys, values = _key_groups(blocks(key), blocks(value), pack_key, pack_value, n, workspace)
+    if not dropout_p:
+        # Inference: one fused SDPA call over (head, block) rows, softmax accumulated in fp32 inside the kernel, with
+        # the BiALiBi bias of every head from one small product (USWLayout.score_terms); masked keys get −MASKED_BIAS.
+        keys_per_block = keys.shape[3]
+        bias = _usw_bias(layout, slopes, pack_bias, s, query.dtype)
+        out = F.scaled_dot_product_attention(
+            query.reshape(batch, heads * n, b, dim), keys.view(batch, heads * n, keys_per_block, dim),
+            values.view(batch, heads * n, keys_per_block, value.shape[-1]),
+            attn_mask=bias.view(batch, heads * n, b, keys_per_block), scale=scale)
+        return out.view(batch, heads, length, value.shape[-1])
     scores = _biased_scores(blocks(query), keys, layout, slopes.alpha, slopes.beta, slopes.gamma, pack_bias, s,
                             scale)
-    probs = torch.softmax(scores, dim=-1)
-    if dropout_p:
-        probs = F.dropout(probs, dropout_p)
+    probs = F.dropout(torch.softmax(scores, dim=-1), dropout_p)
     out = torch.matmul(probs.to(values.dtype), values)
     return out.view(batch, heads, length, value.shape[-1])
+
+
+# Added to the score of a masked key: exp(−1e4 + any real score) is 0 in fp32, and unlike −inf a row whose keys are all
+# masked (an all-padding row without pack tokens) stays finite (its output is never used).
+MASKED_BIAS = 1e4
+
+
+def _usw_bias(layout: USWLayout, slopes: BiALiBiSlopes, pack_bias, s: int, dtype: torch.dtype) -> torch.Tensor:
+    """(B, H, n·b·(s + 4b)) −D (LittleBird §3.1, §3.3) with masked keys at −MASKED_BIAS, in `dtype` (SDPA takes a
+    float mask of the query's dtype): the per-head slopes [α, β, γ, D_C, MASKED_BIAS] times the call's score terms."""
+    terms = layout.score_terms(s)
+    pack = pack_bias if pack_bias is not None else torch.zeros_like(slopes.alpha, dtype=torch.float32)
+    weights = torch.stack([slopes.alpha.float(), slopes.beta.float(), slopes.gamma.float(), pack.float(),
+                           torch.full_like(pack, MASKED_BIAS, dtype=torch.float32)], dim=-1)  # (H, 5)
+    compute = torch.promote_types(dtype, torch.float32)  # fp32 arithmetic, or fp64 for fp64 inputs (tests)
+    bias = torch.matmul(weights.to(compute).neg(), terms.to(compute))
+    return bias if bias.dtype == dtype else bias.to(dtype)
 
 
 def usw_attention_reference(query, key, value, key_mask, positions, bias: BiALiBiSlopes, block_size,
