@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
+import longbird
 from longbird.bench.floor import floor_measurement, op_profile
 from longbird.bench.models import PRESET_SETTINGS, SIZES, build_model, forward_fn, matmul_throughput
 from longbird.bench.sweep import DTYPES, cpu_model
@@ -38,11 +41,16 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--profile", action="store_true", help="Operator profile of each preset at the longest length")
     parser.add_argument("--profile-top", type=int, default=12)
+    parser.add_argument("--backend", choices=["auto", "blocked", "flex"], default=None,
+                        help="Sparse attention backend (LONGBIRD_ATTENTION_BACKEND); default: the model's own choice")
     parser.add_argument("--name", default="floor")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args()
+    if args.backend:
+        os.environ["LONGBIRD_ATTENTION_BACKEND"] = args.backend
     command = "python benchmarks/floor.py " + " ".join(sys.argv[1:])
-    report = {"command": command, "cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+    report = {"command": command, "code": code_version(), "backend": args.backend or "auto",
+              "cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
               "matmul_tflops": {name: matmul_throughput(DTYPES[name]) / 1e12 for name in args.dtype},
               "rows": [], "profiles": []}
     longest = max(args.length)
@@ -66,9 +74,23 @@ def main():
     print(markdown(report))
 
 
+def code_version() -> str:
+    """The commit of the longbird package measured (a before/after pair may run one script against two checkouts)."""
+    package = Path(longbird.__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "-C", str(package), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(package), "status", "--porcelain", "--", "."], capture_output=True,
+                               text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return f"{package} (not a git checkout)"
+    return f"{commit}{' + uncommitted changes' if dirty else ''} ({package})"
+
+
 def markdown(report: dict) -> str:
     tflops = ", ".join(f"{name} {value:.3f}" for name, value in report["matmul_tflops"].items())
-    lines = [f"Command: `{report['command']}`  ",
+    lines = [f"Command: `{report['command']}`  ", f"Code: {report.get('code', '?')}; sparse attention backend: "
+             f"{report.get('backend', 'auto')}  ",
              f"CPU: {report['cpu']}, {report['threads']} threads, torch {report['torch']}; 4096x768x3072 matmul "
              f"TFLOP/s: {tflops}. Batch 1, random weights, 12 layers; medians of alternating forward / replay calls.",
              "", "| preset | size | dtype | tokens | forward | own GEMM floor | floor GFLOP/s | ratio |",

@@ -5,6 +5,8 @@ import logging
 import pytest
 import torch
 
+import longbird
+from conftest import BLOCK, make_batch, make_source
 from longbird import dispatch, flex_failures
 from longbird.dispatch import CPU_FLEX_MIN_LENGTH, SparseBackend, choose_backend
 
@@ -29,6 +31,27 @@ def test_cpu_rule_follows_autograd_and_length(caplog):
     assert training.name == "blocked" and "no backward on CPU" in training.reason
     assert [record.getMessage() for record in caplog.records][0].startswith("sparse attention backend: flex")
     assert len(caplog.records) == 3  # INFO once per change of choice
+
+
+def test_cpu_half_precision_takes_the_blocked_kernels_and_the_model_passes_autocast_dtype(monkeypatch):
+    with torch.no_grad():
+        for dtype in (torch.bfloat16, torch.float16):
+            chosen = choose_backend("auto", CPU, 8192, 64, dtype=dtype)
+            assert chosen.name == "blocked" and "half precision" in chosen.reason
+        assert choose_backend("auto", CPU, 8192, 64, dtype=torch.float32).name == "flex"
+        assert choose_backend("flex", CPU, 8192, 64, dtype=torch.bfloat16).name == "flex"  # an explicit request wins
+    from longbird import modeling
+
+    seen = []
+    monkeypatch.setattr(modeling, "choose_backend", lambda *args, **kwargs: seen.append(kwargs["dtype"]) or
+                        SparseBackend("blocked", "test"))
+    model = longbird.convert(make_source("bert"), preset="kobigbird", max_length=256, block_size=BLOCK).eval()
+    input_ids, _ = make_batch(200, batch=1, padded_rows=0)
+    with torch.no_grad():
+        model(input_ids=input_ids)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            model(input_ids=input_ids)
+    assert seen == [torch.float32, torch.bfloat16]
 
 
 def test_explicit_requests_and_the_environment_variable(monkeypatch):

@@ -80,11 +80,12 @@ class SparseBackend:
 
 def choose_backend(requested: str, device: torch.device, length: int, block_size: int,
                    attention_dropout: bool = False, repeated_blocks: bool = False,
-                   position_states: bool = False) -> SparseBackend:
+                   position_states: bool = False, dtype: torch.dtype = torch.float32) -> SparseBackend:
     """The backend for one call; `requested` is the config's attention_backend (or LONGBIRD_ATTENTION_BACKEND).
     `attention_dropout`: the call applies attention dropout (training with attention_probs_dropout_prob > 0).
     `repeated_blocks`: the pattern counts a key block more than once (random_blocks="transformers").
-    `position_states`: TAPE states ride beside V (values wider than the queries), which the flex path does not take."""
+    `position_states`: TAPE states ride beside V (values wider than the queries), which the flex path does not take.
+    `dtype`: the dtype the attention computes in (autocast's, when it is on)."""
     if position_states:
         return SparseBackend("blocked", "TAPE: the position states ride beside V, wider than the flex path takes")
     requested = os.environ.get("LONGBIRD_ATTENTION_BACKEND", requested)
@@ -113,6 +114,9 @@ def choose_backend(requested: str, device: torch.device, length: int, block_size
             return _logged("blocked", "CUDA training: the blocked kernels are faster than flex's 128-token backward "
                                       "tiles (measured)")
         return _logged("flex", "CUDA inference: compiled flex_attention on exact block tiles")
+    if dtype in (torch.bfloat16, torch.float16):
+        return _logged("blocked", "CPU inference in half precision: the blocked kernels (SDPA) are faster than compiled "
+                                  "flex_attention at every measured length (benchmarks/results/flex_cpu_bf16.md)")
     if length < CPU_FLEX_MIN_LENGTH:
         return _logged("blocked", f"CPU inference below {CPU_FLEX_MIN_LENGTH} tokens: the blocked kernel is faster "
                                   "once compile time is counted")

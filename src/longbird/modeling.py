@@ -44,6 +44,12 @@ def enable_checkpointing(model: PreTrainedModel) -> None:
     (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
 
 
+def _compute_dtype(hidden_states: torch.Tensor) -> torch.dtype:
+    """The dtype attention computes in: autocast's when autocast is on for the device, else the states' own."""
+    device = hidden_states.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden_states.dtype
+
+
 class LongBirdEncoder(nn.Module):
     def __init__(self, config: LongBirdConfig):
         super().__init__()
@@ -67,7 +73,7 @@ class LongBirdEncoder(nn.Module):
                               config.block_size,
                               attention_dropout=self.training and config.attention_probs_dropout_prob > 0,
                               repeated_blocks=config.attention == "bigbird" and config.random_blocks == "transformers",
-                              position_states=config.position == "tape")
+                              position_states=config.position == "tape", dtype=_compute_dtype(hidden_states))
 
     def _initial_tape_states(self, position_ids):
         """TAPE's (B, H, l, d/2, 2) states from the (padded) position ids, or None without TAPE."""
