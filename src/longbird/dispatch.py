@@ -115,8 +115,8 @@ def choose_backend(requested: str, device: torch.device, length: int, block_size
                                       "tiles (measured)")
         return _logged("flex", "CUDA inference: compiled flex_attention on exact block tiles")
     if dtype in (torch.bfloat16, torch.float16):
-        return _logged("blocked", "CPU inference in half precision: the blocked kernels (SDPA) are faster than compiled "
-                                  "flex_attention at every measured length (benchmarks/results/flex_cpu_bf16.md)")
+        return _logged("blocked", "CPU inference in half precision: the blocked kernels (SDPA) are faster than "
+                                  "compiled flex_attention (measured: benchmarks/results/flex_cpu_bf16.md)")
     if length < CPU_FLEX_MIN_LENGTH:
         return _logged("blocked", f"CPU inference below {CPU_FLEX_MIN_LENGTH} tokens: the blocked kernel is faster "
                                   "once compile time is counted")
