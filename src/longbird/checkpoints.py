@@ -61,11 +61,17 @@ def require_trained_head(model_path, task_class) -> None:
         raise ValueError(f"{path} has no trained {task} head (saved architecture: {', '.join(saved)}); fine-tune it "
                          f"with `longbird {command}` first, or give a directory that `{command}` wrote")
 
-def load_on_device(model_path, task_class, device: str | None = None):
-    """(model, tokenizer) for inference with a trained head, the model moved to `device` (None: the CPU)."""
+def load_on_device(model_path, task_class, device: str | None = None, compile: bool = False):
+    """(model, tokenizer) for inference with a trained head, the model moved to `device` (None: the CPU); `compile`:
+    the encoder compiled in place (compilation.py)."""
     require_trained_head(model_path, task_class)
     model, tokenizer = load_task_model(model_path, task_class)
-    return (model.to(device) if device else model), tokenizer
+    model = model.to(device) if device else model
+    if compile:
+        from .compilation import compile_encoder
+
+        compile_encoder(model)
+    return model, tokenizer
 
 def load_task_model(model_path: str | Path | None, task_class, preset: str = "kobigbird", max_length: int = 4096,
                     **overrides: Any):

@@ -121,21 +121,26 @@ class Reading:
 class Reader:
     """A fine-tuned longbird QA model, loaded once, that answers questions about long documents.
 
-    `Reader(model_dir, device="cpu", bf16=False, window_length=None)`, or `Reader.of(model, tokenizer, model_dir)` for
-    a model already loaded; `window_length` is the window of calls that name none (default: the window the model
-    was fine-tuned at, else its length). `answer(question, document)` returns a `Reading`."""
+    `Reader(model_dir, device="cpu", bf16=False, window_length=None, compile=False)`, or `Reader.of(model, tokenizer,
+    model_dir)` for a model already loaded; `window_length` is the window of calls that name none (default: the window
+    the model was fine-tuned at, else its length); `compile`: the encoder compiled with torch.compile (compilation.py).
+    `answer(question, document)` returns a `Reading`."""
 
     def __init__(self, model_dir, device: str | None = None, bf16: bool = False, scoring: str = DEFAULT_SCORING,
-                 window_length: int | None = None):
+                 window_length: int | None = None, compile: bool = False):
         saved = json.loads((resolve_model_directory(model_dir) / "config.json").read_text(encoding="utf-8"))
         architectures = saved.get("architectures") or []
         for task_class in (LongBirdForQuestionAnswering, LongBirdForSequenceClassification):
             if task_class.__name__ in architectures:
-                model, tokenizer = load_on_device(model_dir, task_class, device)
+                model, tokenizer = load_on_device(model_dir, task_class, device, compile=compile)
                 break
         else:  # any other longbird model: its encoder, for `embed`
             model, tokenizer = load_task_model(model_dir, LongBirdModel)
             model = model.to(device) if device else model
+            if compile:
+                from .compilation import compile_encoder
+
+                compile_encoder(model)
         self._setup(model, tokenizer, model_dir, bf16, scoring, window_length)
 
     @property

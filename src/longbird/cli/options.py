@@ -53,6 +53,8 @@ TrainDevice = Annotated[str, typer.Option(help=TRAIN_DEVICE_HELP)]
 AutocastBf16 = Annotated[bool, typer.Option(help="bf16 autocast (about 2x faster on CPUs with AVX-512 bf16)")]
 MixedBf16 = Annotated[bool, typer.Option(help="bf16 mixed precision")]
 Fp16 = Annotated[bool, typer.Option(help="fp16 mixed precision (CUDA only)")]
+Compile = Annotated[bool, typer.Option(help="Compile the encoder with torch.compile (faster calls after the first of "
+                                            "each input shape, which compiles; docs/benchmarks.md)")]
 
 # Training (FinetuneSettings fields; `common.training_settings` gathers them)
 LearningRate = Annotated[float, typer.Option()]

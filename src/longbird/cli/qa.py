@@ -13,6 +13,7 @@ from .options import (
     SCORING,
     AutocastBf16,
     BatchSize,
+    Compile,
     ConvertLength,
     ConvertPreset,
     Device,
@@ -125,7 +126,7 @@ def evaluate(
     data_format: QAFormat = "korquad2", window_length: QAReadWindow = None, doc_stride: QAReadStride = None,
     max_windows: MaxWindows = None, max_examples: FirstExamples = None, split: Split = None,
     max_answer_tokens: MaxAnswerTokens = None, scoring: str = SCORING, batch_size: BatchSize = 4,
-    device: Device = "auto", overwrite: Overwrite = False, bf16: AutocastBf16 = False,
+    device: Device = "auto", overwrite: Overwrite = False, bf16: AutocastBf16 = False, compile: Compile = False,
 ):
     """Predict and score with the official metric; writes predictions.json and metrics.json."""
     device = resolve_device(device)
@@ -137,7 +138,7 @@ def evaluate(
                                  window_length=window_length, doc_stride=doc_stride, max_windows=max_windows,
                                  batch_size=batch_size, max_examples=max_examples, out=out, progress=True,
                                  split=split, device=device, overwrite=overwrite,
-                                 max_answer_tokens=max_answer_tokens, scoring=scoring)
+                                 max_answer_tokens=max_answer_tokens, scoring=scoring, compile=compile)
         elif task == "classification":
             from ..tasks.classification import evaluate_cls
 
@@ -152,7 +153,7 @@ def answer(
     model: QAModel, document: Document, question: Question, window_length: ReadWindow = None,
     doc_stride: ReadStride = None, max_answer_tokens: MaxAnswerTokens = None, scoring: str = SCORING,
     max_question_tokens: QuestionTokens = None, min_probability: MinProbability = 0.0, as_json: Json = False,
-    device: Device = "auto", bf16: AutocastBf16 = False,
+    device: Device = "auto", bf16: AutocastBf16 = False, compile: Compile = False,
 ):
     """Answer a question about a long document: the answer, its character span in the file and its probability.
 
@@ -167,7 +168,8 @@ def answer(
     # Read as bytes and decoded as is: offsets count characters of the file, \r of CRLF line ends included.
     text = read_text_file(path=document, what="document")
     with console.status("loading the model"):
-        qa_model, tokenizer = load_on_device(model_path=model, task_class=LongBirdForQuestionAnswering, device=device)
+        qa_model, tokenizer = load_on_device(model_path=model, task_class=LongBirdForQuestionAnswering, device=device,
+                                             compile=compile)
     with console.status(f"reading {document.name} ({len(text):,} characters)"), autocast(device, bf16):
         record = answer_document(model=qa_model, document=text, question=question, tokenizer=tokenizer,
                                  is_html=_is_html(document), window_length=window_length, doc_stride=doc_stride,

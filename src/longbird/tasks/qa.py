@@ -165,15 +165,15 @@ def evaluate_qa(model_path, data, *, data_format: str = "korquad2", window_lengt
                 doc_stride: int | None = None, max_windows: int | None = None, batch_size: int = 4,
                 max_examples: int | None = None, out: str | Path | None = None, progress: bool = False,
                 split: str | None = None, device: str | None = None, overwrite: bool = False,
-                max_answer_tokens: int | None = None, scoring: str = DEFAULT_SCORING) -> dict:
+                max_answer_tokens: int | None = None, scoring: str = DEFAULT_SCORING, compile: bool = False) -> dict:
     """Predict every question and score with the official metric of the format. With `out`, writes
     predictions.json ({id: text}) and metrics.json (scores, number of questions, model, data) there atomically.
     `max_answer_tokens` defaults to the model's `qa_max_answer_tokens`; `scoring` ranks spans across windows
-    (`qa.SCORING_RULES`)."""
+    (`qa.SCORING_RULES`); `compile`: the encoder compiled with torch.compile (compilation.py)."""
     check_output(out, overwrite)
     rows, skipped = (data, 0) if isinstance(data, Dataset) else read_qa_data(data, data_format, split)
     rows = sample_questions(rows, max_examples)
-    model, tokenizer = load_on_device(model_path, LongBirdForQuestionAnswering, device)
+    model, tokenizer = load_on_device(model_path, LongBirdForQuestionAnswering, device, compile=compile)
     check_tokenizer(model, tokenizer)
     window_length, doc_stride, window_source = reading_windows(model, model_path, window_length, doc_stride)
     answers = predict_rows(model, tokenizer, rows, window_length, doc_stride, max_windows, batch_size,
@@ -217,7 +217,7 @@ def check_min_probability(min_probability: float) -> None:
 def answer(model, document: str, question: str, *, tokenizer=None, is_html: bool | None = None,
            window_length: int | None = None, device: str | None = None, max_answer_tokens: int | None = None,
            scoring: str = DEFAULT_SCORING, doc_stride: int | None = None, model_dir=None,
-           min_probability: float = 0.0, max_question_tokens: int | None = None) -> dict:
+           min_probability: float = 0.0, max_question_tokens: int | None = None, compile: bool = False) -> dict:
     """Answer `question` about `document` (a long text or HTML page, as a string) with a fine-tuned longbird QA model:
     a directory path, or a loaded model with its `tokenizer` (and `model_dir`, where its record lives). Returns
     `qa.answer_record`: the readable answer, the raw span, character offsets into `document`, score and probability
@@ -231,7 +231,7 @@ def answer(model, document: str, question: str, *, tokenizer=None, is_html: bool
     check_question(question)
     check_min_probability(min_probability)
     if isinstance(model, (str, Path)):
-        reader = Reader(model, device, scoring=scoring)
+        reader = Reader(model, device, scoring=scoring, compile=compile)
     elif tokenizer is None:
         raise ValueError("a loaded model needs its tokenizer: answer(model, document, question, tokenizer=...)")
     else:
