@@ -9,6 +9,7 @@ import typer
 from .common import print_metrics, training_settings
 from .options import (
     BatchSize,
+    Compile,
     ConvertLength,
     ConvertPreset,
     Epochs,
@@ -42,7 +43,7 @@ def finetune_cls(
     batch_size: BatchSize = 4, seed: Seed = 0, padding_insertion: Flag = False, bf16: Flag = False, fp16: Fp16 = False,
     device: TrainDevice = "auto", train_word_embeddings: TrainWordEmbeddings = False, save_steps: SaveSteps = 0,
     save_total_limit: SaveTotalLimit = None, logging_steps: FinetuneLoggingSteps = 20, peft: TaskPeft = None,
-    resume: Resume = False, overwrite: Overwrite = False,
+    compile: Compile = False, resume: Resume = False, overwrite: Overwrite = False,
 ):
     """Fine-tune long-document classification (windows of a long document share its label)."""
     settings = training_settings(locals())

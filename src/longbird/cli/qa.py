@@ -105,7 +105,8 @@ def finetune_qa(
     padding_insertion: PaddingInsertion = False, bf16: MixedBf16 = False, fp16: Fp16 = False,
     device: TrainDevice = "auto", train_word_embeddings: TrainWordEmbeddings = False, save_steps: SaveSteps = 0,
     save_total_limit: SaveTotalLimit = None, logging_steps: FinetuneLoggingSteps = 20, peft: TaskPeft = None,
-    group_by_length: GroupByLength = False, resume: Resume = False, overwrite: Overwrite = False,
+    group_by_length: GroupByLength = False, compile: Compile = False, resume: Resume = False,
+    overwrite: Overwrite = False,
     teacher: Teacher = None, teacher_weight: TeacherWeight = 0.5, teacher_temperature: TeacherTemperature = 1.0,
     cpu_minutes: CPUMinutes = None, lr_scheduler: LRScheduler = "linear", warmup_ratio: WarmupRatio = 0.1,
 ):

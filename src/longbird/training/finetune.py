@@ -74,6 +74,9 @@ class FinetuneSettings:
     # (median 295 of 512 tokens) spend a third of their tokens on padding. The lengths come from the dataset's own
     # `lengths()` where it has one (data/windows.py), so no item is built to measure it.
     group_by_length: bool = False
+    # torch.compile the model in training (Trainer's `torch_compile`): forward and backward as Inductor graphs; the
+    # first step of each batch shape compiles. Gradients equal eager ones (tests/test_compile_reading.py).
+    compile: bool = False
     # "linear" decay to 0 at max_steps (after warmup), or "constant" after warmup: what a run stopped by a CPU budget
     # needs, since it does not know its last step in advance.
     lr_scheduler: str = "linear"
@@ -353,6 +356,7 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
         remove_unused_columns=False,
         disable_tqdm=not settings.progress,
         dataloader_num_workers=0,
+        torch_compile=settings.compile,
     )
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     trainer = (trainer_class or LongBirdTrainer)(
