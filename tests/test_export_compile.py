@@ -66,11 +66,12 @@ def test_torch_compile_equals_eager_with_the_per_row_plan(preset):
     assert (compiled - eager)[real].abs().max() <= 1e-5
 
 
-@pytest.mark.parametrize("preset", ["littlebird", "full", "tape"])
+@pytest.mark.parametrize("preset", ["kobigbird", "littlebird", "full", "tape"])
 def test_torch_compile_fullgraph_has_no_graph_break_and_equals_eager(preset):
     """Issue 27, item 3: one graph per model (fullgraph=True raises at any graph break: a logging call, `.tolist()`, a
     data-dependent branch), on a padded batch, with TAPE weights non-zero so the state updates are in the graph.
-    kobigbird is not here yet: its per-row plan reads the rows' real lengths on the host (attention/rows.py)."""
+    kobigbird's per-row plan, which reads the rows' real lengths, runs inside one opaque op per layer
+    (dispatch.PlanInGraph); the padded row keeps its own plan, as eagerly."""
     model = _model(preset)
     if preset == "tape":
         with torch.no_grad():  # non-zero TAPE weights (zero at init, which would leave the states out of the graph)

@@ -36,8 +36,8 @@ from .attention import (
 )
 from .attention.flex import bigbird_flex_attention, usw_flex_attention
 from .attention.littlebird import BiALiBiSlopes, USWLayout
-from .attention.patterns import BigBirdPattern
-from .attention.rows import RowGroup, cut_to_group, place_group
+from .attention.patterns import BigBirdPattern, bigbird_pattern
+from .attention.rows import RowGroup, cut_to_group, place_group, plan_rows
 from .attention.tracing import is_tracing
 
 BACKENDS = ("auto", "blocked", "flex")
@@ -172,6 +172,92 @@ def bigbird(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_mas
         q, k, v, mask = (cut_to_group(x, group) for x in (query, key, value, key_mask))
         out = place_group(out, group, _bigbird_group(q, k, v, mask, pattern, backend, workspace, dropout_p, reference))
     return out
+
+
+@dataclass(frozen=True)
+class PlanInGraph:
+    """A BigBird layer's per-row plan made inside the `longbird::bigbird_rows` op instead of by the encoder: what a
+    torch.compile graph carries, since the plan reads each row's real length from the mask (attention/rows.py), which
+    a graph cannot branch on. The op is opaque to the compiler (one node, no graph break); on a GPU its length read is
+    still a host synchronisation, which CUDA graphs cannot capture."""
+
+    layer: int
+    block_size: int
+    full_max_length: int
+    num_random_blocks: int
+    seed: int
+    random_blocks: str
+
+
+def _rows_eagerly(query, key, value, key_mask, plan: PlanInGraph, dropout_p: float) -> torch.Tensor:
+    """The encoder's eager per-row plan and the blocked kernels, for one layer (what `bigbird_rows` computes)."""
+    groups = plan_rows(key_mask, plan.block_size, plan.full_max_length)
+    patterns = [bigbird_pattern(group.num_blocks, plan.block_size, query.shape[1], plan.num_random_blocks, plan.seed,
+                                plan.layer, plan.random_blocks) if group.sparse else None for group in groups]
+    return bigbird(query, key, value, key_mask, groups, patterns, SparseBackend("blocked", "compiled graph"),
+                   dropout_p=dropout_p)
+
+
+def _plan_arguments(plan: PlanInGraph) -> tuple:
+    return (plan.layer, plan.block_size, plan.full_max_length, plan.num_random_blocks, plan.seed, plan.random_blocks)
+
+
+@torch.library.custom_op("longbird::bigbird_rows", mutates_args=())
+def _bigbird_rows_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor, layer: int,
+                     block_size: int, full_max_length: int, num_random_blocks: int, seed: int,
+                     random_blocks: str) -> torch.Tensor:
+    plan = PlanInGraph(layer, block_size, full_max_length, num_random_blocks, seed, random_blocks)
+    with torch.no_grad():
+        return _rows_eagerly(query, key, value, key_mask, plan, 0.0).contiguous()
+
+
+@_bigbird_rows_op.register_fake
+def _(query, key, value, key_mask, layer, block_size, full_max_length, num_random_blocks, seed, random_blocks):
+    return query.new_empty((*query.shape[:-1], value.shape[-1]))
+
+
+@torch.library.custom_op("longbird::bigbird_rows_backward", mutates_args=())
+def _bigbird_rows_backward_op(grad: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                              key_mask: torch.Tensor, layer: int, block_size: int, full_max_length: int,
+                              num_random_blocks: int, seed: int,
+                              random_blocks: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # The layer's attention again, under autograd, and its vector-Jacobian product: the eager blocked kernels' gradients
+    # (recomputing the attention costs one more attention forward per layer, not a whole layer).
+    # torch.func.vjp, not torch.autograd.grad: an op's kernel runs below the autograd dispatch keys, where autograd
+    # records nothing even under enable_grad; functorch's transform differentiates there.
+    plan = PlanInGraph(layer, block_size, full_max_length, num_random_blocks, seed, random_blocks)
+    _, vjp = torch.func.vjp(lambda q, k, v: _rows_eagerly(q, k, v, key_mask, plan, 0.0), query, key, value)
+    # laid out as the inputs are (the fake kernel below says empty_like; q, k, v are head views of the projections)
+    return tuple(torch.empty_like(x).copy_(g) for g, x in zip(vjp(grad), (query, key, value)))
+
+
+@_bigbird_rows_backward_op.register_fake
+def _(grad, query, key, value, key_mask, layer, block_size, full_max_length, num_random_blocks, seed, random_blocks):
+    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
+
+
+def _rows_setup_context(ctx, inputs, output):
+    query, key, value, key_mask, *plan = inputs
+    ctx.save_for_backward(query, key, value, key_mask)
+    ctx.plan = plan
+
+
+def _rows_backward(ctx, grad):
+    query, key, value, key_mask = ctx.saved_tensors
+    grads = _bigbird_rows_backward_op(grad, query, key, value, key_mask, *ctx.plan)
+    return (*grads, None, *([None] * len(ctx.plan)))
+
+
+_bigbird_rows_op.register_autograd(_rows_backward, setup_context=_rows_setup_context)
+
+
+def bigbird_rows(query, key, value, key_mask, plan: PlanInGraph, dropout_p: float = 0.0) -> torch.Tensor:
+    """BigBird attention of one layer with the per-row plan made inside one opaque op (`PlanInGraph`): the compiled
+    encoder's path. Attention dropout would be drawn again by the recomputing backward, so it is refused here."""
+    if dropout_p:
+        raise ValueError("torch.compile of a kobigbird model in training needs attention_probs_dropout_prob = 0 (the "
+                         "default after conversion): the compiled per-row plan recomputes attention in backward")
+    return _bigbird_rows_op(query, key, value, key_mask, *_plan_arguments(plan))
 
 
 def _bigbird_group(query, key, value, key_mask, pattern, backend, workspace, dropout_p, reference):

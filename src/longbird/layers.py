@@ -81,6 +81,8 @@ class LongBirdSelfAttention(nn.Module):
         return self._merge(context), tape + tape_states.mix_heads(self.tape_post, attended.to(tape.dtype))
 
     def _attend(self, query, key, value, key_mask, plan, use_reference, workspace, backend):
+        if isinstance(plan, dispatch.PlanInGraph):  # torch.compile: the per-row plan inside one op
+            return dispatch.bigbird_rows(query, key, value, key_mask, plan, self.attention_dropout())
         groups, patterns = plan if plan is not None else (None, None)
         return dispatch.bigbird(query, key, value, key_mask, groups, patterns, backend, workspace,
                                 self.attention_dropout(), reference=use_reference)

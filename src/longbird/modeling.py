@@ -22,7 +22,7 @@ from .attention import bigbird_pattern, usw_layout
 from .attention.rows import RowGroup, padded_length, plan_batch, plan_rows
 from .attention.tracing import check_dynamic_length, graph_cannot_branch_on_data
 from .config import LongBirdConfig
-from .dispatch import SparseBackend, choose_backend
+from .dispatch import PlanInGraph, SparseBackend, choose_backend
 from .layers import LittleBirdLayer, LongBirdEmbeddings, LongBirdLayer, LongBirdSelfAttention
 from .positions import tape as tape_states
 from .positions.alibi import BiALiBi, alibi_slopes
@@ -103,10 +103,16 @@ class LongBirdEncoder(nn.Module):
         if config.attention == "littlebird":
             return self._forward_littlebird(hidden_states, key_mask, position_ids, use_reference, output_hidden_states)
         # Per row: full or sparse, its block count, its last global block and its random plan (attention/rows.py).
+        in_graph = False  # the per-row plan is made by each layer's longbird::bigbird_rows op (torch.compile)
         if config.attention != "bigbird":
             groups = [RowGroup(None, length, 0)]
         elif graph_cannot_branch_on_data():  # export/jit cannot read row lengths: one decision from the input length
             groups = plan_batch(length, config.block_size, config.full_attention_threshold)
+        elif torch.compiler.is_compiling() and not use_reference:
+            # A graph cannot read the rows' lengths either, but it can hold an op that does: from the input length
+            # alone, pad to the block multiple the longest sparse row would need (padding is masked and stripped).
+            groups = plan_batch(length, config.block_size, config.full_attention_threshold)
+            in_graph = groups[0].sparse
         else:
             groups = plan_rows(key_mask, config.block_size, config.full_attention_threshold)
         sparse = any(group.sparse for group in groups)
@@ -121,7 +127,10 @@ class LongBirdEncoder(nn.Module):
         tape = self._initial_tape_states(positions)
         for index, layer in enumerate(self.layer):
             plan = None
-            if sparse:
+            if in_graph:
+                plan = PlanInGraph(index, config.block_size, config.full_attention_threshold, config.num_random_blocks,
+                                   config.random_seed, config.random_blocks)
+            elif sparse:
                 # Drawn outside any trace from (seed, layer, n): an exported graph holds it as a constant.
                 plan = (groups, [bigbird_pattern(int(group.num_blocks), config.block_size,
                                                  config.num_attention_heads, config.num_random_blocks,

@@ -311,6 +311,10 @@ def usw_attention(
         with torch.autocast(query.device.type, enabled=False):  # dtypes are explicit inside
             common = torch.promote_types(query.dtype, key.dtype)
             cast = lambda x: None if x is None else x.to(common)
+            if any(t.requires_grad for t in (slopes.alpha, slopes.beta, slopes.gamma)):
+                # the slopes' backward reads these terms: made here, so that backward only reads the layout's cache
+                # (torch.compile cannot trace a backward that writes to an object from outside it)
+                layout.bias_terms(s, torch.promote_types(_upcast(cast(query)).dtype, torch.float32))
             return _USWAttention.apply(cast(query), cast(key), cast(value), cast(pack_key), cast(pack_value),
                                        slopes.alpha, slopes.beta, slopes.gamma, pack_bias, layout, scale)
     blocks = lambda x: x.view(batch, heads, n, b, x.shape[-1])
