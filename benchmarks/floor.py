@@ -43,6 +43,8 @@ def main():
     parser.add_argument("--profile-top", type=int, default=12)
     parser.add_argument("--backend", choices=["auto", "blocked", "flex"], default=None,
                         help="Sparse attention backend (LONGBIRD_ATTENTION_BACKEND); default: the model's own choice")
+    parser.add_argument("--compile", action="store_true",
+                        help="Also time the forward through torch.compile(model, fullgraph=True), alternating")
     parser.add_argument("--name", default="floor")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args()
@@ -60,11 +62,18 @@ def main():
                 model = build_model(preset, longest, SIZES[size]).to(DTYPES[dtype])
                 for length in sorted(args.length):
                     run = forward_fn(model, length, backward=False, base=SIZES[size])
-                    row = floor_measurement(model, run, repeats=args.repeats)
+                    variants = {}
+                    if args.compile:
+                        torch._dynamo.reset()  # each row compiles afresh: its first call is its compile time
+                        variants["compiled"] = forward_fn(torch.compile(model, fullgraph=True), length,
+                                                          backward=False, base=SIZES[size])
+                    row = floor_measurement(model, run, repeats=args.repeats, variants=variants)
                     row.update(preset=preset, size=size, dtype=dtype, length=length)
                     report["rows"].append(row)
+                    compiled = (f", compiled {row['compiled_seconds']:.3f} s (ratio {row['compiled_ratio']:.2f})"
+                                if args.compile else "")
                     print(f"{preset} {size} {dtype} {length}: forward {row['forward_seconds']:.3f} s, floor "
-                          f"{row['floor_seconds']:.3f} s, ratio {row['ratio']:.2f}", flush=True)
+                          f"{row['floor_seconds']:.3f} s, ratio {row['ratio']:.2f}{compiled}", flush=True)
                     if args.profile and length == longest:
                         report["profiles"].append(dict(preset=preset, size=size, dtype=dtype, length=length,
                                                        ops=op_profile(run, args.profile_top)))
@@ -93,12 +102,17 @@ def markdown(report: dict) -> str:
              f"{report.get('backend', 'auto')}  ",
              f"CPU: {report['cpu']}, {report['threads']} threads, torch {report['torch']}; 4096x768x3072 matmul "
              f"TFLOP/s: {tflops}. Batch 1, random weights, 12 layers; medians of alternating forward / replay calls.",
-             "", "| preset | size | dtype | tokens | forward | own GEMM floor | floor GFLOP/s | ratio |",
-             "|---|---|---|---:|---:|---:|---:|---:|"]
+             ""]
+    compiled = any("compiled_seconds" in row for row in report["rows"])
+    extra = " compiled | compiled ratio | compile (first call) |" if compiled else ""
+    lines += ["| preset | size | dtype | tokens | forward | own GEMM floor | floor GFLOP/s | ratio |" + extra,
+              "|---|---|---|---:|---:|---:|---:|---:|" + ("---:|---:|---:|" if compiled else "")]
     for row in report["rows"]:
+        cells = (f" {row['compiled_seconds']:.3f} s | **{row['compiled_ratio']:.2f}** | "
+                 f"{row['compiled_first_call_seconds']:.1f} s |" if compiled else "")
         lines.append(f"| {row['preset']} | {row['size']} | {row['dtype']} | {row['length']} | "
                      f"{row['forward_seconds']:.3f} s | {row['floor_seconds']:.3f} s | {row['floor_gflops']:.0f} | "
-                     f"**{row['ratio']:.2f}** |")
+                     f"**{row['ratio']:.2f}** |" + cells)
     for profile in report["profiles"]:
         lines += ["", f"Operators of one forward, {profile['preset']} {profile['size']} {profile['dtype']} "
                       f"{profile['length']} tokens (self CPU time):", "", "| op | self ms | calls | share |",

@@ -58,3 +58,19 @@ def test_a_measurement_reports_forward_floor_and_profile():
     assert 1 <= len(ops) <= 5
     assert all(0 < op["share"] <= 1 for op in ops) and sum(op["share"] for op in ops) <= 1 + 1e-9
     assert ops == sorted(ops, key=lambda op: op["self_ms"], reverse=True)
+
+
+def test_variants_are_timed_alternately_with_their_first_call_apart():
+    size = SIZES["smoke"]
+    model = build_model("littlebird", 128, size)
+    run = forward_fn(model, 128, backward=False, base=size)
+    calls = []
+
+    def variant():
+        calls.append(1)
+        return run()
+
+    row = floor_measurement(model, run, repeats=2, variants={"compiled": variant})
+    assert len(calls) == 1 + 2  # the first call (compilation) apart, then once per repeat
+    assert len(row["compiled_samples"]) == 2 and row["compiled_first_call_seconds"] > 0
+    assert row["compiled_ratio"] == pytest.approx(row["compiled_seconds"] / row["floor_seconds"])

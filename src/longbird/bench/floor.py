@@ -74,24 +74,37 @@ def replay_fn(calls: list[LinearCall]) -> Callable[[], None]:
     return replay
 
 
-def floor_measurement(model: torch.nn.Module, run: Callable[[], object], repeats: int = 3) -> dict:
+def floor_measurement(model: torch.nn.Module, run: Callable[[], object], repeats: int = 3,
+                      variants: dict[str, Callable[[], object]] | None = None) -> dict:
     """Forward time, the model's own GEMM floor and their ratio, measured alternately in this process.
 
-    The forward and the replay alternate (F R F R ...), so a change of machine load hits both alike."""
+    The forward, each of `variants` (other ways of running the same forward, e.g. compiled: NAME_seconds, NAME_ratio
+    and NAME_first_call_seconds, the first call's time with its compilation) and the replay alternate (F V R F V R
+    ...), so a change of machine load hits all alike."""
     device = next(model.parameters()).device
+    variants = variants or {}
     calls = record_linear_calls(model, run)
     replay = replay_fn(calls)
+    first_calls = {name: _timed(variant, device) for name, variant in variants.items()}
     run()
     replay()  # warm-ups
     forward_times, floor_times = [], []
+    variant_times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(repeats):
         forward_times.append(_timed(run, device))
+        for name, variant in variants.items():
+            variant_times[name].append(_timed(variant, device))
         floor_times.append(_timed(replay, device))
     forward, floor = statistics.median(forward_times), statistics.median(floor_times)
     flops = sum(call.flops for call in calls)
-    return {"forward_seconds": forward, "floor_seconds": floor, "ratio": forward / floor,
-            "linear_calls": len(calls), "linear_gflop": flops / 1e9, "floor_gflops": flops / floor / 1e9,
-            "forward_samples": forward_times, "floor_samples": floor_times}
+    result = {"forward_seconds": forward, "floor_seconds": floor, "ratio": forward / floor,
+              "linear_calls": len(calls), "linear_gflop": flops / 1e9, "floor_gflops": flops / floor / 1e9,
+              "forward_samples": forward_times, "floor_samples": floor_times}
+    for name, times in variant_times.items():
+        median = statistics.median(times)
+        result.update({f"{name}_seconds": median, f"{name}_ratio": median / floor, f"{name}_samples": times,
+                       f"{name}_first_call_seconds": first_calls[name]})
+    return result
 
 
 def op_profile(run: Callable[[], object], top: int = 12) -> list[dict]:
