@@ -67,7 +67,9 @@ def main():
                         torch._dynamo.reset()  # each row compiles afresh: its first call is its compile time
                         variants["compiled"] = forward_fn(torch.compile(model, fullgraph=True), length,
                                                           backward=False, base=SIZES[size])
-                    row = floor_measurement(model, run, repeats=args.repeats, variants=variants)
+                    # without variants, the call of the issue-27 "before" code (which had none) works too
+                    row = floor_measurement(model, run, repeats=args.repeats, **({"variants": variants} if variants
+                                                                                 else {}))
                     row.update(preset=preset, size=size, dtype=dtype, length=length)
                     report["rows"].append(row)
                     compiled = (f", compiled {row['compiled_seconds']:.3f} s (ratio {row['compiled_ratio']:.2f})"
