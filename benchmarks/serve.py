@@ -43,7 +43,7 @@ PAGES = [ROOT / "data" / "korquad" / name for name in ("korquad2.1_dev_00.json",
 LENGTHS, CLIENTS = (512, 2048, 4096), (1, 4, 16)
 
 
-def documents(reader: Reader) -> dict[int, list[tuple[str, str]]]:
+def documents(reader: Reader, lengths=LENGTHS) -> dict[int, list[tuple[str, str]]]:
     """Per target length, (question, text of exactly that many tokens) from each page: the page's visible text (1.2K
     and 2.2K tokens), continued with whole KorQuAD 1.0 articles (real Korean text) where it is shorter."""
     articles = read_korquad_v1_articles(ROOT / "data" / "korquad" / "KorQuAD_v1.0_dev.json")[0]
@@ -53,7 +53,7 @@ def documents(reader: Reader) -> dict[int, list[tuple[str, str]]]:
         row = read_korquad_v2(page)[0][0]
         text = visible_text(row["context"]) + "\n\n" + more
         encoded = reader.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        for length in LENGTHS:
+        for length in lengths:
             if len(encoded["input_ids"]) < length:
                 raise SystemExit(f"only {len(encoded['input_ids'])} tokens of text for {length}-token documents")
             end = encoded["offset_mapping"][length - 1][1]
@@ -103,21 +103,30 @@ def main() -> None:
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--window-length", type=int, default=None)
     parser.add_argument("--requests", type=int, default=16, help="Requests per cell (at least one per client)")
+    parser.add_argument("--lengths", type=int, nargs="+", default=list(LENGTHS), help="Document tokens")
+    parser.add_argument("--clients", type=int, nargs="+", default=list(CLIENTS))
+    parser.add_argument("--precision", nargs="+", choices=["fp32", "bf16"], default=None,
+                        help="Default: fp32, and bf16 where the CPU multiplies bf16")
+    parser.add_argument("--compile", action="store_true", help="Serve with the encoder compiled (serve --compile); "
+                                                                "one warm-up request per length compiles first")
     parser.add_argument("--name", default="serve")
     args = parser.parse_args()
-    precisions = ["fp32"] + (["bf16"] if native_bf16("cpu") else [])
+    precisions = args.precision or ["fp32"] + (["bf16"] if native_bf16("cpu") else [])
     rates = {"fp32": matmul_throughput(torch.float32) / 1e12}
     results = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
                "machine": f"{cpu_model()}, {os.cpu_count()} CPUs, ATen {torch.backends.cpu.get_cpu_capability()}, "
                           f"torch {torch.__version__}, {torch.get_num_threads()} threads",
                "matmul_tflops_fp32_4096x768x3072": rates["fp32"], "precisions": precisions, "cells": []}
     for precision in precisions:
-        reader = Reader(args.model, bf16=precision == "bf16")
+        reader = Reader(args.model, bf16=precision == "bf16", compile=args.compile)
         url, server, thread = serve(reader)
-        docs = documents(reader)
+        docs = documents(reader, args.lengths)
         results["model"], results["window"] = str(args.model), reader.windows_for(args.window_length)[:2]
-        for length in LENGTHS:
-            for clients in CLIENTS:
+        results["compiled"] = args.compile
+        for length in args.lengths:
+            if args.compile:  # compile outside the timing (the first call of each shape compiles)
+                measure(url, docs[length], 1, 1, args.window_length)
+            for clients in args.clients:
                 cell = {"precision": precision, "tokens": length, **measure(url, docs[length], clients,
                                                                              args.requests, args.window_length)}
                 results["cells"].append(cell)
@@ -133,7 +142,8 @@ def write(results: dict, out: Path, name: str) -> None:
              f"Command: `{results['command']}`  ",
              f"Machine: {results['machine']}; 4096×768×3072 matmul {results['matmul_tflops_fp32_4096x768x3072']:.3f} "
              f"TFLOP/s fp32" + ("" if "bf16" in results["precisions"] else "; bf16 left out (not native here)"),
-             f"Reading windows of {window} tokens (stride {stride if stride is not None else 'half a window'}); "
+             f"Reading windows of {window} tokens (stride {stride if stride is not None else 'half a window'})"
+             + ("; encoder compiled (`--compile`, warmed up per length)" if results.get("compiled") else "") + "; "
              "each client sends its requests in turn; the server batches the windows of concurrent requests.", "",
              "| precision | document tokens | clients | requests | documents / s | p50 s | p95 s |",
              "|---|---:|---:|---:|---:|---:|---:|"]
