@@ -344,12 +344,18 @@ MASKED_BIAS = 1e4
 def _usw_bias(layout: USWLayout, slopes: BiALiBiSlopes, pack_bias, s: int, dtype: torch.dtype) -> torch.Tensor:
     """(B, H, n·b·(s + 4b)) −D (LittleBird §3.1, §3.3) with masked keys at −MASKED_BIAS, in `dtype` (SDPA takes a
     float mask of the query's dtype): the per-head slopes [α, β, γ, D_C, MASKED_BIAS] times the call's score terms."""
-    terms = layout.score_terms(s)
+    # In bf16/fp16 the product is computed in that dtype (fp32 accumulation inside the matmul): the bias ends in it
+    # anyway, and writing it once instead of as fp32 and then converting took 40 % off the USW kernel at e5-small
+    # size (benchmarks/results/usw_bias_dtype.md). The terms' rounding there (distances above 256 in bf16) is ~2^-9 of
+    # the bias, as the final rounding already was. fp32 and fp64 inputs (tests) keep their own precision.
+    compute = dtype if dtype in (torch.bfloat16, torch.float16) else torch.promote_types(dtype, torch.float32)
+    key = ("score-terms-as", s, compute)
+    if key not in layout.derived:
+        layout.derived[key] = layout.score_terms(s).to(compute)
     pack = pack_bias if pack_bias is not None else torch.zeros_like(slopes.alpha, dtype=torch.float32)
     weights = torch.stack([slopes.alpha.float(), slopes.beta.float(), slopes.gamma.float(), pack.float(),
                            torch.full_like(pack, MASKED_BIAS, dtype=torch.float32)], dim=-1)  # (H, 5)
-    compute = torch.promote_types(dtype, torch.float32)  # fp32 arithmetic, or fp64 for fp64 inputs (tests)
-    bias = torch.matmul(weights.to(compute).neg(), terms.to(compute))
+    bias = torch.matmul(weights.neg().to(compute), layout.derived[key])
     return bias if bias.dtype == dtype else bias.to(dtype)
 
 
