@@ -189,13 +189,12 @@ class PlanInGraph:
     random_blocks: str
 
 
-def _rows_eagerly(query, key, value, key_mask, plan: PlanInGraph, dropout_p: float) -> torch.Tensor:
+def _rows_eagerly(query, key, value, key_mask, plan: PlanInGraph) -> torch.Tensor:
     """The encoder's eager per-row plan and the blocked kernels, for one layer (what `bigbird_rows` computes)."""
     groups = plan_rows(key_mask, plan.block_size, plan.full_max_length)
     patterns = [bigbird_pattern(group.num_blocks, plan.block_size, query.shape[1], plan.num_random_blocks, plan.seed,
                                 plan.layer, plan.random_blocks) if group.sparse else None for group in groups]
-    return bigbird(query, key, value, key_mask, groups, patterns, SparseBackend("blocked", "compiled graph"),
-                   dropout_p=dropout_p)
+    return bigbird(query, key, value, key_mask, groups, patterns, SparseBackend("blocked", "compiled graph"))
 
 
 def _plan_arguments(plan: PlanInGraph) -> tuple:
@@ -208,7 +207,7 @@ def _bigbird_rows_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
                      random_blocks: str) -> torch.Tensor:
     plan = PlanInGraph(layer, block_size, full_max_length, num_random_blocks, seed, random_blocks)
     with torch.no_grad():
-        return _rows_eagerly(query, key, value, key_mask, plan, 0.0).contiguous()
+        return _rows_eagerly(query, key, value, key_mask, plan).contiguous()
 
 
 @_bigbird_rows_op.register_fake
@@ -226,7 +225,7 @@ def _bigbird_rows_backward_op(grad: torch.Tensor, query: torch.Tensor, key: torc
     # torch.func.vjp, not torch.autograd.grad: an op's kernel runs below the autograd dispatch keys, where autograd
     # records nothing even under enable_grad; functorch's transform differentiates there.
     plan = PlanInGraph(layer, block_size, full_max_length, num_random_blocks, seed, random_blocks)
-    _, vjp = torch.func.vjp(lambda q, k, v: _rows_eagerly(q, k, v, key_mask, plan, 0.0), query, key, value)
+    _, vjp = torch.func.vjp(lambda q, k, v: _rows_eagerly(q, k, v, key_mask, plan), query, key, value)
     # laid out as the inputs are (the fake kernel below says empty_like; q, k, v are head views of the projections)
     return tuple(torch.empty_like(x).copy_(g) for g, x in zip(vjp(grad), (query, key, value)))
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from .checkpoints import check_tokenizer, load_on_device, load_task_model
+from .compilation import compile_encoder
 from .data.batching import PaddedBatches
 from .data.classification import document_windows
 from .data.features import QAFeature, question_token_count
@@ -138,8 +139,6 @@ class Reader:
             model, tokenizer = load_task_model(model_dir, LongBirdModel)
             model = model.to(device) if device else model
             if compile:
-                from .compilation import compile_encoder
-
                 compile_encoder(model)
         self._setup(model, tokenizer, model_dir, bf16, scoring, window_length)
 
