@@ -43,6 +43,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -65,19 +66,42 @@ from longbird.tasks.qa import finetune_qa, per_question_scores, question_limit, 
 from longbird.training.finetune import FinetuneSettings  # noqa: E402
 
 SOURCE_WINDOW, BASELINE = 512, "sliding-512"
-LONG = 4096
+LONG, MID = 4096, 1024
 COPY, EXP = {"taper_schedule": "copy"}, {"taper_schedule": "exp", "taper_tau": 2.0}
-# name: (preset, model length, window, doc_stride, conversion overrides, distil from the sliding reader)
-METHODS = {
-    "sliding-512": ("full", SOURCE_WINDOW, SOURCE_WINDOW, 128, {}, False),
-    "kobigbird-long": ("kobigbird", LONG, LONG, 1024, COPY, False),
-    "kobigbird-long-exp": ("kobigbird", LONG, LONG, 1024, EXP, False),
-    "kobigbird-long-teacher": ("kobigbird", LONG, LONG, 1024, COPY, True),
-    "littlebird-long": ("littlebird", LONG, LONG, 1024, {}, False),
-    "littlebird-long-teacher": ("littlebird", LONG, LONG, 1024, {}, True),
-    "full-long": ("full", LONG, LONG, 1024, COPY, False),
-}
 
+
+class Method(NamedTuple):
+    """One E7 row: how the reader is converted, trained and read."""
+
+    preset: str
+    length: int  # the converted model's maximum length
+    window: int  # training windows: whole articles up to this length, or sliding windows of it
+    stride: int  # doc_stride of the training windows
+    overrides: dict  # conversion overrides (TAPER schedule)
+    teacher: bool = False  # distil from the sliding reader
+    read_window: int | None = None  # default: the training window
+    read_stride: int | None = None
+    trained_by: str | None = None  # read the model another row trained (no training of its own)
+
+    @property
+    def reading(self) -> tuple[int, int]:
+        return self.read_window or self.window, self.read_stride or self.stride
+
+
+METHODS = {
+    "sliding-512": Method("full", SOURCE_WINDOW, SOURCE_WINDOW, 128, {}),
+    "kobigbird-long": Method("kobigbird", LONG, LONG, 1024, COPY),
+    "kobigbird-long-exp": Method("kobigbird", LONG, LONG, 1024, EXP),
+    "kobigbird-long-teacher": Method("kobigbird", LONG, LONG, 1024, COPY, teacher=True),
+    # cheaper long examples: 1024-token windows (sparse attention, copied positions beyond 512), about 4x the
+    # supervised questions per CPU minute of whole articles; read whole (4096) and in sliding 1024-token windows
+    "kobigbird-1k": Method("kobigbird", LONG, MID, 512, COPY, read_window=LONG, read_stride=1024),
+    "kobigbird-1k-sliding": Method("kobigbird", LONG, MID, 512, COPY, read_window=MID, read_stride=512,
+                                   trained_by="kobigbird-1k"),
+    "littlebird-long": Method("littlebird", LONG, LONG, 1024, {}),
+    "littlebird-long-teacher": Method("littlebird", LONG, LONG, 1024, {}, teacher=True),
+    "full-long": Method("full", LONG, LONG, 1024, COPY),
+}
 
 def draw_dev_articles(dev, tokenizer, min_questions: int, min_beyond: int, seed: int = 0):
     """Whole dev-side articles in a seeded order until both thresholds are met: (questions, their buckets)."""
@@ -112,20 +136,30 @@ def held_out_record(train, dev) -> dict:
             for i, kind in enumerate(("titles", "context_sha256"))}
 
 
+def article_tokens(dev, tokenizer) -> dict[str, int]:
+    """Tokens of each dev article (its context alone, no question): the length the long readers read at once."""
+    contexts = {row["title"]: row["context"] for row in dev}
+    return {title: len(tokenizer(context, add_special_tokens=False, verbose=False)["input_ids"])
+            for title, context in sorted(contexts.items())}
+
+
 def summarise(scores: dict[str, dict], buckets: dict[str, str], baseline: dict[str, dict] | None) -> dict:
     """Per bucket: questions, EM, F1 with bootstrap intervals, and the paired F1 difference against the baseline."""
     return bucket_summary(scores, buckets, BUCKETS, baseline)
 
 
 def train_method(name: str, start: Path, train, run_dir: Path, args, reader: Path) -> dict:
-    preset, length, window, stride, _, teacher = METHODS[name]
-    batch = max(1, round(args.batch_tokens / window)) if window == SOURCE_WINDOW else args.long_batch_size
+    method = METHODS[name]
+    window, stride = method.window, method.stride
+    # sliding windows share the token budget per update (--batch-tokens); whole articles come --long-batch-size at once
+    batch = max(1, round(args.batch_tokens / window)) if window < LONG else args.long_batch_size
     settings = FinetuneSettings(learning_rate=args.learning_rate, max_steps=args.max_steps, batch_size=batch,
                                 bf16=args.bf16, progress=True, logging_steps=10, group_by_length=True,
                                 lr_scheduler="constant", warmup_ratio=0.0, cpu_minutes=args.cpu_minutes)
     metrics = finetune_qa(start, train, run_dir, data_format="korquad1-articles", window_length=window,
                           doc_stride=stride, negative_fraction=args.negative_fraction, settings=settings,
-                          overwrite=True, teacher=reader if teacher else None, teacher_weight=args.teacher_weight)
+                          overwrite=True, teacher=reader if method.teacher else None,
+                          teacher_weight=args.teacher_weight)
     history = metrics["log_history"]
     return {"batch_size": batch, "cpu_budget": metrics["cpu_budget"], "tokens_seen": metrics["tokens_seen"],
             "training_windows": metrics["training_windows"], "windows": metrics["windows"],
@@ -136,9 +170,9 @@ def evaluate_method(run_dir: Path, dev, window: int, stride: int, bf16: bool):
     model, tokenizer = load_task_model(run_dir, LongBirdForQuestionAnswering)
     started = time.process_time()
     with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
-        answers = predict_rows(model, tokenizer, dev, window, stride, batch_size=2 if window > SOURCE_WINDOW else 8,
-                               scoring=DEFAULT_SCORING, max_question_tokens=question_limit(model, tokenizer, window),
-                               progress=True)
+        answers = predict_rows(model, tokenizer, dev, window, stride,
+                               batch_size={SOURCE_WINDOW: 8, MID: 4}.get(window, 2), scoring=DEFAULT_SCORING,
+                               max_question_tokens=question_limit(model, tokenizer, window), progress=True)
     predictions = {row["id"]: answers[row["id"]].text if row["id"] in answers else "" for row in dev}
     return predictions, time.process_time() - started
 
@@ -159,6 +193,9 @@ def main() -> None:
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
     parser.add_argument("--name", default="e7_long_reading")
     parser.add_argument("--resume", action="store_true", help="Keep the finished methods of an earlier run")
+    parser.add_argument("--report", action="store_true",
+                        help="Rewrite the table and plot from the results file (with --resume's settings check); "
+                             "train and read nothing")
     parser.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
     parser.add_argument("--work", type=Path, default=None, help="Default: experiments/runs/NAME")
     args = parser.parse_args()
@@ -172,29 +209,50 @@ def main() -> None:
     held_out = held_out_record(train, dev)
     require_trained_apart(args.reader, set(split["dev"]["title"]), root=ROOT)  # the reader never read a dev article
     settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()
-                if key not in ("methods", "resume")}
+                if key not in ("methods", "resume", "report")}
     results_path = args.out / f"{args.name}.json"
     results = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "settings": settings,
-               "machine": machine(), "train_questions": len(train), "train_articles": len(set(train["title"])),
+               "machine": None if args.report else machine(), "train_questions": len(train),
+               "train_articles": len(set(train["title"])),
                "dev_questions": len(dev), "dev_articles": len(set(dev["title"])),
                "dev_bucket_sizes": {b: list(buckets.values()).count(b) for b in BUCKETS}, "held_out": held_out,
-               "scoring": DEFAULT_SCORING, "methods": {}}
+               "scoring": DEFAULT_SCORING, "dev_article_tokens": article_tokens(dev, tokenizer),
+               "dev_question_article": {row["id"]: row["title"] for row in dev}, "methods": {}}
+    if args.report:
+        if not results_path.exists():
+            raise SystemExit(f"--report rewrites {results_path}, which does not exist: run the methods first")
+        args.resume, args.methods = True, []
     if args.resume and results_path.exists():
         old = json.loads(results_path.read_text())
         if old["settings"] != settings:
             raise SystemExit(f"--resume needs the settings of {results_path}: {old['settings']}")
         results["methods"] = {k: v for k, v in old["methods"].items() if k not in args.methods}
-        results["command"] = old["command"] + " && " + results["command"]
+        results["command"] = old["command"] + (" && " + results["command"] if args.methods else "")
+        results["machine"] = results["machine"] or old["machine"]  # --report: the machine the rows ran on
     order = [BASELINE] + [m for m in args.methods if m != BASELINE] if BASELINE in args.methods else args.methods
+    order.sort(key=lambda m: METHODS[m].trained_by is not None)  # a row's trainer before the rows that reread it
+    if args.report:
+        write_results(results, buckets, args.out, args.name)
     for name in order:
-        preset, length, window, stride, overrides, _ = METHODS[name]
-        start = from_reader(args.reader, preset, length, overrides, args.work)
-        run_dir = args.work / name
-        trained = train_method(name, start, train, run_dir, args, args.reader)
+        method = METHODS[name]
+        trained_by = method.trained_by or name
+        run_dir = args.work / trained_by
+        if method.trained_by:  # the model of another row, read another way: its training record, no training here
+            if trained_by not in results["methods"]:
+                raise SystemExit(f"{name} reads the model of {trained_by}: run {trained_by} first (--methods "
+                                 f"{trained_by} {name})")
+            trained = {key: value for key, value in results["methods"][trained_by].items()
+                       if key in ("batch_size", "cpu_budget", "tokens_seen", "training_windows", "windows",
+                                  "loss_curve")}
+        else:
+            start = from_reader(args.reader, method.preset, method.length, method.overrides, args.work)
+            trained = train_method(name, start, train, run_dir, args, args.reader)
+        window, stride = method.reading
         predictions, eval_seconds = evaluate_method(run_dir, dev, window, stride, args.bf16)
         scores = per_question_scores(predictions, dev, "korquad1-articles")
         results["methods"][name] = {**trained, "window": window, "doc_stride": stride, "per_question": scores,
-                                    "eval_cpu_seconds": eval_seconds}
+                                    "eval_cpu_seconds": eval_seconds, "train_window": method.window,
+                                    "train_doc_stride": method.stride, "trained_by": trained_by}
         write_file_atomically(args.out / f"{args.name}_predictions" / f"{name}.json",
                               json.dumps(predictions, ensure_ascii=False, indent=1) + "\n")
         write_results(results, buckets, args.out, args.name)
@@ -239,9 +297,10 @@ def table(results: dict) -> list[str]:
              f"{results['dev_articles']} unseen articles ({sizes['first 512']} answers in the first 512 tokens, "
              f"{sizes['beyond 512']} beyond), cross-window scoring {results['scoring']}. Held out by article: titles "
              "and context hashes of both sides are in the JSON and asserted disjoint.", "",
-             "| method | F1 (95 % CI) | EM | F1 first 512 | F1 beyond 512 | F1 − sliding-512 (paired 95 % CI) | "
-             "beyond − sliding-512 | updates | tokens | train CPU min | eval CPU min |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| method | windows (train / read) | F1 (95 % CI) | EM | F1 first 512 | F1 beyond 512 | "
+             "F1 − sliding-512 (paired 95 % CI) | beyond − sliding-512 | updates | tokens | train CPU min | "
+             "eval CPU min |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, m in results["methods"].items():
         summary = m["summary"]
         low, high = summary["all"]["f1_interval"]
@@ -249,10 +308,29 @@ def table(results: dict) -> list[str]:
         diffs = [summary[b].get("f1_vs_baseline") if b in summary else None for b in ("all", "beyond 512")]
         diff_cells = [f"{d['difference']:+.1f} ({d['low']:+.1f} to {d['high']:+.1f})" if d else "—" for d in diffs]
         budget = m["cpu_budget"]
-        lines.append(f"| {name} | {summary['all']['f1']:.1f} ({low:.1f}–{high:.1f}) | "
+        train_window = m.get("train_window", m["window"])  # rows run before the field existed train as they read
+        shared = f" (model of {m['trained_by']})" if m.get("trained_by", name) != name else ""
+        lines.append(f"| {name}{shared} | {train_window} / {m['window']} | "
+                     f"{summary['all']['f1']:.1f} ({low:.1f}–{high:.1f}) | "
                      f"{summary['all']['exact_match']:.1f} | {cells[0]} | {cells[1]} | {diff_cells[0]} | "
                      f"{diff_cells[1]} | {budget['steps']} | {m['tokens_seen']:,} | {budget['cpu_seconds'] / 60:.1f} "
                      f"| {m['eval_cpu_seconds'] / 60:.1f} |")
+    return lines + [""] + by_article(results)
+
+
+def by_article(results: dict) -> list[str]:
+    """F1 of every method on each dev article, shortest first: where (at which article length) a method loses."""
+    tokens, owner = results.get("dev_article_tokens"), results.get("dev_question_article")
+    if not tokens or not owner:
+        return []
+    names = list(results["methods"])
+    lines = ["F1 per dev article (its questions; tokens of the article alone):", "",
+             "| article | tokens | questions | " + " | ".join(names) + " |",
+             "|---|---:|---:|" + "---:|" * len(names)]
+    for title in sorted(tokens, key=tokens.get):
+        ids = [i for i, t in owner.items() if t == title]
+        cells = [sum(results["methods"][n]["per_question"][i]["f1"] for i in ids) / len(ids) for n in names]
+        lines.append(f"| {title} | {tokens[title]:,} | {len(ids)} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
     return lines
 
 

@@ -65,3 +65,29 @@ def test_the_summary_is_bootstrap_intervals_and_paired_differences_per_bucket():
     assert summary["beyond 512"]["f1_vs_baseline"] == paired_difference([scores[i]["f1"] for i in beyond],
                                                                          [baseline[i]["f1"] for i in beyond])
     assert "f1_vs_baseline" not in summarise(scores, buckets, None)["all"]
+
+
+def test_a_row_that_rereads_another_rows_model_trains_exactly_like_it():
+    from e7_long_reading import METHODS
+
+    for name, method in METHODS.items():
+        if method.trained_by:
+            trainer = METHODS[method.trained_by]
+            assert trainer.trained_by is None, name  # one hop: the trainer trains
+            assert trainer[:6] == method[:6], name  # same conversion, training windows and teacher
+            assert trainer.reading != method.reading, name  # else it is the same row twice
+
+
+def test_the_per_article_table_averages_each_articles_questions_shortest_first():
+    from e7_long_reading import by_article
+
+    per_question = {"sliding-512": {"a1": 100.0, "a2": 50.0, "b1": 0.0}, "kobigbird-1k": {"a1": 0.0, "a2": 0.0,
+                                                                                         "b1": 80.0}}
+    results = {"dev_article_tokens": {"long": 3000, "short": 700},
+               "dev_question_article": {"a1": "long", "a2": "long", "b1": "short"},
+               "methods": {name: {"per_question": {i: {"f1": f1} for i, f1 in scores.items()}}
+                           for name, scores in per_question.items()}}
+    lines = by_article(results)
+    rows = [line for line in lines if line.startswith("| short") or line.startswith("| long")]
+    assert rows == ["| short | 700 | 1 | 0.0 | 80.0 |", "| long | 3,000 | 2 | 75.0 | 0.0 |"]
+    assert by_article({"methods": {}}) == []  # results written before the field existed
