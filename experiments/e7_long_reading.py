@@ -27,11 +27,14 @@ Methods (ablation rows of issue 24; `--methods` picks):
 - kobigbird-long / kobigbird-long-exp: BigBird ITC at 4096 with TAPER `copy` / `exp` (tau 2) beyond 512.
 - kobigbird-long-teacher: kobigbird-long trained with the sliding reader as teacher (training/sliding_teacher.py):
   the reader's merged span distributions over each training window as soft targets beside the gold labels.
+- kobigbird-1k: kobigbird-long's conversion trained on 1024-token windows (stride 512; cheaper long examples, more
+  questions per CPU minute) and read whole at 4096; kobigbird-1k-sliding reads the same model in sliding 1024-token
+  windows (stride 512; no training of its own).
 - littlebird-long, littlebird-long-teacher: LittleBird (BiALiBi, sliding window, pack & unpack) at 4096.
 - full-long: dense attention at 4096 (an upper reference on the CPU).
 
 Usage: python experiments/e7_long_reading.py --reader qa-model/kobigbird-e5-korquad [--cpu-minutes 60]
-       [--methods ...] [--resume] [--name e7_long_reading]
+       [--methods ...] [--resume] [--report] [--name e7_long_reading]
 Writes experiments/results/NAME.{json,md,png} and NAME_predictions/; models go to experiments/runs/NAME/.
 """
 
@@ -102,6 +105,7 @@ METHODS = {
     "littlebird-long-teacher": Method("littlebird", LONG, LONG, 1024, {}, teacher=True),
     "full-long": Method("full", LONG, LONG, 1024, COPY),
 }
+
 
 def draw_dev_articles(dev, tokenizer, min_questions: int, min_beyond: int, seed: int = 0):
     """Whole dev-side articles in a seeded order until both thresholds are met: (questions, their buckets)."""
@@ -226,7 +230,9 @@ def main() -> None:
         old = json.loads(results_path.read_text())
         if old["settings"] != settings:
             raise SystemExit(f"--resume needs the settings of {results_path}: {old['settings']}")
-        results["methods"] = {k: v for k, v in old["methods"].items() if k not in args.methods}
+        # a row that rereads a model trained again now would score the old model: it goes too
+        results["methods"] = {k: v for k, v in old["methods"].items()
+                              if k not in args.methods and v.get("trained_by", k) not in args.methods}
         results["command"] = old["command"] + (" && " + results["command"] if args.methods else "")
         results["machine"] = results["machine"] or old["machine"]  # --report: the machine the rows ran on
     order = [BASELINE] + [m for m in args.methods if m != BASELINE] if BASELINE in args.methods else args.methods
