@@ -54,6 +54,18 @@ def test_roberta_offset_and_second_token_type():
     assert types.shape[0] == 2 and torch.equal(types[1], types[0])  # kobigbird uses two segments
 
 
+def test_taper_start_keeps_the_question_rows_out_of_the_repetitions():
+    """taper_start = s: the converted table's rows beyond the source length cycle over the source rows s..L-1 (a
+    RoBERTa source, so the usable rows are found past its padding offset first)."""
+    source = make_source("roberta")
+    model = longbird.convert(source, max_length=256, block_size=BLOCK, taper_schedule="copy", taper_start=16)
+    table, usable = model.embeddings.position_embeddings.weight, source.embeddings.position_embeddings.weight[2:]
+    period = SOURCE_LENGTH - 16
+    for row in range(SOURCE_LENGTH, 256):
+        assert torch.equal(table[row], usable[16 + (row - SOURCE_LENGTH) % period])
+    assert model.config.taper_start == 16
+
+
 def test_electra_projection_is_kept():
     source = make_source("electra")
     model = longbird.convert(source, max_length=128, block_size=BLOCK)

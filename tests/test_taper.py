@@ -43,3 +43,25 @@ def test_bad_taper_arguments_name_the_value(rows):
         extend_position_table(rows, 8)
     with pytest.raises(ValueError, match="tau must be > 0; got 0"):
         extend_position_table(rows, 40, tau=0)
+
+
+@pytest.mark.parametrize("schedule", ["exp", "copy"])
+@pytest.mark.parametrize("mode", ["scale", "centered"])
+def test_repetitions_from_a_start_row_skip_the_rows_before_it(rows, schedule, mode):
+    """start = s0: rows beyond L cycle over S[s0:] with period L - s0, repetition k scaled by a_k (k from 1)."""
+    table = extend_position_table(rows, 50, schedule, mode, tau=2.0, start=4)
+    assert table.shape == (50, 6) and torch.equal(table[:16], rows)
+    amplitude = taper_amplitudes(4, schedule, 2.0).float()
+    mean = rows.mean(0) if mode == "centered" else torch.zeros(6)
+    for m in range(50 - 16):
+        k, row = 1 + m // 12, 4 + m % 12
+        torch.testing.assert_close(table[16 + m], mean + amplitude[k] * (rows[row] - mean))
+    # start 0 is the plain law, bit for bit
+    assert torch.equal(extend_position_table(rows, 50, schedule, mode, tau=2.0, start=0),
+                       extend_position_table(rows, 50, schedule, mode, tau=2.0))
+
+
+def test_a_start_outside_the_source_rows_is_refused(rows):
+    with pytest.raises(ValueError, match="start must be a source row, 0 <= start < 16; got 16"):
+        extend_position_table(rows, 40, start=16)
+    assert torch.equal(extend_position_table(rows, 16, start=3), rows)

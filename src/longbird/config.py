@@ -70,6 +70,9 @@ class LongBirdConfig(PreTrainedConfig):
     taper_schedule: str = "copy"
     taper_mode: str = "scale"
     taper_tau: float | int = 2.0
+    # The first source row the repetitions beyond the source length repeat (positions/taper.py): 0 repeats them all;
+    # a QA reader can keep its question rows (0..start-1) out of the document's repeated positions.
+    taper_start: int = 0
     block_size: int = 64
     num_random_blocks: int = 3
     full_attention_max_length: int | None = None

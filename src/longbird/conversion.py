@@ -158,7 +158,7 @@ def convert(
         usable = base_state["embeddings.position_embeddings.weight"][offset: offset + config.source_max_positions]
         schedule = "copy" if config.position_extension == "copy" else config.taper_schedule
         state["embeddings.position_embeddings.weight"] = extend_position_table(
-            usable, config.max_position_embeddings, schedule, config.taper_mode, config.taper_tau
+            usable, config.max_position_embeddings, schedule, config.taper_mode, config.taper_tau, config.taper_start
         )
     if config.attention == "littlebird" and config.pack_size > 0:
         # Pack attention starts as a copy of the layer's attention (LittleBird §3.4 step 1).

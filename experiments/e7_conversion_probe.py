@@ -1,0 +1,124 @@
+"""E7 probe: which conversion of the paragraph reader reads whole articles best *before* any long training? (issue 24)
+
+E7's rows all convert the paragraph reader to 4096 tokens with TAPER `copy` positions and BigBird ITC at block 64
+with 3 random blocks, and every such reading lost to sliding 512-token windows inside the first 512 tokens too. This
+probe scores candidate conversions zero-shot (no training) so that E7's one long training budget goes to the
+conversion that starts closest to the source:
+
+- the positions beyond 512: `copy` (position 512 + k repeats k, so document tokens take the question's rows 0..63),
+  `copy` from row 64 (`taper_start`: the repetitions cycle over rows 64..511 only), TAPER `exp`;
+- the sparse pattern: 3 random blocks or none; block 64 or 128 (a 384-token window, a 128-token global block).
+
+Data: validation articles, the dev side of the by-article split *minus* E7's test articles (the articles E7 draws
+are asserted absent, as is every train-side article), so choosing a conversion here does not look at E7's test
+questions. Every conversion reads the same `--questions` questions (seeded draw); the table gives EM/F1 overall,
+in the first 512 tokens and beyond with 95 % bootstrap intervals, and the CPU time of the reading.
+
+Usage: python experiments/e7_conversion_probe.py --reader qa-model/kobigbird-e5-korquad [--questions 120]
+Writes experiments/results/e7_conversion_probe.{json,md}; converted models go to experiments/runs/e7_conversion_probe/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "experiments"))
+
+from e4_korquad_articles import BUCKETS, answer_buckets, from_reader  # noqa: E402
+from e7_long_reading import (LONG, SOURCE_WINDOW, draw_dev_articles, evaluate_method,  # noqa: E402
+                             held_out_record, machine)
+
+from longbird.checkpoints import load_task_model  # noqa: E402
+from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # noqa: E402
+from longbird.files import write_file_atomically  # noqa: E402
+from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
+from longbird.metrics.intervals import bucket_summary  # noqa: E402
+from longbird.precision import native_bf16  # noqa: E402
+from longbird.tasks.qa import per_question_scores, require_trained_apart  # noqa: E402
+
+# name: (preset, max length, conversion overrides, reading window, reading stride)
+CONVERSIONS = {
+    "sliding-512": ("full", SOURCE_WINDOW, {}, SOURCE_WINDOW, 128),
+    "kobigbird copy (E7)": ("kobigbird", LONG, {"taper_schedule": "copy"}, LONG, 1024),
+    "kobigbird exp": ("kobigbird", LONG, {"taper_schedule": "exp", "taper_tau": 2.0}, LONG, 1024),
+    "kobigbird copy from 64": ("kobigbird", LONG, {"taper_schedule": "copy", "taper_start": 64}, LONG, 1024),
+    "kobigbird copy from 64, no random": ("kobigbird", LONG, {"taper_schedule": "copy", "taper_start": 64,
+                                                               "num_random_blocks": 0}, LONG, 1024),
+    "kobigbird copy from 128, block 128, no random": ("kobigbird", LONG, {
+        "taper_schedule": "copy", "taper_start": 128, "block_size": 128, "num_random_blocks": 0}, LONG, 1024),
+}
+
+
+def validation_rows(dev_side, test_titles: set[str], questions: int, seed: int = 0):
+    """The dev-side questions outside E7's test articles, `questions` of them drawn with `seed`."""
+    rows = dev_side.filter(lambda row: row["title"] not in test_titles)
+    if not len(rows):
+        raise SystemExit("no dev-side article is left outside E7's test articles")
+    return rows.shuffle(seed=seed).select(range(min(questions, len(rows))))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reader", type=Path, required=True)
+    parser.add_argument("--questions", type=int, default=120)
+    parser.add_argument("--conversions", nargs="+", default=list(CONVERSIONS), choices=list(CONVERSIONS))
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
+    parser.add_argument("--name", default="e7_conversion_probe")
+    parser.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
+    args = parser.parse_args()
+    bf16 = args.precision == "bf16" or (args.precision == "auto" and native_bf16("cpu"))
+    work = ROOT / "experiments" / "runs" / args.name
+    rows, _ = read_korquad_v1_articles(ROOT / "data" / "korquad" / "KorQuAD_v1.0_dev.json")
+    split = split_by_title(rows)
+    _, tokenizer = load_task_model(args.reader, LongBirdForQuestionAnswering)
+    test, _ = draw_dev_articles(split["dev"], tokenizer, 300, 150)  # E7's defaults: its test articles
+    test_titles = set(test["title"])
+    validation = validation_rows(split["dev"], test_titles, args.questions)
+    assert not set(validation["title"]) & test_titles, "a validation article is one of E7's test articles"
+    held_out = held_out_record(split["train"], validation)
+    require_trained_apart(args.reader, set(split["dev"]["title"]), root=ROOT)
+    buckets = {i: b for i, b in answer_buckets(validation, tokenizer).items()}
+    results = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "machine": machine(),
+               "reader": str(args.reader), "bf16": bf16, "questions": len(validation),
+               "articles": sorted(set(validation["title"])), "e7_test_titles": sorted(test_titles),
+               "bucket_sizes": {b: list(buckets.values()).count(b) for b in BUCKETS}, "held_out": held_out,
+               "conversions": {}}
+    for name in args.conversions:
+        preset, length, overrides, window, stride = CONVERSIONS[name]
+        model_dir = from_reader(args.reader, preset, length, overrides, work)
+        predictions, seconds = evaluate_method(model_dir, validation, window, stride, bf16)
+        scores = per_question_scores(predictions, validation, "korquad1-articles")
+        results["conversions"][name] = {"preset": preset, "overrides": overrides, "window": window, "stride": stride,
+                                        "summary": bucket_summary(scores, buckets, BUCKETS, None),
+                                        "per_question": scores, "read_cpu_seconds": seconds}
+        print(name, json.dumps(results["conversions"][name]["summary"]["all"]), flush=True)
+        write_file_atomically(args.out / f"{args.name}.json", json.dumps(results, indent=1, ensure_ascii=False) + "\n")
+        write_file_atomically(args.out / f"{args.name}.md", "\n".join(table(results)) + "\n")
+
+
+def table(results: dict) -> list[str]:
+    sizes = results["bucket_sizes"]
+    lines = [f"Command: `{results['command']}`  ", f"Machine: {results['machine']['summary']}  ",
+             f"Zero-shot readings (no long training) of the paragraph reader {results['reader']}, converted as named, "
+             f"on {results['questions']} questions of {len(results['articles'])} validation articles (dev side, "
+             f"none of E7's test articles; {sizes['first 512']} answers in the first 512 tokens, "
+             f"{sizes['beyond 512']} beyond), {'bf16 autocast' if results['bf16'] else 'fp32'}.", "",
+             "| conversion | window / stride | F1 (95 % CI) | EM | F1 first 512 | F1 beyond 512 | read CPU s |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for name, entry in results["conversions"].items():
+        summary = entry["summary"]
+        low, high = summary["all"]["f1_interval"]
+        cells = [f"{summary[b]['f1']:.1f}" if b in summary else "" for b in BUCKETS]
+        lines.append(f"| {name} | {entry['window']} / {entry['stride']} | {summary['all']['f1']:.1f} "
+                     f"({low:.1f}–{high:.1f}) | {summary['all']['exact_match']:.1f} | {cells[0]} | {cells[1]} | "
+                     f"{entry['read_cpu_seconds']:.0f} |")
+    return lines
+
+
+if __name__ == "__main__":
+    main()
