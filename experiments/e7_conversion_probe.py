@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -41,15 +42,16 @@ from longbird.metrics.intervals import bucket_summary  # noqa: E402
 from longbird.precision import native_bf16  # noqa: E402
 from longbird.tasks.qa import per_question_scores, require_trained_apart  # noqa: E402
 
-# name: (preset, max length, conversion overrides, reading window, reading stride)
+# name: (preset, max length, conversion overrides, reading window, reading stride). kobigbird-copy is E7's conversion;
+# copy64: TAPER copy from row 64 (taper_start); norandom: no random blocks; b128: block 128 (window 384 tokens).
 CONVERSIONS = {
     "sliding-512": ("full", SOURCE_WINDOW, {}, SOURCE_WINDOW, 128),
-    "kobigbird copy (E7)": ("kobigbird", LONG, {"taper_schedule": "copy"}, LONG, 1024),
-    "kobigbird exp": ("kobigbird", LONG, {"taper_schedule": "exp", "taper_tau": 2.0}, LONG, 1024),
-    "kobigbird copy from 64": ("kobigbird", LONG, {"taper_schedule": "copy", "taper_start": 64}, LONG, 1024),
-    "kobigbird copy from 64, no random": ("kobigbird", LONG, {"taper_schedule": "copy", "taper_start": 64,
-                                                               "num_random_blocks": 0}, LONG, 1024),
-    "kobigbird copy from 128, block 128, no random": ("kobigbird", LONG, {
+    "kobigbird-copy": ("kobigbird", LONG, {"taper_schedule": "copy"}, LONG, 1024),
+    "kobigbird-exp": ("kobigbird", LONG, {"taper_schedule": "exp", "taper_tau": 2.0}, LONG, 1024),
+    "kobigbird-copy64": ("kobigbird", LONG, {"taper_schedule": "copy", "taper_start": 64}, LONG, 1024),
+    "kobigbird-copy64-norandom": ("kobigbird", LONG, {"taper_schedule": "copy", "taper_start": 64,
+                                                      "num_random_blocks": 0}, LONG, 1024),
+    "kobigbird-b128-copy128-norandom": ("kobigbird", LONG, {
         "taper_schedule": "copy", "taper_start": 128, "block_size": 128, "num_random_blocks": 0}, LONG, 1024),
 }
 
@@ -83,7 +85,7 @@ def main() -> None:
     held_out = held_out_record(split["train"], validation)
     require_trained_apart(args.reader, set(split["dev"]["title"]), root=ROOT)
     buckets = {i: b for i, b in answer_buckets(validation, tokenizer).items()}
-    results = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "machine": machine(),
+    results = {"command": "python " + shlex.join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "machine": machine(),
                "reader": str(args.reader), "bf16": bf16, "questions": len(validation),
                "articles": sorted(set(validation["title"])), "e7_test_titles": sorted(test_titles),
                "bucket_sizes": {b: list(buckets.values()).count(b) for b in BUCKETS}, "held_out": held_out,
