@@ -25,6 +25,9 @@ Protocol.
 Methods (ablation rows of issue 24; `--methods` picks):
 - sliding-512: the baseline above.
 - kobigbird-long / kobigbird-long-exp: BigBird ITC at 4096 with TAPER `copy` / `exp` (tau 2) beyond 512.
+- kobigbird-long-copy64 / -local / -b128 (round 2): TAPER `copy` repeating rows 64..511 only (`taper_start`, so no
+  document token takes a question position), -local without random blocks, -b128 at block 128 (rows 128..511,
+  384-token windows) without random blocks; chosen zero-shot on validation articles by e7_conversion_probe.py.
 - kobigbird-long-teacher: kobigbird-long trained with the sliding reader as teacher (training/sliding_teacher.py):
   the reader's merged span distributions over each training window as soft targets beside the gold labels.
 - kobigbird-1k: kobigbird-long's conversion trained on 1024-token windows (stride 512; cheaper long examples, more
@@ -101,6 +104,12 @@ METHODS = {
     "kobigbird-1k": Method("kobigbird", LONG, MID, 512, COPY, read_window=LONG, read_stride=1024),
     "kobigbird-1k-sliding": Method("kobigbird", LONG, MID, 512, COPY, read_window=MID, read_stride=512,
                                    trained_by="kobigbird-1k"),
+    # round 2 (experiments/e7_conversion_probe.py chose among these zero-shot): the document's repeated positions
+    # cycle over rows 64..511 (never the question's rows), without random blocks, at block 64 or 128
+    "kobigbird-long-copy64": Method("kobigbird", LONG, LONG, 1024, COPY | {"taper_start": 64}),
+    "kobigbird-long-local": Method("kobigbird", LONG, LONG, 1024, COPY | {"taper_start": 64, "num_random_blocks": 0}),
+    "kobigbird-long-b128": Method("kobigbird", LONG, LONG, 1024, COPY | {"taper_start": 128, "block_size": 128,
+                                                                         "num_random_blocks": 0}),
     "littlebird-long": Method("littlebird", LONG, LONG, 1024, {}),
     "littlebird-long-teacher": Method("littlebird", LONG, LONG, 1024, {}, teacher=True),
     "full-long": Method("full", LONG, LONG, 1024, COPY),

@@ -42,6 +42,20 @@ def test_dev_questions_are_whole_unseen_articles_meeting_both_thresholds(split):
         draw_dev_articles(side, tokenizer, 100000, 1)
 
 
+def test_the_probe_validates_on_dev_articles_outside_the_test_articles(split):
+    """e7_conversion_probe.py chooses a conversion on dev-side articles that E7 does not test on: its draw holds no
+    test title and no train-side title, is seeded, and refuses a dev side with nothing left outside the test."""
+    from e7_conversion_probe import validation_rows
+
+    titles = sorted(set(split["dev"]["title"]))
+    test = set(titles[:5])
+    rows = validation_rows(split["dev"], test, 50)
+    assert len(rows) == 50 and not set(rows["title"]) & test and not set(rows["title"]) & set(split["train"]["title"])
+    assert list(validation_rows(split["dev"], test, 50)["id"]) == list(rows["id"])
+    with pytest.raises(SystemExit, match="no dev-side article is left"):
+        validation_rows(split["dev"], set(titles), 50)
+
+
 def test_the_held_out_record_lists_both_sides_and_refuses_an_overlap(split):
     record = held_out_record(split["train"], split["dev"])
     assert set(record["dev_titles"]) == set(split["dev"]["title"]) and len(record["train_context_sha256"]) > 100
