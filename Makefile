@@ -60,20 +60,26 @@ qa-model: install
 		--split dev --out $(QA_MODEL)-eval --batch-size 16 --overwrite
 	$(PY) experiments/qa_learning_curve.py --model $(QA_MODEL)
 
-# The long reader (issue 24): E7's best long row, `kobigbird-long`, as one command: `make qa-model`'s paragraph reader
-# trained further on whole KorQuAD 1.0 training-side articles in single windows of their own length (up to 4096
-# tokens; longer articles in windows sharing 1024), 4 articles per update, constant lr 5e-5, for LONG_CPU_MINUTES of
-# process CPU time (all threads: 30 CPU minutes = 15 minutes on 2 cores), then scored on the dev-side articles. Its
-# record keeps the 4096-token window, so `longbird answer` and `longbird serve` read a whole document at once with it.
-# E7 (docs/experiments/e7.md) measured this row at F1 36.4 against 55.1 for sliding 512-token windows of the
-# paragraph reader at the same budget: it does NOT read better than its source yet; for answers use the reader of
+# The long reader (issue 24): E7's best long row. `make qa-model`'s paragraph reader is first reconverted for long
+# reading (`longbird convert QA_DIR --set ...`: every weight kept; BigBird blocks of 128 tokens, so each token reads a
+# 384-token window and the question's 128-token global block; no random blocks; positions beyond 512 repeat rows
+# 128..511 only, so no document token takes a question position: E7's conversion probe, round 2), then trained
+# further on whole KorQuAD 1.0 training-side articles in single windows of their own length (up to 4096 tokens;
+# longer articles in windows sharing 1024), 4 articles per update, constant lr 5e-5, for LONG_CPU_MINUTES of process
+# CPU time (all threads: 30 CPU minutes = 15 minutes on 2 cores), then scored on the dev-side articles. Its record
+# keeps the 4096-token window, so `longbird answer` and `longbird serve` read a whole document at once with it.
+# E7 (docs/experiments/e7.md, round 2) measured this row against sliding 512-token windows of the paragraph reader at
+# the same budget: see the README for whether it reads better; until it does, answer with the reader of
 # `make qa-model`, which reads in sliding 512-token windows by default.
 LONG_READER ?= qa-model/kobigbird-e5-korquad-long
+LONG_CONVERSION ?= --set block_size=128 --set num_random_blocks=0 --set taper_start=128
 LONG_CPU_MINUTES ?= 30
 LONG_EVAL_ARGS ?=  # e.g. --max-examples 50 for a quick look; empty: every dev-side question (about 20 minutes)
 long-reader: install
 	@test -f $(QA_MODEL)/longbird_finetune.json || { echo "$(QA_MODEL) is missing: run make qa-model first (or set QA_MODEL)"; exit 1; }
-	$(VENV)/bin/longbird finetune-qa --model $(QA_MODEL) --format korquad1-articles \
+	$(VENV)/bin/longbird convert $(QA_MODEL) --preset kobigbird --max-length 4096 $(LONG_CONVERSION) \
+		--out $(LONG_READER)-start --overwrite
+	$(VENV)/bin/longbird finetune-qa --model $(LONG_READER)-start --format korquad1-articles \
 		--train data/korquad/KorQuAD_v1.0_dev.json --split train --window-length 4096 --doc-stride 1024 \
 		--negative-fraction 0.1 --batch-size 4 --learning-rate 5e-5 --lr-scheduler constant --warmup-ratio 0 \
 		--group-by-length --max-steps 100000 --cpu-minutes $(LONG_CPU_MINUTES) $(QA_BF16) \

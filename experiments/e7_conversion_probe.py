@@ -7,7 +7,8 @@ conversion that starts closest to the source:
 
 - the positions beyond 512: `copy` (position 512 + k repeats k, so document tokens take the question's rows 0..63),
   `copy` from row 64 (`taper_start`: the repetitions cycle over rows 64..511 only), TAPER `exp`;
-- the sparse pattern: 3 random blocks or none; block 64 or 128 (a 384-token window, a 128-token global block).
+- the sparse pattern: 3 random blocks or none; block 64, 128 or 256 (a 192-, 384- or 768-token window and a
+  global first block of as many tokens; the repetitions then start at the block: `taper_start` = block).
 
 Data: validation articles, the dev side of the by-article split *minus* E7's test articles (the articles E7 draws
 are asserted absent, as is every train-side article), so choosing a conversion here does not look at E7's test
@@ -15,7 +16,8 @@ questions. Every conversion reads the same `--questions` questions (seeded draw)
 in the first 512 tokens and beyond with 95 % bootstrap intervals, and the CPU time of the reading.
 
 Usage: python experiments/e7_conversion_probe.py --reader qa-model/kobigbird-e5-korquad [--questions 120]
-Writes experiments/results/e7_conversion_probe.{json,md}; converted models go to experiments/runs/e7_conversion_probe/.
+Writes experiments/results/e7_conversion_probe.{json,md} (conversions read before by the same reader on the same
+questions are kept, so `--conversions` adds rows); converted models go to experiments/runs/e7_conversion_probe/.
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ CONVERSIONS = {
                                                       "num_random_blocks": 0}, LONG, 1024),
     "kobigbird-b128-copy128-norandom": ("kobigbird", LONG, {
         "taper_schedule": "copy", "taper_start": 128, "block_size": 128, "num_random_blocks": 0}, LONG, 1024),
+    "kobigbird-b128-copy128": ("kobigbird", LONG, {"taper_schedule": "copy", "taper_start": 128, "block_size": 128},
+                               LONG, 1024),
+    "kobigbird-b256-copy256-norandom": ("kobigbird", LONG, {
+        "taper_schedule": "copy", "taper_start": 256, "block_size": 256, "num_random_blocks": 0}, LONG, 1024),
 }
 
 
@@ -90,6 +96,13 @@ def main() -> None:
                "articles": sorted(set(validation["title"])), "e7_test_titles": sorted(test_titles),
                "bucket_sizes": {b: list(buckets.values()).count(b) for b in BUCKETS}, "held_out": held_out,
                "conversions": {}}
+    path = args.out / f"{args.name}.json"
+    if path.exists():  # conversions read earlier on the same questions by the same reader are kept
+        old = json.loads(path.read_text())
+        if (old["reader"], old["questions"], old["articles"]) == (results["reader"], results["questions"],
+                                                                    results["articles"]):
+            results["conversions"] = {k: v for k, v in old["conversions"].items() if k not in args.conversions}
+            results["command"] = old["command"] + " && " + results["command"]
     for name in args.conversions:
         preset, length, overrides, window, stride = CONVERSIONS[name]
         model_dir = from_reader(args.reader, preset, length, overrides, work)
@@ -99,7 +112,7 @@ def main() -> None:
                                         "summary": bucket_summary(scores, buckets, BUCKETS, None),
                                         "per_question": scores, "read_cpu_seconds": seconds}
         print(name, json.dumps(results["conversions"][name]["summary"]["all"]), flush=True)
-        write_file_atomically(args.out / f"{args.name}.json", json.dumps(results, indent=1, ensure_ascii=False) + "\n")
+        write_file_atomically(path, json.dumps(results, indent=1, ensure_ascii=False) + "\n")
         write_file_atomically(args.out / f"{args.name}.md", "\n".join(table(results)) + "\n")
 
 

@@ -27,12 +27,16 @@ Methods (ablation rows of issue 24; `--methods` picks):
 - kobigbird-long / kobigbird-long-exp: BigBird ITC at 4096 with TAPER `copy` / `exp` (tau 2) beyond 512.
 - kobigbird-long-copy64 / -local / -b128 (round 2): TAPER `copy` repeating rows 64..511 only (`taper_start`, so no
   document token takes a question position), -local without random blocks, -b128 at block 128 (rows 128..511,
-  384-token windows) without random blocks; chosen zero-shot on validation articles by e7_conversion_probe.py.
+  384-token windows) without random blocks, -b128r the same with 3 random blocks, -b256 at block 256 (rows
+  256..511, 768-token windows) without random blocks; chosen zero-shot on validation articles by
+  e7_conversion_probe.py.
 - kobigbird-long-teacher: kobigbird-long trained with the sliding reader as teacher (training/sliding_teacher.py):
   the reader's merged span distributions over each training window as soft targets beside the gold labels.
 - kobigbird-1k: kobigbird-long's conversion trained on 1024-token windows (stride 512; cheaper long examples, more
   questions per CPU minute) and read whole at 4096; kobigbird-1k-sliding reads the same model in sliding 1024-token
   windows (stride 512; no training of its own).
+- sliding-512-untrained, kobigbird-long-b128-untrained: the round-2 rows' starting points read with no article
+  training (0 CPU minutes): with the trained rows, the first two points of each learning curve.
 - littlebird-long, littlebird-long-teacher: LittleBird (BiALiBi, sliding window, pack & unpack) at 4096.
 - full-long: dense attention at 4096 (an upper reference on the CPU).
 
@@ -88,6 +92,7 @@ class Method(NamedTuple):
     read_window: int | None = None  # default: the training window
     read_stride: int | None = None
     trained_by: str | None = None  # read the model another row trained (no training of its own)
+    untrained: bool = False  # read the conversion as it starts (0 CPU minutes: where the training budget starts from)
 
     @property
     def reading(self) -> tuple[int, int]:
@@ -110,6 +115,13 @@ METHODS = {
     "kobigbird-long-local": Method("kobigbird", LONG, LONG, 1024, COPY | {"taper_start": 64, "num_random_blocks": 0}),
     "kobigbird-long-b128": Method("kobigbird", LONG, LONG, 1024, COPY | {"taper_start": 128, "block_size": 128,
                                                                          "num_random_blocks": 0}),
+    "kobigbird-long-b128r": Method("kobigbird", LONG, LONG, 1024, COPY | {"taper_start": 128, "block_size": 128}),
+    "kobigbird-long-b256": Method("kobigbird", LONG, LONG, 1024, COPY | {"taper_start": 256, "block_size": 256,
+                                                                         "num_random_blocks": 0}),
+    # the starting points of the two round-2 rows, read with no article training at all
+    "sliding-512-untrained": Method("full", SOURCE_WINDOW, SOURCE_WINDOW, 128, {}, untrained=True),
+    "kobigbird-long-b128-untrained": Method("kobigbird", LONG, LONG, 1024, COPY | {
+        "taper_start": 128, "block_size": 128, "num_random_blocks": 0}, untrained=True),
     "littlebird-long": Method("littlebird", LONG, LONG, 1024, {}),
     "littlebird-long-teacher": Method("littlebird", LONG, LONG, 1024, {}, teacher=True),
     "full-long": Method("full", LONG, LONG, 1024, COPY),
@@ -259,6 +271,10 @@ def main() -> None:
             trained = {key: value for key, value in results["methods"][trained_by].items()
                        if key in ("batch_size", "cpu_budget", "tokens_seen", "training_windows", "windows",
                                   "loss_curve")}
+        elif method.untrained:  # the conversion read as it is: the 0-minute point of the row's learning curve
+            run_dir = from_reader(args.reader, method.preset, method.length, method.overrides, args.work)
+            trained = {"batch_size": 0, "cpu_budget": {"minutes": 0.0, "cpu_seconds": 0.0, "steps": 0},
+                       "tokens_seen": 0, "training_windows": 0, "windows": 0, "loss_curve": []}
         else:
             start = from_reader(args.reader, method.preset, method.length, method.overrides, args.work)
             trained = train_method(name, start, train, run_dir, args, args.reader)

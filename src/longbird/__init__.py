@@ -24,7 +24,7 @@ _LAZY = {
     "LongBirdForMaskedLM": "heads", "LongBirdForQuestionAnswering": "heads",
     "LongBirdForSequenceClassification": "heads", "register_auto_classes": "registration",
     "LongBirdModel": "modeling",
-    "SUPPORTED_FAMILIES": "conversion", "convert": "conversion",
+    "SUPPORTED_FAMILIES": "conversion", "convert": "conversion", "reconvert": "conversion",
     "answer": "tasks.qa", "Reader": "reader",
     "tape_peft": "training.peft", "load_tape_peft": "checkpoints",
 }

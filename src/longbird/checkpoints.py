@@ -27,8 +27,13 @@ from .training.processes import is_main_process
 def convert_to_directory(source, out: str | Path, *, preset: str = "kobigbird", max_length: int = 4096,
                          overwrite: bool = False, **overrides: Any) -> tuple[Any, bool]:
     """Convert `source` (default: the embedded MiniLM) and save model + source tokenizer to `out` atomically.
-    Returns (model, whether a tokenizer was found beside the source)."""
+    Returns (model, whether a tokenizer was found beside the source). A longbird directory (a fine-tuned reader too)
+    is reconverted instead (`reconvert_directory`)."""
     source = resolve_source(source)
+    if (source / "config.json").is_file() and \
+            json.loads((source / "config.json").read_text(encoding="utf-8")).get("model_type") == "longbird":
+        return reconvert_directory(source, out, preset=preset, max_length=max_length, overwrite=overwrite,
+                                   **overrides), True
     model = convert(source, preset=preset, max_length=max_length, **overrides)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
@@ -46,6 +51,46 @@ def convert_to_directory(source, out: str | Path, *, preset: str = "kobigbird", 
     if is_main_process():  # under torchrun every process trains, the first one writes
         write_directory_atomically(out, write, overwrite=overwrite)
     return model, tokenizer is not None
+
+def reconvert_directory(model_dir, out: str | Path, *, preset: str = "kobigbird", max_length: int = 4096,
+                        overwrite: bool = False, **overrides: Any):
+    """A saved kobigbird/full longbird model (any head) with another sparse pattern or positions beyond its source
+    length (`conversion.reconvert`), saved to `out` with its tokenizer and, for a fine-tuned model, its training record
+    (the weights are the ones it trained; the record notes the reconversion). `preset` must be the model's own."""
+    from . import heads
+    from .config import PRESETS
+    from .conversion import reconvert
+
+    path = resolve_model_directory(model_dir)
+    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    own = next((name for name in ("kobigbird", "full") if PRESETS[name]["attention"] == config.get("attention")
+                and config.get("position") == "absolute"), None)
+    if preset != own:
+        raise ValueError(f"{path} is a longbird model with attention {config.get('attention')!r} and position "
+                         f"{config.get('position')!r}: it can be reconverted only within its own preset "
+                         f"({own or 'none: only kobigbird and full models'}), not to {preset!r}; convert its short "
+                         "source with the new preset instead")
+    architecture = (config.get("architectures") or ["LongBirdModel"])[0]
+    model_class = getattr(heads, architecture, None)
+    if model_class is None:
+        from .modeling import LongBirdModel as model_class
+    model = reconvert(model_class.from_pretrained(path), max_position_embeddings=max_length, **overrides)
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tokenizer.model_max_length = max_length
+    records = {name: json.loads((path / name).read_text(encoding="utf-8"))
+               for name in ("longbird_finetune.json",) if (path / name).is_file()}
+
+    def write(directory: Path) -> None:
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+        for name, record in records.items():
+            record["reconverted"] = {"from": str(path), "max_length": max_length, **overrides}
+            (directory / name).write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+    if is_main_process():
+        write_directory_atomically(out, write, overwrite=overwrite)
+    return model
+
 
 TASK_COMMANDS = {"LongBirdForQuestionAnswering": ("question-answering", "finetune-qa"),
                  "LongBirdForSequenceClassification": ("classification", "finetune-cls")}

@@ -200,3 +200,52 @@ def convert(
                            f"the {source.config.model_type} layout is not what longbird expects")
     model.tie_weights()
     return model.eval()
+
+
+# What reconvert may change: the sparse pattern and the positions beyond the source length, none of which has a
+# parameter of its own (the position table's rows beyond L are rebuilt from rows 0..L-1).
+RECONVERTIBLE = ("max_position_embeddings", "block_size", "num_random_blocks", "random_seed", "random_blocks",
+                 "position_extension", "taper_schedule", "taper_mode", "taper_tau", "taper_start",
+                 "full_attention_max_length", "attention_backend")
+
+
+def reconvert(model: PreTrainedModel, **overrides: Any) -> PreTrainedModel:
+    """A converted kobigbird/full model (any head: a fine-tuned reader too) with another sparse pattern or another
+    extension of its positions: every weight kept, the config's `overrides` applied, the position table rebuilt up to
+    `max_position_embeddings` from its own rows 0..L-1 (L = source_max_positions) with the TAPER law the new config
+    names. At or below L tokens the result computes what `model` computes (full attention, the same rows); above L it
+    is what `convert` would have made of the short model those rows and weights are (issue 24: the paragraph reader
+    re-read at 4096 tokens with block 128 and `taper_start`, E7 round 2)."""
+    config = model.config
+    if getattr(config, "model_type", None) != "longbird" or not config.uses_position_table or \
+            config.position != "absolute":
+        raise ValueError("reconvert takes a longbird model with an absolute position table (presets kobigbird and "
+                         f"full); got {getattr(config, 'model_type', type(model).__name__)} with position "
+                         f"{getattr(config, 'position', None)!r}: convert the short source again instead")
+    unknown = sorted(set(overrides) - set(RECONVERTIBLE))
+    if unknown:
+        raise ValueError(f"reconvert cannot change {unknown}: they change the architecture or the weights; it changes "
+                         f"only {', '.join(RECONVERTIBLE)} (convert the short source with the new preset instead)")
+    values = {**config.to_dict(), **overrides}
+    for key in ("model_type", "transformers_version", "architectures", "_name_or_path"):
+        values.pop(key, None)
+    try:
+        new_config = LongBirdConfig(**{k: v for k, v in values.items()
+                                       if k in {f.name for f in dataclasses.fields(LongBirdConfig)}})
+    except StrictDataclassClassValidationError as error:
+        raise ValueError(str(error.__cause__ or error)) from error
+    for key, value in config.to_dict().items():  # task settings (qa_head, labels, ...) ride along as they were
+        if not hasattr(new_config, key):
+            setattr(new_config, key, value)
+    new_config.architectures = config.architectures
+    state = model.state_dict()
+    table_name = next(name for name in state if name.endswith("embeddings.position_embeddings.weight"))
+    rows = state[table_name][: config.source_max_positions]
+    schedule = "copy" if new_config.position_extension == "copy" else new_config.taper_schedule
+    state[table_name] = extend_position_table(rows, new_config.max_position_embeddings, schedule,
+                                              new_config.taper_mode, new_config.taper_tau, new_config.taper_start)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(CONVERSION_SEED)
+        new = type(model)(new_config)
+    new.load_state_dict(state)
+    return new.eval()
