@@ -229,9 +229,9 @@ def reconvert(model: PreTrainedModel, **overrides: Any) -> PreTrainedModel:
     values = {**config.to_dict(), **overrides}
     for key in ("model_type", "transformers_version", "architectures", "_name_or_path"):
         values.pop(key, None)
+    known = {field.name for field in dataclasses.fields(LongBirdConfig)}
     try:
-        new_config = LongBirdConfig(**{k: v for k, v in values.items()
-                                       if k in {f.name for f in dataclasses.fields(LongBirdConfig)}})
+        new_config = LongBirdConfig(**{k: v for k, v in values.items() if k in known})
     except StrictDataclassClassValidationError as error:
         raise ValueError(str(error.__cause__ or error)) from error
     for key, value in config.to_dict().items():  # task settings (qa_head, labels, ...) ride along as they were
