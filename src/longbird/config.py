@@ -7,7 +7,7 @@ from typing import Any
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
-from .attention.patterns import RANDOM_BLOCK_PLANS
+from .attention.patterns import GLOBAL_BLOCKS, RANDOM_BLOCK_PLANS, global_pattern
 from .positions.tape import TAPE_INITS
 
 ATTENTIONS = ("full", "bigbird", "littlebird")
@@ -82,6 +82,10 @@ class LongBirdConfig(PreTrainedConfig):
     # transformers.BigBirdModel computes at inference (docs/kobigbird.md, "Random-block plans and the `transformers`
     # export").
     random_blocks: str = "seeded"
+    # Which blocks are global (attention/patterns.py): "itc" is BigBird ITC (first and last block, both ways);
+    # "first-reads-source": only the first block is global, and its queries (a reader's question) read the first
+    # full_attention_max_length tokens, as in the source model. Chosen for a converted QA reader by E7's probe.
+    global_blocks: str = "itc"
     pack_size: int = 64
     bialibi_learnable: bool = True
     # TAPE (position="tape"): "identity" states (e = 1) keep a converted source's absolute position table and equal
@@ -120,6 +124,11 @@ class LongBirdConfig(PreTrainedConfig):
         if self.random_blocks == "transformers":  # transformers' BigBirdModel: full up to (5 + 2r)·b tokens
             return max(self.full_attention_max_length, (5 + 2 * self.num_random_blocks) * self.block_size)
         return self.full_attention_max_length
+
+    @property
+    def global_pattern(self) -> dict:
+        """`global_blocks` as the BigBird pattern's keyword arguments (first_block_reach, last_global)."""
+        return global_pattern(self.global_blocks, self.block_size, self.full_attention_max_length)
 
     @property
     def uses_position_table(self) -> bool:
@@ -180,6 +189,16 @@ class LongBirdConfig(PreTrainedConfig):
             raise ValueError(f"num_random_blocks must be >= 0; got {self.num_random_blocks}")
         if self.random_blocks not in RANDOM_BLOCK_PLANS:
             raise ValueError(f"random_blocks must be one of {RANDOM_BLOCK_PLANS}; got {self.random_blocks!r}")
+        if self.global_blocks not in GLOBAL_BLOCKS:
+            raise ValueError(f"global_blocks must be one of {GLOBAL_BLOCKS}; got {self.global_blocks!r}")
+        if self.global_blocks != "itc" and self.attention == "bigbird":
+            if self.random_blocks == "transformers":
+                raise ValueError("global_blocks='first-reads-source' is not transformers' BigBird pattern; use "
+                                 "random_blocks='seeded' with it, or global_blocks='itc' for a transformers export")
+            if self.full_attention_max_length % self.block_size:
+                raise ValueError(f"global_blocks='first-reads-source' needs full_attention_max_length "
+                                 f"({self.full_attention_max_length}) to be a multiple of block_size "
+                                 f"({self.block_size}); use a block size that divides it")
         if self.pack_output_projection not in ("shared", "separate"):
             raise ValueError("pack_output_projection must be 'shared' or 'separate'; "
                              f"got {self.pack_output_projection!r}")

@@ -206,7 +206,7 @@ def convert(
 # parameter of its own (the position table's rows beyond L are rebuilt from rows 0..L-1).
 RECONVERTIBLE = ("max_position_embeddings", "block_size", "num_random_blocks", "random_seed", "random_blocks",
                  "position_extension", "taper_schedule", "taper_mode", "taper_tau", "taper_start",
-                 "full_attention_max_length", "attention_backend")
+                 "full_attention_max_length", "attention_backend", "global_blocks")
 
 
 def reconvert(model: PreTrainedModel, **overrides: Any) -> PreTrainedModel:

@@ -32,6 +32,11 @@ def to_bigbird_config(config: LongBirdConfig) -> BigBirdConfig:
             f"hf-bigbird has no embedding projection: embedding_size ({config.embedding_size}) != hidden_size "
             f"({config.hidden_size}) (an ELECTRA-small-style source); export is not possible for this model"
         )
+    if config.global_blocks != "itc":
+        raise ValueError(f"hf-bigbird has only BigBird ITC's global blocks; this model uses global_blocks="
+                         f"{config.global_blocks!r}. Reconvert it with global_blocks='itc' (`longbird convert DIR "
+                         "--set global_blocks=itc`) to export, knowing that it then computes another function above "
+                         f"{config.full_attention_threshold} tokens")
     return BigBirdConfig(
         vocab_size=config.vocab_size, hidden_size=config.hidden_size, num_hidden_layers=config.num_hidden_layers,
         num_attention_heads=config.num_attention_heads, intermediate_size=config.intermediate_size,

@@ -129,12 +129,13 @@ class LongBirdEncoder(nn.Module):
             plan = None
             if in_graph:
                 plan = PlanInGraph(index, config.block_size, config.full_attention_threshold, config.num_random_blocks,
-                                   config.random_seed, config.random_blocks)
+                                   config.random_seed, config.random_blocks, **config.global_pattern)
             elif sparse:
                 # Drawn outside any trace from (seed, layer, n): an exported graph holds it as a constant.
                 plan = (groups, [bigbird_pattern(int(group.num_blocks), config.block_size,
                                                  config.num_attention_heads, config.num_random_blocks,
-                                                 config.random_seed, index, config.random_blocks)
+                                                 config.random_seed, index, config.random_blocks,
+                                                 **config.global_pattern)
                                  if group.sparse else None for group in groups])
             if tape is None:
                 hidden_states = self._call_layer(layer, hidden_states, key_mask, plan, use_reference, workspace,

@@ -1,6 +1,7 @@
 """BigBird ITC block-sparse attention, blocked and batched (no Python loop over blocks).
 
-Global query blocks (first, last) attend densely to every key: (B, H, 2b, l) scores.
+Global query blocks (first, last) attend densely to every key: (B, H, 2b, l) scores ("first-reads-source": block 0
+reads the first blocks only, and there is no last global block).
 Middle query blocks gather their 5 + r key blocks with one index_select and attend in one batched
 SDPA call over (head, block) rows: (B, H(n-2), b, (5+r)b) scores, so time and memory are O(l (5+r) b).
 SDPA's CPU kernels accumulate the softmax in fp32 whatever the input dtype (bf16 / autocast safe).
@@ -54,34 +55,52 @@ def bigbird_attention(
     The caller pads l to a block multiple (padding is masked as keys).
     `workspace`: an optional dict, owned by one forward call, in which inference reuses gather buffers.
     """
-    batch, heads, length, dim = query.shape
-    value_dim = value.shape[-1]
+    batch, _, length, _ = query.shape
     n, block = pattern.num_blocks, pattern.block_size
     if length != n * block:
         raise ValueError(f"bigbird_attention expects length = num_blocks * block_size = {n * block}; got {length}")
 
-    # Global query blocks: dense rows over all keys.
-    global_rows = [slice(0, block)] if n == 1 else [slice(0, block), slice(length - block, length)]
-    global_query = torch.cat([query[:, :, rows] for rows in global_rows], dim=2)  # (b, h, 2b, d)
-    global_out = _masked_attention(global_query, key, value, key_mask[:, None, None, :].expand(batch, 1, 1, length),
-                                   dropout_p)
-    if n <= 2:
-        return global_out
+    # Global query blocks: dense rows over their keys (ITC: all; block 0 of "first-reads-source": its first
+    # first_block_keys key blocks, a prefix, so a slice).
+    end = pattern.middle_end
+    first_keys = pattern.first_block_keys * block
+    if pattern.last_global and n > 1 and first_keys == length:  # ITC: both global blocks in one call
+        global_query = torch.cat([query[:, :, :block], query[:, :, length - block:]], dim=2)  # (b, h, 2b, d)
+        global_out = _masked_attention(global_query, key, value,
+                                       key_mask[:, None, None, :].expand(batch, 1, 1, length), dropout_p)
+        first_out, last_out = global_out[:, :, :block], global_out[:, :, block:]
+    else:
+        first_out = _masked_attention(query[:, :, :block], key[:, :, :first_keys], value[:, :, :first_keys],
+                                      key_mask[:, None, None, :first_keys], dropout_p)
+        last_out = None
+        if pattern.last_global and n > 1:
+            last_out = _masked_attention(query[:, :, length - block:], key, value, key_mask[:, None, None, :],
+                                         dropout_p)
+    outputs = [first_out]
+    if end > 1:
+        outputs.append(_middle_attention(query, key, value, key_mask, pattern, workspace, dropout_p))
+    if last_out is not None:
+        outputs.append(last_out)
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
 
-    # Middle query blocks: gather window + global + random key blocks per (head, block).
-    indices, valid = _middle_key_blocks(pattern, query.device)  # (H, n-2, 5+r)
+
+def _middle_attention(query, key, value, key_mask, pattern: BigBirdPattern, workspace, dropout_p):
+    """Middle query blocks 1..end-1: gather window + global + random key blocks per (head, block)."""
+    batch, heads, _, dim = query.shape
+    value_dim = value.shape[-1]
+    n, block, end = pattern.num_blocks, pattern.block_size, pattern.middle_end
+    indices, valid = _middle_key_blocks(pattern, query.device)  # (H, end-1, k)
     m = indices.shape[-1]
     # One index_select over (head, block) pairs: much faster than advanced indexing on CPU.
     flat = (torch.arange(heads, device=query.device)[:, None, None] * n + indices).reshape(-1)
     key_blocks = _gather_blocks(key.reshape(batch, heads * n, block, dim), flat, workspace, "key")
     value_blocks = _gather_blocks(value.reshape(batch, heads * n, block, value_dim), flat, workspace, "value")
-    mask_blocks = key_mask.view(batch, n, block)[:, indices] & valid[None, :, :, :, None]  # (B, H, n-2, 5+r, b)
-    middle_query = query.view(batch, heads, n, block, dim)[:, :, 1:-1]  # (B, H, n-2, b, d)
-    rows = heads * (n - 2)
-    middle_out = _masked_attention(
+    mask_blocks = key_mask.view(batch, n, block)[:, indices] & valid[None, :, :, :, None]  # (B, H, end-1, k, b)
+    middle_query = query.view(batch, heads, n, block, dim)[:, :, 1:end]  # (B, H, end-1, b, d)
+    rows = heads * (end - 1)
+    return _masked_attention(
         middle_query.reshape(batch, rows, block, dim),
         key_blocks.view(batch, rows, m * block, dim),
         value_blocks.view(batch, rows, m * block, value_dim),
         mask_blocks.reshape(batch, rows, 1, m * block), dropout_p,
-    ).reshape(batch, heads, (n - 2) * block, value_dim)  # CUDA SDPA may return a non-contiguous layout
-    return torch.cat([global_out[:, :, :block], middle_out, global_out[:, :, block:]], dim=2)
+    ).reshape(batch, heads, (end - 1) * block, value_dim)  # CUDA SDPA may return a non-contiguous layout

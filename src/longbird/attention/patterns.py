@@ -5,6 +5,14 @@ Query blocks 0 and n-1 are global (attend to every key); every middle block i at
 blocks {0, n-1}, its window {i-1, i, i+1} and r random blocks drawn from the rest (BigBird ITC, Zaheer
 et al. 2020 §2; KoBigBird-large keeps the same pattern).
 
+Global blocks (`GLOBAL_BLOCKS`, the config's `global_blocks`): "itc" is the pattern above. "first-reads-source" keeps
+block 0 global as keys (every query block reads it) but lets its queries read only the first `first_block_reach`
+key blocks (the source model's length), and has no last global block (block n-1 is a window block like the others).
+A converted QA reader keeps its question in block 0; under ITC the question's own queries read the whole 4K
+document, a view its source never had, and every document token then reads a question state the source never
+computed. With the question reading what it read in the source, block 0 computes exactly the source's first window
+(docs/kobigbird.md, "Which blocks are global").
+
 Random-block plans (`RANDOM_BLOCK_PLANS`): "seeded" draws the r blocks per (layer, n) from a seeded generator, the
 same in training and inference; "transformers" is what `transformers.BigBirdModel` computes at inference (eval
 mode): every random block is block 0, so block 0 is counted 1 + r times in each middle block's softmax.
@@ -12,6 +20,7 @@ mode): every random block is block 0, so block 0 is counted 1 + r times in each 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -20,21 +29,36 @@ import torch
 from .tracing import outside_the_trace
 
 WINDOW_BLOCKS = 3
-GLOBAL_BLOCKS = 2
 RANDOM_BLOCK_PLANS = ("seeded", "transformers")
+GLOBAL_BLOCKS = ("itc", "first-reads-source")
 
 
 @dataclass(frozen=True, eq=False)  # identity hash: plans are cached by object
 class BigBirdPattern:
     """The block pattern for one layer at one length.
 
-    `random_blocks` (H, n-2, r) long: key-block index of each random block of each middle query block,
-    -1 where there were fewer than r candidate blocks (short inputs).
+    `random_blocks` (H, m, r) long: key-block index of each random block of each middle query block (m = n-2 with a
+    last global block, else n-1), -1 where there were fewer than r candidate blocks (short inputs).
+    `first_block_reach`: how many key blocks query block 0 reads (0: all of them, ITC).
+    `last_global`: block n-1 is global (ITC); False makes it a window block.
     """
 
     num_blocks: int
     block_size: int
     random_blocks: torch.Tensor
+    first_block_reach: int = 0
+    last_global: bool = True
+
+    @property
+    def middle_end(self) -> int:
+        """One past the last middle (window) query block: n-1 under ITC, n without a last global block."""
+        return self.num_blocks - 1 if self.last_global else self.num_blocks
+
+    @property
+    def first_block_keys(self) -> int:
+        """How many key blocks query block 0 reads."""
+        reach = self.first_block_reach
+        return self.num_blocks if reach <= 0 else min(reach, self.num_blocks)
 
     @property
     def num_heads(self) -> int:
@@ -43,24 +67,25 @@ class BigBirdPattern:
     @property
     def repeats_blocks(self) -> bool:
         """True when a key block is counted more than once (the transformers plan: random blocks = block 0)."""
-        return self.num_blocks > 2 and bool((self.random_blocks == 0).any())
+        return self.middle_end > 1 and bool((self.random_blocks == 0).any())
 
     def middle_key_blocks(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Key-block indices (H, n-2, 5+r) of every middle query block, and a bool validity (H, n-2, 5+r).
+        """Key-block indices (H, m, k) of every middle query block (m as in `random_blocks`), and a bool validity of
+        the same shape: k = 5 + r under ITC, 4 + r without a last global block.
 
-        Order: first global, left, own, right, last global, random. A window block that is also a global
-        block is marked invalid so no key is counted twice.
+        Order: first global, left, own, right, last global (ITC only), random. A window block that is also a global
+        block (or lies past the end) is marked invalid so no key is counted twice.
         """
         n = self.num_blocks
         heads = self.num_heads
-        middle = torch.arange(1, n - 1)
-        fixed = torch.stack(
-            [torch.zeros_like(middle), middle - 1, middle, middle + 1, torch.full_like(middle, n - 1)], dim=-1
-        )  # (n-2, 5)
+        middle = torch.arange(1, self.middle_end)
+        columns = [torch.zeros_like(middle), middle - 1, middle, (middle + 1).clamp(max=n - 1)]
+        if self.last_global:
+            columns.append(torch.full_like(middle, n - 1))
+        fixed = torch.stack(columns, dim=-1)  # (m, 5) or (m, 4)
         fixed_valid = torch.ones_like(fixed, dtype=torch.bool)
         fixed_valid[:, 1] = middle - 1 != 0
-        fixed_valid[:, 3] = middle + 1 != n - 1
-        fixed_valid[:, 4] = n - 1 != 0
+        fixed_valid[:, 3] = middle + 1 != n - 1 if self.last_global else middle + 1 < n
         fixed = fixed.expand(heads, -1, -1)
         fixed_valid = fixed_valid.expand(heads, -1, -1)
         random_valid = self.random_blocks >= 0
@@ -73,11 +98,12 @@ class BigBirdPattern:
         transformers plan, where the blocked kernel gathers block 0 once per random slot)."""
         n, heads = self.num_blocks, self.num_heads
         counts = torch.zeros(heads, n, n, dtype=torch.int32)
-        counts[:, 0, :] = 1
-        counts[:, n - 1, :] = 1
-        if n > 2:
+        counts[:, 0, :self.first_block_keys] = 1
+        if self.last_global:
+            counts[:, n - 1, :] = 1
+        if self.middle_end > 1:
             indices, valid = self.middle_key_blocks()
-            counts[:, 1:-1].scatter_add_(-1, indices, valid.to(torch.int32))
+            counts[:, 1:self.middle_end].scatter_add_(-1, indices, valid.to(torch.int32))
         return counts
 
     def block_table(self) -> torch.Tensor:
@@ -103,32 +129,46 @@ def _plan_seed(seed: int, layer: int, num_blocks: int) -> int:
 @lru_cache(maxsize=256)
 def bigbird_pattern(
     num_blocks: int, block_size: int, num_heads: int, num_random_blocks: int, seed: int, layer: int,
-    plan: str = "seeded",
+    plan: str = "seeded", first_block_reach: int = 0, last_global: bool = True,
 ) -> BigBirdPattern:
     """Draw the random blocks for (layer, length) once from a seeded generator; same plan in train and eval.
     plan="transformers": every random block is block 0 (transformers' BigBird at inference).
+    `first_block_reach`, `last_global`: the global blocks (`BigBirdPattern`; `global_pattern` maps the config's
+    `global_blocks` to them).
 
     A pure function of its ints, computed outside any trace (`tracing.outside_the_trace`): an exported graph holds
     the drawn plan as a constant and never draws it itself, whether or not this length ran eagerly before."""
     if plan not in RANDOM_BLOCK_PLANS:
         raise ValueError(f"random-block plan must be one of {RANDOM_BLOCK_PLANS}; got {plan!r}")
     with outside_the_trace():
-        return _draw_pattern(num_blocks, block_size, num_heads, num_random_blocks, seed, layer, plan)
+        pattern = _draw_pattern(num_blocks, block_size, num_heads, num_random_blocks, seed, layer, plan, last_global)
+        return dataclasses.replace(pattern, first_block_reach=first_block_reach, last_global=last_global)
 
 
-def _draw_pattern(n: int, block_size: int, num_heads: int, r: int, seed: int, layer: int, plan: str) -> BigBirdPattern:
+def global_pattern(global_blocks: str, block_size: int, full_attention_max_length: int) -> dict:
+    """The config's `global_blocks` as `bigbird_pattern`'s keyword arguments."""
+    if global_blocks not in GLOBAL_BLOCKS:
+        raise ValueError(f"global_blocks must be one of {GLOBAL_BLOCKS}; got {global_blocks!r}")
+    if global_blocks == "itc":
+        return {"first_block_reach": 0, "last_global": True}
+    return {"first_block_reach": full_attention_max_length // block_size, "last_global": False}
+
+
+def _draw_pattern(n: int, block_size: int, num_heads: int, r: int, seed: int, layer: int, plan: str,
+                  last_global: bool = True) -> BigBirdPattern:
     # BigBird's random blocks (Zaheer et al. 2020, §2 and App. D): r key blocks per middle query block and head, drawn
     # from the blocks that are neither global nor in the window.
-    middle = max(n - 2, 0)
+    end = n - 1 if last_global else n  # one past the last middle query block
+    middle = max(end - 1, 0)
     if middle == 0 or r == 0:
         return BigBirdPattern(n, block_size, torch.full((num_heads, middle, r), -1, dtype=torch.long))
     if plan == "transformers":
         return BigBirdPattern(n, block_size, torch.zeros((num_heads, middle, r), dtype=torch.long))
     generator = torch.Generator().manual_seed(_plan_seed(seed, layer, n))
     keys = torch.rand(num_heads, middle, n, generator=generator)
-    rows = torch.arange(1, n - 1)[:, None]
+    rows = torch.arange(1, end)[:, None]
     cols = torch.arange(n)[None, :]
-    excluded = (cols == 0) | (cols == n - 1) | ((cols - rows).abs() <= 1)  # global + window blocks
+    excluded = (cols == 0) | ((cols == n - 1) & last_global) | ((cols - rows).abs() <= 1)  # global + window blocks
     keys = keys.masked_fill(excluded, float("inf"))
     take = min(r, n)
     chosen_keys, chosen = keys.topk(take, dim=-1, largest=False)

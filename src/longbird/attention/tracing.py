@@ -55,12 +55,16 @@ def outside_the_trace():
     except ImportError:  # pragma: no cover - older torch: at least keep fake tensors out of the caches
         _disable_current_modes = real_tensors
     jit_state = torch._C._get_tracing_state()
-    torch._C._set_tracing_state(None)
+    # Only touch the jit state when a jit trace is on: inside a custom op's kernel (the compiled per-row plan, drawing
+    # on a cache miss) setting it at all, even to None, is refused by torch's NoTracerDispatchMode.
+    if jit_state is not None:
+        torch._C._set_tracing_state(None)
     try:
         with _disable_current_modes():
             yield
     finally:
-        torch._C._set_tracing_state(jit_state)
+        if jit_state is not None:
+            torch._C._set_tracing_state(jit_state)
 
 
 def real_tensors():
