@@ -8,7 +8,9 @@ conversion that starts closest to the source:
 - the positions beyond 512: `copy` (position 512 + k repeats k, so document tokens take the question's rows 0..63),
   `copy` from row 64 (`taper_start`: the repetitions cycle over rows 64..511 only), TAPER `exp`;
 - the sparse pattern: 3 random blocks or none; block 64, 128 or 256 (a 192-, 384- or 768-token window and a
-  global first block of as many tokens; the repetitions then start at the block: `taper_start` = block).
+  global first block of as many tokens; the repetitions then start at the block: `taper_start` = block);
+- the global blocks: BigBird ITC (first and last block read everything) or `first-reads-source` (`-q`: the first
+  block's queries, the question, read the first 512 tokens as in the paragraph reader; no last global block).
 
 Data: validation articles, the dev side of the by-article split *minus* E7's test articles (the articles E7 draws
 are asserted absent, as is every train-side article), so choosing a conversion here does not look at E7's test
@@ -57,6 +59,10 @@ CONVERSIONS = {
         "taper_schedule": "copy", "taper_start": 128, "block_size": 128, "num_random_blocks": 0}, LONG, 1024),
     "kobigbird-b128-copy128": ("kobigbird", LONG, {"taper_schedule": "copy", "taper_start": 128, "block_size": 128},
                                LONG, 1024),
+    # the question global as keys only: its queries read the first 512 tokens, no last global block
+    "kobigbird-b128-copy128-norandom-q": ("kobigbird", LONG, {
+        "taper_schedule": "copy", "taper_start": 128, "block_size": 128, "num_random_blocks": 0,
+        "global_blocks": "first-reads-source"}, LONG, 1024),
     "kobigbird-b256-copy256-norandom": ("kobigbird", LONG, {
         "taper_schedule": "copy", "taper_start": 256, "block_size": 256, "num_random_blocks": 0}, LONG, 1024),
 }

@@ -37,6 +37,9 @@ Methods (ablation rows of issue 24; `--methods` picks):
   windows (stride 512; no training of its own).
 - sliding-512-untrained, kobigbird-long-b128-untrained: the round-2 rows' starting points read with no article
   training (0 CPU minutes): with the trained rows, the first two points of each learning curve.
+- kobigbird-long-b128q (round 3) and its -untrained start: -b128 with `global_blocks="first-reads-source"`: the
+  question stays global as keys, but its own queries read the first 512 tokens (what they read in the paragraph
+  reader) and there is no last global block.
 - littlebird-long, littlebird-long-teacher: LittleBird (BiALiBi, sliding window, pack & unpack) at 4096.
 - full-long: dense attention at 4096 (an upper reference on the CPU).
 
@@ -99,6 +102,7 @@ class Method(NamedTuple):
         return self.read_window or self.window, self.read_stride or self.stride
 
 
+B128Q = COPY | {"taper_start": 128, "block_size": 128, "num_random_blocks": 0, "global_blocks": "first-reads-source"}
 METHODS = {
     "sliding-512": Method("full", SOURCE_WINDOW, SOURCE_WINDOW, 128, {}),
     "kobigbird-long": Method("kobigbird", LONG, LONG, 1024, COPY),
@@ -122,6 +126,11 @@ METHODS = {
     "sliding-512-untrained": Method("full", SOURCE_WINDOW, SOURCE_WINDOW, 128, {}, untrained=True),
     "kobigbird-long-b128-untrained": Method("kobigbird", LONG, LONG, 1024, COPY | {
         "taper_start": 128, "block_size": 128, "num_random_blocks": 0}, untrained=True),
+    # round 3: -b128 with the question global as keys only (global_blocks="first-reads-source": the question's own
+    # queries read the first 512 tokens, as in the paragraph reader, and there is no last global block); chosen
+    # zero-shot on validation articles by e7_conversion_probe.py (kobigbird-b128-copy128-norandom-q)
+    "kobigbird-long-b128q": Method("kobigbird", LONG, LONG, 1024, B128Q),
+    "kobigbird-long-b128q-untrained": Method("kobigbird", LONG, LONG, 1024, B128Q, untrained=True),
     "littlebird-long": Method("littlebird", LONG, LONG, 1024, {}),
     "littlebird-long-teacher": Method("littlebird", LONG, LONG, 1024, {}, teacher=True),
     "full-long": Method("full", LONG, LONG, 1024, COPY),
