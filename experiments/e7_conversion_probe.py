@@ -35,8 +35,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "experiments"))
 
 from e4_korquad_articles import BUCKETS, answer_buckets, from_reader  # noqa: E402
-from e7_long_reading import (LONG, SOURCE_WINDOW, draw_dev_articles, evaluate_method,  # noqa: E402
-                             held_out_record, machine)
+from e7_long_reading import B128Q, LONG, SOURCE_WINDOW, draw_dev_articles, evaluate_method, held_out_record, machine  # noqa: E402
 
 from longbird.checkpoints import load_task_model  # noqa: E402
 from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # noqa: E402
@@ -60,9 +59,11 @@ CONVERSIONS = {
     "kobigbird-b128-copy128": ("kobigbird", LONG, {"taper_schedule": "copy", "taper_start": 128, "block_size": 128},
                                LONG, 1024),
     # the question global as keys only: its queries read the first 512 tokens, no last global block
-    "kobigbird-b128-copy128-norandom-q": ("kobigbird", LONG, {
-        "taper_schedule": "copy", "taper_start": 128, "block_size": 128, "num_random_blocks": 0,
-        "global_blocks": "first-reads-source"}, LONG, 1024),
+    "kobigbird-b128-copy128-norandom-q": ("kobigbird", LONG, B128Q, LONG, 1024),
+    # the same model read in sliding windows of 1024 / 2048 tokens (stride half the window, null-relative merging): if
+    # these read better than one 4096-token window, what the long reading loses is the ranking across the article
+    "kobigbird-b128-copy128-norandom-q-w1024": ("kobigbird", LONG, B128Q, 1024, 512),
+    "kobigbird-b128-copy128-norandom-q-w2048": ("kobigbird", LONG, B128Q, 2048, 1024),
     "kobigbird-b256-copy256-norandom": ("kobigbird", LONG, {
         "taper_schedule": "copy", "taper_start": 256, "block_size": 256, "num_random_blocks": 0}, LONG, 1024),
 }

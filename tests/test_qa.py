@@ -13,7 +13,7 @@ from longbird.conversion import default_source
 from longbird.data.features import QAFeature, make_features
 from longbird.data.html import add_tag_tokens, preprocess_html
 from longbird.heads import LongBirdQuestionAnsweringOutput
-from longbird.qa import decode_window, predict_features
+from longbird.qa import decode_window, merge_windows, predict_features, score_windows
 from conftest import BLOCK, make_batch, make_source
 
 KORQUAD = Path(__file__).resolve().parents[1] / "data" / "korquad"
@@ -321,6 +321,19 @@ def test_log_probability_score_is_the_span_probability_in_its_window():
     assert answer.text == "alpha"
     # terms of size ~3 summed in fp32: a few ulps (~1e-6); 1e-5 leaves room for the logsumexp rounding
     assert abs(answer.score - float(expected)) < 1e-5 and abs(answer.probability - float(expected.exp())) < 1e-5
+
+
+def test_start_candidates_per_window_keep_only_their_starts():
+    """E7's diagnosis reads near the gold answer: window 0 (alpha) would win, but with its starts disallowed the answer
+    is window 1's gamma, and a window with no allowed start contributes nothing (not its disallowed best)."""
+    features, documents = _two_windows()
+    windows = [[0.0, 3.0, -9.0], [0.0, 2.0, -9.0]]
+    free = score_windows(FixedLogits(windows), features, batch_size=2)
+    assert merge_windows(free, documents)["q"].text == "alpha"
+    near = score_windows(FixedLogits(windows), features, batch_size=2,
+                         start_candidates=[torch.tensor([False, False, False]), torch.tensor([False, True, False])])
+    assert near[0].spans == [] and [span[1] for span in near[1].spans] == [1]
+    assert merge_windows(near, documents)["q"].text == "gamma"
 
 
 def test_an_unknown_scoring_rule_is_named_before_the_model_runs():

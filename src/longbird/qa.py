@@ -128,14 +128,22 @@ class WindowOutputs:
 
 
 @torch.no_grad()
-def run_windows(model, features: list[QAFeature], top_k: int) -> list[WindowOutputs]:
+def run_windows(model, features: list[QAFeature], top_k: int,
+                start_candidates: list[torch.Tensor] | None = None) -> list[WindowOutputs]:
     """One forward pass over `features` as one padded batch (the per-row plan makes each row's outputs independent
-    of the others and of the padding: tests/test_batch_independence.py)."""
+    of the others and of the padding: tests/test_batch_independence.py). `start_candidates`: per feature a bool
+    (len(input_ids),) that narrows where its k best starts may lie (within the document; E7's diagnosis reads an
+    answer's neighbourhood only)."""
     model.eval()
     collate = PaddedBatches(model.config.pad_token_id if model.config.pad_token_id is not None else 0)
     batch = {name: tensor.to(model.device) for name, tensor in
              collate([feature.model_inputs() for feature in features]).items()}
-    candidates = _document_tokens(features, batch["input_ids"].shape[1]).to(model.device)
+    candidates = _document_tokens(features, batch["input_ids"].shape[1])
+    if start_candidates is not None:
+        for row, allowed in enumerate(start_candidates):
+            candidates[row, :len(allowed)] &= allowed
+            candidates[row, len(allowed):] = False
+    candidates = candidates.to(model.device)
     out = model(**batch, top_k=top_k, start_candidates=candidates)
     # Decoding is Python over a few candidates: on the CPU, whatever device the model ran on.
     start_top, end_top, start_logits = (t.float().cpu() if t.is_floating_point() else t.cpu()
@@ -160,16 +168,21 @@ def decode_outputs(model, feature: QAFeature, outputs: WindowOutputs, top_k: int
 
 
 def score_windows(model, features: list[QAFeature], batch_size: int = 4, top_k: int | None = None,
-                  max_answer_tokens: int | None = None, progress: bool = False) -> list[WindowCandidates]:
+                  max_answer_tokens: int | None = None, progress: bool = False,
+                  start_candidates: list[torch.Tensor] | None = None) -> list[WindowCandidates]:
     """Run the model over `features` once and decode every window (all rules' offsets kept, so rules can be
-    compared without running the model again)."""
+    compared without running the model again). `start_candidates` as in `run_windows`, one per feature."""
     top_k = top_k or model.config.qa_top_k
     windows = []
     batches = range(0, len(features), batch_size)
     for begin in tqdm(batches, desc="predicting", unit="batch", disable=not progress):
         chunk = features[begin:begin + batch_size]
-        for feature, outputs in zip(chunk, run_windows(model, chunk, top_k)):
-            windows.append(decode_outputs(model, feature, outputs, top_k, max_answer_tokens))
+        allowed = None if start_candidates is None else start_candidates[begin:begin + batch_size]
+        for row, (feature, outputs) in enumerate(zip(chunk, run_windows(model, chunk, top_k, allowed))):
+            window = decode_outputs(model, feature, outputs, top_k, max_answer_tokens)
+            if allowed is not None:  # fewer allowed starts than k: the top-k filled up with others, which go
+                window.spans = [span for span in window.spans if span[1] < len(allowed[row]) and allowed[row][span[1]]]
+            windows.append(window)
     return windows
 
 

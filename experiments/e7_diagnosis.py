@@ -1,0 +1,168 @@
+"""E7 diagnosis: does a reader lose on whole articles where it reads the answer, or in ranking across the article?
+
+Every reader reads the article as in E7 (its window and stride, windows merged by null-relative scoring) twice:
+- **whole**: every document token may start the answer (E7's reading);
+- **near the answer**: starts allowed only among the 512 article tokens around the gold answer (255 before its
+  first token to 256 after), the same characters for every reader; windows holding none of them are dropped.
+"Near" measures how well a reader reads the place where the answer is (as if a retriever had found it); "whole"
+minus "near" is what choosing among the article's places costs it. Sliding 512-token windows and a 4096-token
+reader are compared on the same questions, overall, by answer position (first 512 / beyond) and by article length.
+
+Questions: `--questions test` are E7's test articles (the draw of e7_long_reading.py, for the analysis of a finished
+round), `--questions validation` the probe's validation articles (for choosing what to try next). Both sets are
+asserted held out from every reader's training record.
+
+Usage: python experiments/e7_diagnosis.py --reader qa-model/kobigbird-e5-korquad \\
+           --model sliding-512=experiments/runs/e7_round2/sliding-512:512:128 \\
+           --model long=experiments/runs/e7_round2/kobigbird-long-b128q:4096:1024 [--questions test] [--name NAME]
+Writes experiments/results/NAME.{json,md} (default e7_diagnosis).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "experiments"))
+
+from e4_korquad_articles import BUCKETS, answer_buckets  # noqa: E402
+from e7_conversion_probe import validation_rows  # noqa: E402
+from e7_long_reading import draw_dev_articles, machine  # noqa: E402
+
+from longbird.checkpoints import load_task_model  # noqa: E402
+from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # noqa: E402
+from longbird.files import write_file_atomically  # noqa: E402
+from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
+from longbird.metrics.intervals import bootstrap_interval  # noqa: E402
+from longbird.precision import native_bf16  # noqa: E402
+from longbird.qa import DEFAULT_SCORING, merge_windows, row_features, score_windows  # noqa: E402
+from longbird.tasks.qa import per_question_scores, question_limit, require_trained_apart  # noqa: E402
+
+NEAR_BEFORE, NEAR_AFTER = 255, 256  # article tokens kept before / after the answer's first token: 512 in all
+LENGTH_CLASSES = ((0, 1024, "articles <= 1K tokens"), (1024, 10**9, "articles > 1K tokens"))
+
+
+def answer_neighbourhood(features, answer_start: int) -> tuple[int, int]:
+    """Character range [lo, hi) of the 512 article tokens around the token holding `answer_start`, from the token
+    offsets of every window of the article (windows overlap; the article's tokenization is the same in each)."""
+    tokens = sorted({offset for feature in features for offset in feature.offsets if offset is not None})
+    first = next((i for i, (_, end) in enumerate(tokens) if end > answer_start), len(tokens) - 1)
+    return tokens[max(0, first - NEAR_BEFORE)][0], tokens[min(len(tokens) - 1, first + NEAR_AFTER)][1]
+
+
+def near_candidates(features, low: int, high: int) -> list[torch.Tensor]:
+    return [torch.tensor([offset is not None and offset[0] >= low and offset[1] <= high
+                          for offset in feature.offsets]) for feature in features]
+
+
+def read(model, tokenizer, rows, window: int, stride: int, near: bool, bf16: bool) -> dict[str, str]:
+    """{id: predicted text} reading every row whole or near its gold answer."""
+    predictions = {}
+    cap = question_limit(model, tokenizer, window)
+    with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+        for row in rows:
+            features, documents = row_features(model, tokenizer, [row], window, stride, max_question_tokens=cap)
+            allowed = None
+            if near:
+                allowed = near_candidates(features, *answer_neighbourhood(features, row["answers"]["answer_start"][0]))
+                keep = [i for i, mask in enumerate(allowed) if mask.any()]
+                features, allowed = [features[i] for i in keep], [allowed[i] for i in keep]
+            windows = score_windows(model, features, batch_size=2, start_candidates=allowed)
+            answers = merge_windows(windows, documents, DEFAULT_SCORING)
+            predictions[row["id"]] = answers[row["id"]].text if row["id"] in answers else ""
+    return predictions
+
+
+def summary(scores: dict[str, dict], groups: dict[str, list[str]]) -> dict[str, dict]:
+    out = {}
+    for name, ids in groups.items():
+        values = [scores[i]["f1"] for i in ids]
+        if values:
+            low, high = bootstrap_interval(values)
+            out[name] = {"questions": len(values), "f1": sum(values) / len(values), "f1_interval": [low, high]}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reader", type=Path, required=True, help="The paragraph reader E7 started from")
+    parser.add_argument("--model", action="append", required=True, help="NAME=DIR:WINDOW:STRIDE (repeatable)")
+    parser.add_argument("--questions", choices=("test", "validation"), default="test")
+    parser.add_argument("--validation-questions", type=int, default=80)
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
+    parser.add_argument("--name", default="e7_diagnosis")
+    parser.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
+    args = parser.parse_args()
+    bf16 = args.precision == "bf16" or (args.precision == "auto" and native_bf16("cpu"))
+    models = {}
+    for spec in args.model:
+        name, _, rest = spec.partition("=")
+        directory, window, stride = rest.rsplit(":", 2)
+        models[name] = (Path(directory), int(window), int(stride))
+    rows, _ = read_korquad_v1_articles(ROOT / "data" / "korquad" / "KorQuAD_v1.0_dev.json")
+    split = split_by_title(rows)
+    _, tokenizer = load_task_model(args.reader, LongBirdForQuestionAnswering)
+    test, _ = draw_dev_articles(split["dev"], tokenizer, 300, 150)
+    questions = test if args.questions == "test" else validation_rows(split["dev"], set(test["title"]),
+                                                                        args.validation_questions)
+    # the paragraph reader, and every model with a training record of its own (a conversion read untrained has none)
+    for directory in [args.reader] + [d for d, _, _ in models.values() if (d / "longbird_finetune.json").exists()]:
+        require_trained_apart(directory, set(split["dev"]["title"]), root=ROOT)
+    buckets = answer_buckets(questions, tokenizer)
+    lengths = {title: len(tokenizer(context, add_special_tokens=False, verbose=False)["input_ids"])
+               for title, context in zip(questions["title"], questions["context"])}
+    groups = {"all": list(questions["id"])}
+    for bucket in BUCKETS:
+        groups[bucket] = [i for i in questions["id"] if buckets[i] == bucket]
+    for low, high, label in LENGTH_CLASSES:
+        groups[label] = [row["id"] for row in questions if low < lengths[row["title"]] <= high]
+    results = {"command": "python " + shlex.join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "machine": machine(),
+               "questions": args.questions, "bf16": bf16, "articles": lengths, "group_sizes":
+               {name: len(ids) for name, ids in groups.items()}, "readers": {}}
+    for name, (directory, window, stride) in models.items():
+        model, model_tokenizer = load_task_model(directory, LongBirdForQuestionAnswering)
+        entry = {"model": str(directory), "window": window, "stride": stride}
+        for reading in ("whole", "near"):
+            started = time.process_time()
+            predictions = read(model, model_tokenizer, questions, window, stride, reading == "near", bf16)
+            scores = per_question_scores(predictions, questions, "korquad1-articles")
+            entry[reading] = {"summary": summary(scores, groups), "per_question": scores,
+                              "cpu_seconds": time.process_time() - started}
+            print(name, reading, json.dumps(entry[reading]["summary"]["all"]), flush=True)
+        results["readers"][name] = entry
+        write_file_atomically(args.out / f"{args.name}.json", json.dumps(results, indent=1, ensure_ascii=False) + "\n")
+        write_file_atomically(args.out / f"{args.name}.md", "\n".join(table(results)) + "\n")
+
+
+def table(results: dict) -> list[str]:
+    sizes = results["group_sizes"]
+    names = list(sizes)
+    lines = [f"Command: `{results['command']}`  ", f"Machine: {results['machine']['summary']}  ",
+             f"F1 on {sizes['all']} questions of E7's {results['questions']} articles "
+             f"({'bf16 autocast' if results['bf16'] else 'fp32'}): *whole* reads the article as E7 does; *near* "
+             "allows answer starts only among the 512 article tokens around the gold answer. Group sizes: "
+             + ", ".join(f"{name} {sizes[name]}" for name in names) + ".", "",
+             "| reader | window / stride | reading | " + " | ".join(names) + " |",
+             "|---|---|---|" + "---:|" * len(names)]
+    for name, entry in results["readers"].items():
+        for reading in ("whole", "near"):
+            cells = []
+            for group in names:
+                part = entry[reading]["summary"].get(group)
+                cells.append("" if part is None else f"{part['f1']:.1f} ({part['f1_interval'][0]:.1f}–"
+                                                     f"{part['f1_interval'][1]:.1f})")
+            lines.append(f"| {name} | {entry['window']} / {entry['stride']} | {reading} | " + " | ".join(cells) + " |")
+    return lines
+
+
+if __name__ == "__main__":
+    main()
