@@ -343,3 +343,16 @@ def test_export_of_a_preset_bigbird_cannot_hold_names_the_ones_it_can_and_the_al
     _fails_in_one_line(["export", str(model), "--out", str(out)], "the kobigbird and full presets",
                        "torch.export or torch.onnx.export")
     assert not out.exists()
+
+
+def test_export_of_a_model_without_itc_global_blocks_names_the_reconversion(tiny_source, tmp_path):
+    """hf-bigbird has BigBird ITC only: a `global_blocks=first-reads-source` model is refused, in the option spelling a
+    user types, and nothing is written."""
+    model = tmp_path / "q"
+    result = runner.invoke(app, ["convert", str(tiny_source), "--preset", "kobigbird", "--max-length", "128", "--set",
+                                 "global_blocks=first-reads-source", "--set", "block_size=16", "--out", str(model)])
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "exported"
+    _fails_in_one_line(["export", str(model), "--out", str(out)], "only BigBird ITC's global blocks",
+                       "--set global_blocks=itc")
+    assert not out.exists()

@@ -34,9 +34,8 @@ def to_bigbird_config(config: LongBirdConfig) -> BigBirdConfig:
         )
     if config.global_blocks != "itc":
         raise ValueError(f"hf-bigbird has only BigBird ITC's global blocks; this model uses global_blocks="
-                         f"{config.global_blocks!r}. Reconvert it with global_blocks='itc' (`longbird convert DIR "
-                         "--set global_blocks=itc`) to export, knowing that it then computes another function above "
-                         f"{config.full_attention_threshold} tokens")
+                         f"{config.global_blocks!r}. Reconvert it with global_blocks='itc' to export (it then computes "
+                         f"another function above {config.full_attention_threshold} tokens)")
     return BigBirdConfig(
         vocab_size=config.vocab_size, hidden_size=config.hidden_size, num_hidden_layers=config.num_hidden_layers,
         num_attention_heads=config.num_attention_heads, intermediate_size=config.intermediate_size,
