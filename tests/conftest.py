@@ -91,6 +91,26 @@ def source_name(request):
     return request.param
 
 
+def assert_bigbird_kernel_equals_reference(pattern, heads=4, dim=8, batch=2, seed=0):
+    """The blocked BigBird kernel against the dense reference with `pattern` as its mask, on random q/k/v with one
+    padded row: outputs and the gradients of q, k and v. Both are fp32 sums of the same terms in another order:
+    2e-6 / 1e-5 on outputs of unit-scale softmax averages, 1e-5 / 1e-4 on their gradients."""
+    from longbird.attention import bigbird_attention, reference_attention
+
+    length = pattern.num_blocks * pattern.block_size
+    generator = torch.Generator().manual_seed(seed)
+    query, key, value = [torch.randn(batch, heads, length, dim, generator=generator).requires_grad_() for _ in range(3)]
+    key_mask = torch.ones(batch, length, dtype=torch.bool)
+    key_mask[1, length - min(5, length - 1):] = False  # one padded row
+    out = bigbird_attention(query, key, value, key_mask, pattern)
+    ref = reference_attention(query, key, value, pattern.materialize()[None] & key_mask[:, None, None, :])
+    torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
+    grad_out = torch.randn_like(out)
+    for grad, ref_grad in zip(torch.autograd.grad(out, (query, key, value), grad_out),
+                              torch.autograd.grad(ref, (query, key, value), grad_out)):
+        torch.testing.assert_close(grad, ref_grad, atol=1e-5, rtol=1e-4)
+
+
 def assert_same_outputs_and_gradients(model, reference, input_ids, attention_mask, atol=1e-5, grad_atol=1e-4):
     """The fast model and its `attn_implementation="reference"` twin agree on real-token outputs and on
     every parameter gradient of a random projection of them (a plain sum of a LayerNorm output is ~constant)."""

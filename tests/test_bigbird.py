@@ -2,32 +2,23 @@
 
 import pytest
 import torch
+from conftest import (
+    AWKWARD_LENGTHS,
+    BLOCK,
+    assert_bigbird_kernel_equals_reference,
+    assert_same_outputs_and_gradients,
+    make_batch,
+    make_source,
+)
 
 import longbird
-from longbird.attention import bigbird_attention, bigbird_pattern, reference_attention
-from conftest import AWKWARD_LENGTHS, BLOCK, assert_same_outputs_and_gradients, make_batch, make_source
-
-
-def _qkv(length, heads=4, dim=8, batch=2, dtype=torch.float32, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    return [torch.randn(batch, heads, length, dim, generator=generator, dtype=dtype).requires_grad_() for _ in range(3)]
+from longbird.attention import bigbird_pattern
 
 
 @pytest.mark.parametrize("length", [8, 16, 24, 64, 120, 256])
 @pytest.mark.parametrize("random_blocks", [0, 3])
 def test_kernel_equals_dense_reference_outputs_and_gradients(length, random_blocks):
-    pattern = bigbird_pattern(length // BLOCK, BLOCK, 4, random_blocks, seed=1, layer=0)
-    query, key, value = _qkv(length)
-    key_mask = torch.ones(2, length, dtype=torch.bool)
-    key_mask[1, length - 5:] = False  # one padded row
-    out = bigbird_attention(query, key, value, key_mask, pattern)
-    ref = reference_attention(query, key, value, pattern.materialize()[None] & key_mask[:, None, None, :])
-    torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
-    grad_out = torch.randn_like(out)
-    grads = torch.autograd.grad(out, (query, key, value), grad_out)
-    ref_grads = torch.autograd.grad(ref, (query, key, value), grad_out)
-    for grad, ref_grad in zip(grads, ref_grads):
-        torch.testing.assert_close(grad, ref_grad, atol=1e-5, rtol=1e-4)
+    assert_bigbird_kernel_equals_reference(bigbird_pattern(length // BLOCK, BLOCK, 4, random_blocks, seed=1, layer=0))
 
 
 def test_pattern_has_itc_structure():

@@ -17,8 +17,14 @@ from longbird.attention import bigbird, flex, patterns
 PRESETS = ["kobigbird", "littlebird", "full"]
 
 
+# a kobigbird model whose question block is global as keys only (attention/patterns.py), as E7's long reader
+VARIANTS = {"kobigbird-first-reads-source": ("kobigbird", {"global_blocks": "first-reads-source",
+                                                          "full_attention_max_length": 2 * BLOCK})}
+
+
 def _model(preset):
-    return longbird.convert(make_source("bert"), preset=preset, max_length=256, block_size=BLOCK).eval()
+    preset, overrides = VARIANTS.get(preset, (preset, {}))
+    return longbird.convert(make_source("bert"), preset=preset, max_length=256, block_size=BLOCK, **overrides).eval()
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -66,7 +72,7 @@ def test_torch_compile_equals_eager_with_the_per_row_plan(preset):
     assert (compiled - eager)[real].abs().max() <= 1e-5
 
 
-@pytest.mark.parametrize("preset", ["kobigbird", "littlebird", "full", "tape"])
+@pytest.mark.parametrize("preset", ["kobigbird", "littlebird", "full", "tape", "kobigbird-first-reads-source"])
 def test_torch_compile_fullgraph_has_no_graph_break_and_equals_eager(preset):
     """Issue 27, item 3: one graph per model (fullgraph=True raises at any graph break: a logging call, `.tolist()`, a
     data-dependent branch), on a padded batch, with TAPE weights non-zero so the state updates are in the graph.

@@ -1,16 +1,24 @@
 """`global_blocks="first-reads-source"` (issue 24, E7 round 3): block 0 stays global as keys but its queries read only
 the first full_attention_max_length tokens, and there is no last global block. The blocked kernel, the flex path and
 the compiled per-row op compute the dense reference with that pattern; rows stay batch-independent; configurations the
-pattern cannot serve are refused with the fix."""
+pattern cannot serve are refused with the fix. `torch.compile(fullgraph=True)` of such a model is in
+tests/test_export_compile.py (preset "kobigbird-first-reads-source")."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from conftest import BLOCK, SOURCE_LENGTH, assert_same_outputs_and_gradients, make_batch, make_source
+from conftest import (
+    BLOCK,
+    SOURCE_LENGTH,
+    assert_bigbird_kernel_equals_reference,
+    assert_same_outputs_and_gradients,
+    make_batch,
+    make_source,
+)
 
 import longbird
-from longbird.attention import bigbird_attention, bigbird_pattern, reference_attention
+from longbird.attention import bigbird_attention, bigbird_pattern
 from longbird.attention.flex import bigbird_flex_attention
 from longbird.conversion import reconvert
 from longbird.export import to_bigbird
@@ -29,19 +37,7 @@ def _pattern(n, reach, random_blocks=0, layer=0):
 @pytest.mark.parametrize("reach", [1, 2, 4])
 @pytest.mark.parametrize("random_blocks", [0, 2])
 def test_kernel_equals_dense_reference_outputs_and_gradients(blocks, reach, random_blocks):
-    pattern = _pattern(blocks, reach, random_blocks)
-    length = blocks * BLOCK
-    query, key, value = _qkv(length)
-    key_mask = torch.ones(2, length, dtype=torch.bool)
-    key_mask[1, length - 3:] = False  # a padded row
-    out = bigbird_attention(query, key, value, key_mask, pattern)
-    ref = reference_attention(query, key, value, pattern.materialize()[None] & key_mask[:, None, None, :])
-    # The same fp32 sums in another order as tests/test_bigbird.py's ITC kernel: the same bounds.
-    torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
-    grad_out = torch.randn_like(out)
-    for grad, ref_grad in zip(torch.autograd.grad(out, (query, key, value), grad_out),
-                              torch.autograd.grad(ref, (query, key, value), grad_out)):
-        torch.testing.assert_close(grad, ref_grad, atol=1e-5, rtol=1e-4)
+    assert_bigbird_kernel_equals_reference(_pattern(blocks, reach, random_blocks))
 
 
 def test_pattern_first_block_reads_its_reach_every_block_reads_block_0_and_no_last_global():
@@ -133,18 +129,6 @@ def test_rows_equal_each_row_alone():
         for index, row in enumerate(rows):
             alone = model(input_ids=row[None]).last_hidden_state[0]
             torch.testing.assert_close(batched[index, :len(row)], alone, atol=1e-6, rtol=1e-5)
-
-
-def test_compiled_fullgraph_equals_eager():
-    model = _model().eval()
-    input_ids, attention_mask = make_batch(200, batch=2)
-    torch._dynamo.reset()
-    with torch.no_grad():
-        eager = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        compiled = torch.compile(model, fullgraph=True)(input_ids=input_ids,
-                                                       attention_mask=attention_mask).last_hidden_state
-    real = attention_mask.bool()
-    assert (compiled - eager)[real].abs().max() <= 1e-5  # as tests/test_export_compile.py: Inductor's reordered sums
 
 
 def test_refusals_name_the_fix():
