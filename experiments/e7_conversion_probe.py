@@ -35,14 +35,14 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "experiments"))
 
 from e4_korquad_articles import BUCKETS, answer_buckets, from_reader  # noqa: E402
-from e7_long_reading import B128Q, LONG, SOURCE_WINDOW, draw_dev_articles, evaluate_method, held_out_record, machine  # noqa: E402
+from e7_long_reading import (B128Q, LONG, SOURCE_WINDOW, add_output_arguments, draw_dev_articles,  # noqa: E402
+                             evaluate_method, held_out_record, machine, provenance, score_cells,
+                             wants_bf16, write_tables)
 
 from longbird.checkpoints import load_task_model  # noqa: E402
 from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # noqa: E402
-from longbird.files import write_file_atomically  # noqa: E402
 from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
 from longbird.metrics.intervals import bucket_summary  # noqa: E402
-from longbird.precision import native_bf16  # noqa: E402
 from longbird.tasks.qa import per_question_scores, require_trained_apart  # noqa: E402
 
 # name: (preset, max length, conversion overrides, reading window, reading stride). kobigbird-copy is E7's conversion;
@@ -82,11 +82,9 @@ def main() -> None:
     parser.add_argument("--reader", type=Path, required=True)
     parser.add_argument("--questions", type=int, default=120)
     parser.add_argument("--conversions", nargs="+", default=list(CONVERSIONS), choices=list(CONVERSIONS))
-    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
-    parser.add_argument("--name", default="e7_conversion_probe")
-    parser.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
+    add_output_arguments(parser, "e7_conversion_probe")
     args = parser.parse_args()
-    bf16 = args.precision == "bf16" or (args.precision == "auto" and native_bf16("cpu"))
+    bf16 = wants_bf16(args.precision)
     work = ROOT / "experiments" / "runs" / args.name
     rows, _ = read_korquad_v1_articles(ROOT / "data" / "korquad" / "KorQuAD_v1.0_dev.json")
     split = split_by_title(rows)
@@ -119,25 +117,20 @@ def main() -> None:
                                         "summary": bucket_summary(scores, buckets, BUCKETS, None),
                                         "per_question": scores, "read_cpu_seconds": seconds}
         print(name, json.dumps(results["conversions"][name]["summary"]["all"]), flush=True)
-        write_file_atomically(path, json.dumps(results, indent=1, ensure_ascii=False) + "\n")
-        write_file_atomically(args.out / f"{args.name}.md", "\n".join(table(results)) + "\n")
+        write_tables(args.out, args.name, results, table(results))
 
 
 def table(results: dict) -> list[str]:
     sizes = results["bucket_sizes"]
-    lines = [f"Command: `{results['command']}`  ", f"Machine: {results['machine']['summary']}  ",
-             f"Zero-shot readings (no long training) of the paragraph reader {results['reader']}, converted as named, "
-             f"on {results['questions']} questions of {len(results['articles'])} validation articles (dev side, "
-             f"none of E7's test articles; {sizes['first 512']} answers in the first 512 tokens, "
-             f"{sizes['beyond 512']} beyond), {'bf16 autocast' if results['bf16'] else 'fp32'}.", "",
-             "| conversion | window / stride | F1 (95 % CI) | EM | F1 first 512 | F1 beyond 512 | read CPU s |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    lines = provenance(results) + [
+        f"Zero-shot readings (no long training) of the paragraph reader {results['reader']}, converted as named, "
+        f"on {results['questions']} questions of {len(results['articles'])} validation articles (dev side, "
+        f"none of E7's test articles; {sizes['first 512']} answers in the first 512 tokens, "
+        f"{sizes['beyond 512']} beyond), {'bf16 autocast' if results['bf16'] else 'fp32'}.", "",
+        "| conversion | window / stride | F1 (95 % CI) | EM | F1 first 512 | F1 beyond 512 | read CPU s |",
+        "|---|---|---:|---:|---:|---:|---:|"]
     for name, entry in results["conversions"].items():
-        summary = entry["summary"]
-        low, high = summary["all"]["f1_interval"]
-        cells = [f"{summary[b]['f1']:.1f}" if b in summary else "" for b in BUCKETS]
-        lines.append(f"| {name} | {entry['window']} / {entry['stride']} | {summary['all']['f1']:.1f} "
-                     f"({low:.1f}–{high:.1f}) | {summary['all']['exact_match']:.1f} | {cells[0]} | {cells[1]} | "
+        lines.append(f"| {name} | {entry['window']} / {entry['stride']} | {score_cells(entry['summary'])} | "
                      f"{entry['read_cpu_seconds']:.0f} |")
     return lines
 

@@ -36,14 +36,13 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 from e4_korquad_articles import BUCKETS, answer_buckets  # noqa: E402
 from e7_conversion_probe import validation_rows  # noqa: E402
-from e7_long_reading import draw_dev_articles, machine  # noqa: E402
+from e7_long_reading import (add_output_arguments, draw_dev_articles, machine, provenance,  # noqa: E402
+                             wants_bf16, write_tables)
 
 from longbird.checkpoints import load_task_model  # noqa: E402
 from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # noqa: E402
-from longbird.files import write_file_atomically  # noqa: E402
 from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
 from longbird.metrics.intervals import bootstrap_interval  # noqa: E402
-from longbird.precision import native_bf16  # noqa: E402
 from longbird.qa import DEFAULT_SCORING, merge_windows, row_features, score_windows  # noqa: E402
 from longbird.tasks.qa import per_question_scores, question_limit, require_trained_apart  # noqa: E402
 
@@ -114,11 +113,9 @@ def main() -> None:
     parser.add_argument("--model", action="append", required=True, help="NAME=DIR:WINDOW:STRIDE (repeatable)")
     parser.add_argument("--questions", choices=("test", "validation"), default="test")
     parser.add_argument("--validation-questions", type=int, default=80)
-    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
-    parser.add_argument("--name", default="e7_diagnosis")
-    parser.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
+    add_output_arguments(parser, "e7_diagnosis")
     args = parser.parse_args()
-    bf16 = args.precision == "bf16" or (args.precision == "auto" and native_bf16("cpu"))
+    bf16 = wants_bf16(args.precision)
     models = {}
     for spec in args.model:
         name, _, rest = spec.partition("=")
@@ -155,14 +152,13 @@ def main() -> None:
                               "cpu_seconds": time.process_time() - started}
             print(name, reading, json.dumps(entry[reading]["summary"]["all"]), flush=True)
         results["readers"][name] = entry
-        write_file_atomically(args.out / f"{args.name}.json", json.dumps(results, indent=1, ensure_ascii=False) + "\n")
-        write_file_atomically(args.out / f"{args.name}.md", "\n".join(table(results)) + "\n")
+        write_tables(args.out, args.name, results, table(results))
 
 
 def table(results: dict) -> list[str]:
     sizes = results["group_sizes"]
     names = list(sizes)
-    lines = [f"Command: `{results['command']}`  ", f"Machine: {results['machine']['summary']}  ",
+    lines = provenance(results) + [
              f"F1 on {sizes['all']} questions of E7's {results['questions']} articles "
              f"({'bf16 autocast' if results['bf16'] else 'fp32'}): *whole* reads the article as E7 does; *near* "
              "allows answer starts only among the 512 article tokens around the gold answer. Group sizes: "

@@ -321,9 +321,40 @@ def write_results(results: dict, buckets: dict[str, str], out: Path, stem: str) 
     baseline = results["methods"].get(BASELINE, {}).get("per_question")
     for name, method in results["methods"].items():
         method["summary"] = summarise(method["per_question"], buckets, None if name == BASELINE else baseline)
-    write_file_atomically(out / f"{stem}.json", json.dumps(results, indent=1, ensure_ascii=False) + "\n")
-    write_file_atomically(out / f"{stem}.md", "\n".join(table(results)) + "\n")
+    write_tables(out, stem, results, table(results))
     plot(results, out / f"{stem}.png")
+
+
+def write_tables(out: Path, stem: str, results: dict, lines: list[str]) -> None:
+    """`stem`.json (the results) and `stem`.md (their table), each written whole or not at all. Shared by E7's
+    scripts (the probe, the diagnosis, the regional-null probe)."""
+    write_file_atomically(out / f"{stem}.json", json.dumps(results, indent=1, ensure_ascii=False) + "\n")
+    write_file_atomically(out / f"{stem}.md", "\n".join(lines) + "\n")
+
+
+def provenance(results: dict) -> list[str]:
+    """The first lines of every E7 table: the command and the machine."""
+    return [f"Command: `{results['command']}`  ", f"Machine: {results['machine']['summary']}  "]
+
+
+def score_cells(summary: dict) -> str:
+    """"F1 (95 % CI) | EM | F1 first 512 | F1 beyond 512" of one `bucket_summary`, as the probes' tables print it."""
+    low, high = summary["all"]["f1_interval"]
+    cells = [f"{summary[b]['f1']:.1f}" if b in summary else "" for b in BUCKETS]
+    return (f"{summary['all']['f1']:.1f} ({low:.1f}–{high:.1f}) | {summary['all']['exact_match']:.1f} | {cells[0]} | "
+            f"{cells[1]}")
+
+
+def add_output_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    """--precision, --name and --out, as every E7 script takes them."""
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
+    parser.add_argument("--name", default=name)
+    parser.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
+
+
+def wants_bf16(precision: str) -> bool:
+    """bf16 autocast when asked for, or with "auto" where the CPU computes bf16 natively."""
+    return precision == "bf16" or (precision == "auto" and native_bf16("cpu"))
 
 
 def table(results: dict) -> list[str]:
