@@ -10,8 +10,9 @@ block 0 global as keys (every query block reads it) but lets its queries read on
 key blocks (the source model's length), and has no last global block (block n-1 is a window block like the others).
 A converted QA reader keeps its question in block 0; under ITC the question's own queries read the whole 4K
 document, a view its source never had, and every document token then reads a question state the source never
-computed. With the question reading what it read in the source, block 0 computes exactly the source's first window
-(docs/kobigbird.md, "Which blocks are global").
+computed. With the question reading the span it read in the source, block 0's queries see the keys of the source's
+first window (whose states are still those of the sparse layers below; docs/kobigbird.md, "Which blocks are
+global").
 
 Random-block plans (`RANDOM_BLOCK_PLANS`): "seeded" draws the r blocks per (layer, n) from a seeded generator, the
 same in training and inference; "transformers" is what `transformers.BigBirdModel` computes at inference (eval
