@@ -126,8 +126,8 @@ class LongBirdConfig(PreTrainedConfig):
         return self.full_attention_max_length
 
     @property
-    def global_pattern(self) -> dict:
-        """`global_blocks` as the BigBird pattern's keyword arguments (first_block_reach, last_global)."""
+    def global_pattern(self) -> tuple[int, bool]:
+        """`global_blocks` as the BigBird pattern's (first_block_reach, last_global)."""
         return global_pattern(self.global_blocks, self.block_size, self.full_attention_max_length)
 
     @property

@@ -140,9 +140,8 @@ def run_windows(model, features: list[QAFeature], top_k: int,
              collate([feature.model_inputs() for feature in features]).items()}
     candidates = _document_tokens(features, batch["input_ids"].shape[1])
     if start_candidates is not None:
-        for row, allowed in enumerate(start_candidates):
+        for row, allowed in enumerate(start_candidates):  # past len(allowed) is padding: already False
             candidates[row, :len(allowed)] &= allowed
-            candidates[row, len(allowed):] = False
     candidates = candidates.to(model.device)
     out = model(**batch, top_k=top_k, start_candidates=candidates)
     # Decoding is Python over a few candidates: on the CPU, whatever device the model ran on.

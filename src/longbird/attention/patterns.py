@@ -135,7 +135,8 @@ def bigbird_pattern(
     """Draw the random blocks for (layer, length) once from a seeded generator; same plan in train and eval.
     plan="transformers": every random block is block 0 (transformers' BigBird at inference).
     `first_block_reach`, `last_global`: the global blocks (`BigBirdPattern`; `global_pattern` maps the config's
-    `global_blocks` to them).
+    `global_blocks` to them). Callers pass every argument positionally: lru_cache keys keyword and positional calls
+    apart, and a second entry would be a second pattern object (a second plan in every cache keyed by it).
 
     A pure function of its ints, computed outside any trace (`tracing.outside_the_trace`): an exported graph holds
     the drawn plan as a constant and never draws it itself, whether or not this length ran eagerly before."""
@@ -146,13 +147,12 @@ def bigbird_pattern(
         return dataclasses.replace(pattern, first_block_reach=first_block_reach, last_global=last_global)
 
 
-def global_pattern(global_blocks: str, block_size: int, full_attention_max_length: int) -> dict:
-    """The config's `global_blocks` as `bigbird_pattern`'s keyword arguments."""
-    if global_blocks not in GLOBAL_BLOCKS:
-        raise ValueError(f"global_blocks must be one of {GLOBAL_BLOCKS}; got {global_blocks!r}")
+def global_pattern(global_blocks: str, block_size: int, full_attention_max_length: int) -> tuple[int, bool]:
+    """The config's `global_blocks` (validated by the config) as `bigbird_pattern`'s last two arguments
+    (first_block_reach, last_global). Passed positionally by every caller, so a pattern has one cache entry."""
     if global_blocks == "itc":
-        return {"first_block_reach": 0, "last_global": True}
-    return {"first_block_reach": full_attention_max_length // block_size, "last_global": False}
+        return 0, True
+    return full_attention_max_length // block_size, False
 
 
 def _draw_pattern(n: int, block_size: int, num_heads: int, r: int, seed: int, layer: int, plan: str,
