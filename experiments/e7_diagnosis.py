@@ -10,7 +10,8 @@ reader are compared on the same questions, overall, by answer position (first 51
 
 Questions: `--questions test` are E7's test articles (the draw of e7_long_reading.py, for the analysis of a finished
 round), `--questions validation` the probe's validation articles (for choosing what to try next). Both sets are
-asserted held out from every reader's training record.
+asserted held out from every reader's training record and, by title and text hash, from the train side (recorded in
+the JSON's `held_out`).
 
 Usage: python experiments/e7_diagnosis.py --reader qa-model/kobigbird-e5-korquad \\
            --model sliding-512=experiments/runs/e7_round2/sliding-512:512:128 \\
@@ -36,8 +37,8 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 from e4_korquad_articles import BUCKETS, answer_buckets  # noqa: E402
 from e7_conversion_probe import validation_rows  # noqa: E402
-from e7_long_reading import (add_output_arguments, draw_dev_articles, machine, provenance,  # noqa: E402
-                             wants_bf16, write_tables)
+from e7_long_reading import (add_output_arguments, draw_dev_articles, held_out_record, machine,  # noqa: E402
+                             provenance, wants_bf16, write_tables)
 
 from longbird.checkpoints import load_task_model  # noqa: E402
 from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # noqa: E402
@@ -139,7 +140,8 @@ def main() -> None:
     for low, high, label in LENGTH_CLASSES:
         groups[label] = [row["id"] for row in questions if low < lengths[row["title"]] <= high]
     results = {"command": "python " + shlex.join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "machine": machine(),
-               "questions": args.questions, "bf16": bf16, "articles": lengths, "group_sizes":
+               "questions": args.questions, "bf16": bf16, "articles": lengths,
+               "held_out": held_out_record(split["train"], questions), "group_sizes":
                {name: len(ids) for name, ids in groups.items()}, "readers": {}}
     for name, (directory, window, stride) in models.items():
         model, model_tokenizer = load_task_model(directory, LongBirdForQuestionAnswering)

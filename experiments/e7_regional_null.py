@@ -39,8 +39,8 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 from e4_korquad_articles import BUCKETS, answer_buckets  # noqa: E402
 from e7_conversion_probe import validation_rows  # noqa: E402
-from e7_long_reading import (LONG, SOURCE_WINDOW, add_output_arguments, draw_dev_articles, machine,  # noqa: E402
-                             provenance, score_cells, wants_bf16, write_tables)
+from e7_long_reading import (LONG, SOURCE_WINDOW, add_output_arguments, draw_dev_articles,  # noqa: E402
+                             held_out_record, machine, provenance, score_cells, wants_bf16, write_tables)
 
 from longbird.checkpoints import load_task_model  # noqa: E402
 from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # noqa: E402
@@ -129,7 +129,8 @@ def main() -> None:
     cap = question_limit(model, model_tokenizer, LONG - ROOM)
     results = {"command": "python " + shlex.join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "machine": machine(),
                "model": str(args.model), "bf16": bf16, "questions": len(questions),
-               "articles": sorted(set(questions["title"])), "bucket_sizes":
+               "articles": sorted(set(questions["title"])), "held_out": held_out_record(split["train"], questions),
+               "bucket_sizes":
                {b: list(buckets.values()).count(b) for b in BUCKETS}, "regions": {}}
     for region in args.regions:
         started = time.process_time()
