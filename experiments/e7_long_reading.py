@@ -40,6 +40,10 @@ Methods (ablation rows of issue 24; `--methods` picks):
 - kobigbird-long-b128q (round 3) and its -untrained start: -b128 with `global_blocks="first-reads-source"`: the
   question stays global as keys, but its own queries read the first 512 tokens (what they read in the paragraph
   reader) and there is no last global block.
+- kobigbird-long-b128qn (round 4) and its -untrained start: -b128q with regional nulls (`qa_null_every=128`,
+  data/null_regions.py): a [CLS] with position 0 before every 128 article tokens past the first 512, the start loss
+  a softmax per region (the answer's region targets it, every other region its null) and spans scored against their
+  region's null, as sliding windows score against their window's [CLS].
 - littlebird-long, littlebird-long-teacher: LittleBird (BiALiBi, sliding window, pack & unpack) at 4096.
 - full-long: dense attention at 4096 (an upper reference on the CPU).
 
@@ -103,6 +107,7 @@ class Method(NamedTuple):
 
 
 B128Q = COPY | {"taper_start": 128, "block_size": 128, "num_random_blocks": 0, "global_blocks": "first-reads-source"}
+B128QN = B128Q | {"qa_null_every": 128}
 METHODS = {
     "sliding-512": Method("full", SOURCE_WINDOW, SOURCE_WINDOW, 128, {}),
     "kobigbird-long": Method("kobigbird", LONG, LONG, 1024, COPY),
@@ -131,6 +136,9 @@ METHODS = {
     # zero-shot on validation articles by e7_conversion_probe.py (kobigbird-b128-copy128-norandom-q)
     "kobigbird-long-b128q": Method("kobigbird", LONG, LONG, 1024, B128Q),
     "kobigbird-long-b128q-untrained": Method("kobigbird", LONG, LONG, 1024, B128Q, untrained=True),
+    # round 4: -b128q with a null per 128-token region (e7_regional_null.py's zero-shot probe: +4.6 F1 at region 128)
+    "kobigbird-long-b128qn": Method("kobigbird", LONG, LONG, 1024, B128QN),
+    "kobigbird-long-b128qn-untrained": Method("kobigbird", LONG, LONG, 1024, B128QN, untrained=True),
     "littlebird-long": Method("littlebird", LONG, LONG, 1024, {}),
     "littlebird-long-teacher": Method("littlebird", LONG, LONG, 1024, {}, teacher=True),
     "full-long": Method("full", LONG, LONG, 1024, COPY),

@@ -108,6 +108,10 @@ class LongBirdConfig(PreTrainedConfig):
     # The longest answer span decoding considers, in tokens (`--max-answer-tokens` at fine-tuning sets it; `answer`
     # and `evaluate` can override it per call).
     qa_max_answer_tokens: int = 64
+    # Regional nulls (data/null_regions.py): a [CLS] with position 0 before every qa_null_every-th document token past
+    # the first full_attention_max_length tokens of a QA window; the start loss and the scoring are then per region.
+    # 0: one null per window (the [CLS]), as the source reader was trained.
+    qa_null_every: int = 0
 
     def __post_init__(self, **kwargs):
         if self.embedding_size is None:
@@ -210,3 +214,5 @@ class LongBirdConfig(PreTrainedConfig):
             raise ValueError(f"qa_top_k must be >= 1; got {self.qa_top_k}")
         if self.qa_max_answer_tokens < 1:
             raise ValueError(f"qa_max_answer_tokens must be >= 1; got {self.qa_max_answer_tokens}")
+        if self.qa_null_every < 0:
+            raise ValueError(f"qa_null_every must be >= 0 (0: no regional nulls); got {self.qa_null_every}")

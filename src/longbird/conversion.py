@@ -203,10 +203,11 @@ def convert(
 
 
 # What reconvert may change: the sparse pattern and the positions beyond the source length, none of which has a
-# parameter of its own (the position table's rows beyond L are rebuilt from rows 0..L-1).
+# parameter of its own (the position table's rows beyond L are rebuilt from rows 0..L-1), and where a QA reader
+# inserts its regional nulls (input layout only).
 RECONVERTIBLE = ("max_position_embeddings", "block_size", "num_random_blocks", "random_seed", "random_blocks",
                  "position_extension", "taper_schedule", "taper_mode", "taper_tau", "taper_start",
-                 "full_attention_max_length", "attention_backend", "global_blocks")
+                 "full_attention_max_length", "attention_backend", "global_blocks", "qa_null_every")
 
 
 def reconvert(model: PreTrainedModel, **overrides: Any) -> PreTrainedModel:

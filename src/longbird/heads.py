@@ -138,6 +138,43 @@ def _masked(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(~allowed, torch.finfo(logits.dtype).min)
 
 
+def regional_start_loss(start_logits: torch.Tensor, region_nulls: torch.Tensor, valid: torch.Tensor,
+                        start_targets: torch.Tensor) -> torch.Tensor:
+    """The start loss with regional nulls (data/null_regions.py): one softmax per region (its null and its tokens),
+    as a sliding reader has one per window. The region holding the gold start targets it; every other region targets
+    its own null, as a sliding window without the answer targets its [CLS]. A row's loss is the mean of its answer
+    region's cross-entropy and the mean over its other regions (one region for the answer, as much weight for all the
+    places it is not); a row without the answer (target 0) is the mean over its regions. Rows with an ignored target
+    add nothing; the mean is over the rest.
+
+    start_logits (B, l) float; region_nulls (B, l) long, the index of each token's null (a null is its own);
+    valid (B, l) bool: the real tokens; start_targets (B,) long (IGNORE_INDEX: ignored)."""
+    length = start_logits.shape[1]
+    positions = torch.arange(length, device=start_logits.device)
+    is_null = valid & (region_nulls == positions)
+    count = int(is_null.sum(-1).max())  # regions of the longest row (training only: a host read is fine here)
+    nulls = torch.where(is_null, positions, length).sort(-1).values[:, :count]  # (B, R); `length`: no region
+    exists = nulls < length
+    member = valid[:, None, :] & (region_nulls[:, None, :] == nulls[:, :, None])  # (B, R, l)
+    # A row with fewer regions pads with a one-token region: no all -inf softmax (whose backward is NaN)
+    member = member | (~exists[..., None] & (positions == 0))
+    log_p = torch.log_softmax(start_logits.float()[:, None, :].masked_fill(~member, float("-inf")), -1)
+    kept = start_targets != IGNORE_INDEX
+    target = start_targets.clamp(min=0)
+    answered = kept & (target > 0)
+    answer_region = region_nulls.gather(1, target[:, None])  # (B, 1)
+    positive = exists & answered[:, None] & (nulls == answer_region)
+    region_target = torch.where(positive, target[:, None], torch.where(exists, nulls, 0))
+    loss = -log_p.gather(2, region_target[..., None]).squeeze(-1)
+    negative = exists & ~positive
+    loss_positive = loss.masked_fill(~positive, 0).sum(-1)
+    loss_negative = loss.masked_fill(~negative, 0).sum(-1) / negative.sum(-1).clamp(min=1)
+    has_negative = negative.any(-1)
+    row = torch.where(answered & has_negative, (loss_positive + loss_negative) / 2,
+                      torch.where(answered, loss_positive, loss_negative))
+    return row.masked_fill(~kept, 0).sum() / kept.sum().clamp(min=1)
+
+
 class LongBirdForQuestionAnswering(LongBirdPreTrainedModel):
     """Extractive QA. `config.qa_head`: "conditional" (start, then end given the start; default) or
     "linear" (independent start/end, BERT-style). Answers outside the input point at index 0 ([CLS])."""
@@ -154,9 +191,11 @@ class LongBirdForQuestionAnswering(LongBirdPreTrainedModel):
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, start_positions=None, end_positions=None, output_hidden_states=None,
-                return_dict=None, top_k: int | None = None, start_candidates=None, **kwargs):
+                return_dict=None, top_k: int | None = None, start_candidates=None, region_nulls=None, **kwargs):
         """`start_candidates` (B, l) bool, optional: where the k best starts may be picked (e.g. the document
-        tokens when decoding); the returned `start_logits` are not restricted by it."""
+        tokens when decoding); the returned `start_logits` are not restricted by it. `region_nulls` (B, l) long,
+        optional: each token's regional null (data/null_regions.py); with labels the start loss is then taken per
+        region (`regional_start_loss`). Decoding reads it from the features, not from here."""
         outputs = self.longbird(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                                 output_hidden_states=output_hidden_states)
         hidden = outputs.last_hidden_state
@@ -193,7 +232,9 @@ class LongBirdForQuestionAnswering(LongBirdPreTrainedModel):
                 end_logits = end_top_logits[:, 0]
         loss = None
         if labelled:
-            loss = (_mean_cross_entropy(start_logits, start_targets) + _mean_cross_entropy(end_logits, end_targets)) / 2
+            start_loss = (_mean_cross_entropy(start_logits, start_targets) if region_nulls is None
+                          else regional_start_loss(start_logits, region_nulls, valid, start_targets))
+            loss = (start_loss + _mean_cross_entropy(end_logits, end_targets)) / 2
         return LongBirdQuestionAnsweringOutput(
             loss=loss, start_logits=start_logits, end_logits=end_logits, hidden_states=outputs.hidden_states,
             start_top_index=start_top_index, end_top_logits=end_top_logits,

@@ -16,6 +16,9 @@ question wins (`SCORING_RULES`; the default chosen by measurement, docs/qa.md, "
   against the window's own "no answer" score (the SQuAD 2.0 null-score difference).
 - "logit": the raw score, the rule before 2026-11-24 (not comparable across windows; kept as an option).
 Every rule is the raw score plus a per-window constant, so the order of candidates inside a window never changes.
+With regional nulls (`config.qa_null_every`, data/null_regions.py) a long window is scored as sliding windows are:
+"null-relative" takes the start logit of the span's own region's null, "log-probability" the softmax over that
+region (`WindowCandidates.region_offsets`: per start token, on top of the window's constant).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from tqdm.auto import tqdm
 from .data.batching import PaddedBatches
 from .data.features import MAX_QUESTION_TOKENS, QAFeature, features_for_rows
 from .data.html import ProcessedDocument
+from .data.null_regions import NullRegions
 
 SCORING_RULES = ("log-probability", "null-relative", "logit")
 # Chosen on the training side of the by-article split (experiments/cross_window_scoring.py, 200 questions of
@@ -115,6 +119,29 @@ class WindowCandidates:
     spans: list[tuple[float, int, int]]
     offsets: dict[str, float]
     log_start_normaliser: float | None  # -logsumexp of the start logits (conditional head), for `probability`
+    # With regional nulls: per rule, what a span starting at each token adds on top of `offsets` (its region's null
+    # or normaliser in place of the window's)
+    region_offsets: dict[str, torch.Tensor] | None = None
+
+    def offset(self, scoring: str, start: int) -> float:
+        """What `scoring` adds to the raw score of a span starting at token `start`."""
+        if self.region_offsets is None:
+            return self.offsets[scoring]
+        return self.offsets[scoring] + float(self.region_offsets[scoring][start])
+
+
+def region_offsets(start_logits: torch.Tensor, region_nulls: list[int]) -> dict[str, torch.Tensor]:
+    """Per start token and rule, the change from the window's offset to its region's (see `WindowCandidates`):
+    null-relative subtracts the region's null logit instead of [CLS]'s, log-probability normalises over the region
+    instead of the window. `start_logits` (l,) over the window's real tokens."""
+    start = start_logits.float()
+    nulls = torch.tensor(region_nulls)
+    normaliser = torch.empty_like(start)
+    for null in nulls.unique().tolist():
+        region = nulls == null
+        normaliser[region] = torch.logsumexp(start[region], -1)
+    return {"null-relative": start[0] - start[nulls], "log-probability": torch.logsumexp(start, -1) - normaliser,
+            "logit": torch.zeros_like(start)}
 
 
 @dataclass
@@ -163,7 +190,9 @@ def decode_outputs(model, feature: QAFeature, outputs: WindowOutputs, top_k: int
                           max_answer_tokens, normalise_ends=conditional)
     ends = None if conditional else outputs.end_top[0, :length]
     offsets = {rule: window_offset(outputs.start_logits[:length], ends, rule) for rule in SCORING_RULES}
-    return WindowCandidates(feature, spans, offsets, offsets["log-probability"] if conditional else None)
+    regions = (None if feature.region_nulls is None
+               else region_offsets(outputs.start_logits[:length], feature.region_nulls))
+    return WindowCandidates(feature, spans, offsets, offsets["log-probability"] if conditional else None, regions)
 
 
 def score_windows(model, features: list[QAFeature], batch_size: int = 4, top_k: int | None = None,
@@ -203,9 +232,9 @@ def rank_answers(windows: list[WindowCandidates], documents: dict[str, Processed
         raise ValueError(f"top_k must be at least 1; got {top_k}")
     candidates: dict[str, list[tuple[float, int, WindowCandidates, float, int, int]]] = {}
     for order, window in enumerate(windows):
-        offset = window.offsets[scoring]
         for raw, start, end in window.spans:
-            candidates.setdefault(window.feature.example_id, []).append((raw + offset, -order, window, raw, start, end))
+            candidates.setdefault(window.feature.example_id, []).append(
+                (raw + window.offset(scoring, start), -order, window, raw, start, end))
     ranked: dict[str, list[Answer]] = {}
     for example, found in candidates.items():
         document, answers = documents[example], []
@@ -218,8 +247,9 @@ def rank_answers(windows: list[WindowCandidates], documents: dict[str, Processed
             if any((answer.start, answer.end) == span for answer in answers):
                 continue
             # raw = start logit + log P(end | start); adding -logsumexp(start logits) gives log P(start)P(end | start)
-            probability = (None if window.log_start_normaliser is None
-                           else float(torch.exp(torch.tensor(raw + window.log_start_normaliser))))
+            # (with regional nulls: P(start) within the span's region)
+            probability = (None if window.log_start_normaliser is None else float(torch.exp(torch.tensor(
+                raw + window.offset("log-probability", start)))))
             answers.append(Answer(document.source[span[0]:span[1]], span[0], span[1], score, feature.window_index,
                                   probability))
             if len(answers) == top_k:
@@ -269,7 +299,8 @@ def row_features(model, tokenizer, rows: Sequence[dict], max_length: int, doc_st
     cache: dict[tuple[str, bool], ProcessedDocument] = {}
     features = features_for_rows(tokenizer, rows, max_length, doc_stride, max_windows, with_labels=False,
                                  token_types=model.config.type_vocab_size >= 2,
-                                 documents=cache, max_question_tokens=max_question_tokens)
+                                 documents=cache, max_question_tokens=max_question_tokens,
+                                 null_regions=NullRegions.of(model.config, tokenizer))
     return features, {row["id"]: cache[(row["context"], row["is_html"])] for row in rows}
 
 

@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass
 
 from .html import ProcessedDocument, plain_document, preprocess_html
+from .null_regions import NullRegions
 
 logger = logging.getLogger(__name__)
 MAX_QUESTION_TOKENS = 64
@@ -28,12 +29,29 @@ class QAFeature:
     start_position: int = 0
     end_position: int = 0
     window_index: int = 0
+    # With regional nulls (data/null_regions.py): the position ids (nulls at 0) and, per token, its null's index
+    position_ids: list[int] | None = None
+    region_nulls: list[int] | None = None
 
     def model_inputs(self) -> dict:
         inputs = {"input_ids": self.input_ids, "attention_mask": [1] * len(self.input_ids)}
         if self.token_type_ids is not None:
             inputs["token_type_ids"] = self.token_type_ids
+        if self.region_nulls is not None:
+            inputs["position_ids"], inputs["region_nulls"] = self.position_ids, self.region_nulls
         return inputs
+
+    def with_nulls(self, regions: NullRegions) -> QAFeature:
+        """This window with its regional nulls inserted: offsets None at a null, labels moved with their tokens
+        (a window without the answer keeps (0, 0): the real [CLS])."""
+        item = regions.insert(self.input_ids, [offset is not None for offset in self.offsets], self.token_type_ids)
+        offsets: list[tuple[int, int] | None] = [None] * len(item["input_ids"])
+        for old, new in enumerate(item["kept"]):
+            offsets[new] = self.offsets[old]
+        kept = item["kept"]
+        return QAFeature(self.example_id, item["input_ids"], item.get("token_type_ids"), offsets,
+                         kept[self.start_position], kept[self.end_position], self.window_index,
+                         item["position_ids"], item["region_nulls"])
 
 
 def prepare_document(context: str, is_html: bool) -> ProcessedDocument:
@@ -81,10 +99,15 @@ def make_features(
     max_windows: int | None = None,
     max_question_tokens: int = MAX_QUESTION_TOKENS,
     token_types: bool = False,
+    null_regions: NullRegions | None = None,
 ) -> list[QAFeature]:
     """Windows over `document` for one question. `answer_span` is a (start, end) range of the *source*
     text (e.g. a KorQuAD answer); it labels the windows that contain it. `max_windows=1` is truncation.
-    `token_types`: always give token type ids (question 0, document 1), for models with two token types."""
+    `token_types`: always give token type ids (question 0, document 1), for models with two token types.
+    `null_regions`: insert regional nulls (data/null_regions.py); the windows are cut shorter so that each still
+    fits `max_length` tokens with its nulls."""
+    if null_regions is not None:
+        max_length = null_regions.room(max_length)
     question, question_tokens = _question_prefix(tokenizer, question, max_question_tokens)
     stride = resolve_doc_stride(tokenizer, max_length, doc_stride, question_tokens)
     encoded = tokenizer(question, document.text, truncation="only_second", max_length=max_length, stride=stride,
@@ -106,7 +129,7 @@ def make_features(
         feature = QAFeature(example_id, encoded["input_ids"][window], types, offsets, window_index=window)
         if target is not None:
             feature.start_position, feature.end_position = label_window(offsets, target)
-        features.append(feature)
+        features.append(feature if null_regions is None else feature.with_nulls(null_regions))
     if target is not None and not any(f.start_position for f in features) and max_windows is None:
         logger.warning("the answer of %s fits in no window (doc_stride %d is shorter than the answer); its windows "
                        "are unlabelled: use a larger --doc-stride", example_id, stride)
@@ -135,11 +158,12 @@ def label_window(offsets: list[tuple[int, int] | None], target: tuple[int, int])
 def features_for_rows(tokenizer, rows, max_length: int, doc_stride: int | None = None,
                       max_windows: int | None = None, with_labels: bool = True,
                       documents: dict | None = None, token_types: bool = False,
-                      max_question_tokens: int = MAX_QUESTION_TOKENS) -> list[QAFeature]:
+                      max_question_tokens: int = MAX_QUESTION_TOKENS,
+                      null_regions: NullRegions | None = None) -> list[QAFeature]:
     """Features for dataset rows (`read_korquad_v2` / `read_korquad_v1_articles` schema); the first gold answer
     labels the windows that hold it. `documents` caches processed contexts by (context, is_html); each
     document is processed once however many questions it has. `token_types` and `max_question_tokens` as in
-    `make_features`."""
+    `make_features`, and `null_regions`."""
     documents = {} if documents is None else documents
     features = []
     for row in rows:
@@ -152,5 +176,5 @@ def features_for_rows(tokenizer, rows, max_length: int, doc_stride: int | None =
             span = (start, start + len(row["answers"]["text"][0]))
         features.extend(make_features(tokenizer, row["id"], row["question"], documents[key], max_length,
                                       doc_stride, span, max_windows, token_types=token_types,
-                                      max_question_tokens=max_question_tokens))
+                                      max_question_tokens=max_question_tokens, null_regions=null_regions))
     return features

@@ -25,6 +25,7 @@ import numpy as np
 
 from .features import MAX_QUESTION_TOKENS, _question_prefix, prepare_document, resolve_doc_stride
 from .html import ProcessedDocument
+from .null_regions import NullRegions
 
 logger = logging.getLogger(__name__)
 
@@ -125,12 +126,20 @@ class QAWindows:
     `rows`: dataset rows in the `read_korquad_v2` / `read_korquad_v1_articles` schema (the first gold answer labels
     the windows that hold it). `windows` counts every window before the negative draw (the eager route's feature
     count). With `with_question_tokens` an item also says how many tokens its question has (`question_tokens`): what
-    a sliding teacher needs to cut the window again (training/sliding_teacher.py)."""
+    a sliding teacher needs to cut the window again (training/sliding_teacher.py). With `null_regions` an item gets
+    its regional nulls (data/null_regions.py: "position_ids" and "region_nulls" too, labels moved with their tokens)
+    and the windows are cut shorter so that each still fits `max_length` with them, as `features.make_features`."""
 
     def __init__(self, tokenizer, rows, max_length: int, doc_stride: int | None = None,
                  max_windows: int | None = None, negative_fraction: float = 1.0, seed: int = 0,
                  token_types: bool = False, max_question_tokens: int = MAX_QUESTION_TOKENS,
-                 with_question_tokens: bool = False):
+                 with_question_tokens: bool = False, null_regions: NullRegions | None = None):
+        if null_regions is not None and with_question_tokens:
+            raise ValueError("a sliding teacher cuts the window again and cannot read regional nulls: train with "
+                             "qa_null_every=0 or without the teacher")
+        self.null_regions = null_regions
+        if null_regions is not None:
+            max_length = null_regions.room(max_length)
         self.template = PairTemplate.of(tokenizer)
         self.token_types = token_types
         self.with_question_tokens = with_question_tokens
@@ -189,6 +198,12 @@ class QAWindows:
         question, document, start, stop, first, last = (int(x) for x in self.items[index])
         item = self.template.assemble(self.questions[question], self.documents[document].ids[start:stop],
                                       self.token_types)
+        if self.null_regions is not None:
+            before = len(self.template.prefix) + len(self.questions[question]) + len(self.template.middle)
+            document = [before <= i < before + stop - start for i in range(len(item["input_ids"]))]
+            inserted = self.null_regions.insert(item["input_ids"], document, item.get("token_type_ids"))
+            first, last = inserted["kept"][first], inserted["kept"][last]
+            item = {key: value for key, value in inserted.items() if key not in ("kept", "nulls")}
         item = {**item, "start_positions": first, "end_positions": last}
         if self.with_question_tokens:
             item["question_tokens"] = len(self.questions[question])
@@ -197,4 +212,7 @@ class QAWindows:
     def lengths(self) -> list[int]:
         """Tokens of every item (for length-grouped batches), without building the items."""
         questions = np.asarray([len(self.questions[q]) for q in self.items[:, 0]], dtype=np.int64)
-        return (questions + self.items[:, 3] - self.items[:, 2] + self.template.special_tokens).tolist()
+        lengths = (questions + self.items[:, 3] - self.items[:, 2] + self.template.special_tokens).tolist()
+        if self.null_regions is None:
+            return lengths
+        return [length + self.null_regions.count(length) for length in lengths]  # at most that many nulls

@@ -14,6 +14,7 @@ from transformers import set_seed
 from ..checkpoints import check_tokenizer, load_on_device, load_task_model
 from ..data.html import add_tag_tokens
 from ..data.korquad import read_korquad_v1_articles, read_korquad_v2, read_squad_paragraphs, split_by_title
+from ..data.null_regions import NullRegions
 from ..data.windows import PairTemplate, QAWindows
 from ..heads import LongBirdForQuestionAnswering
 from ..metrics.korquad import korquad_v1, korquad_v2, squad_v1
@@ -127,7 +128,8 @@ def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "
     # Built on demand: each document tokenized once, only the drawn windows kept as token ranges (data/windows.py).
     items = QAWindows(tokenizer, rows, window_length, doc_stride, max_windows, negative_fraction, settings.seed,
                       token_types=model.config.type_vocab_size >= 2, with_question_tokens=teacher is not None,
-                      max_question_tokens=question_limit(model, tokenizer, window_length))
+                      max_question_tokens=question_limit(model, tokenizer, window_length),
+                      null_regions=NullRegions.of(model.config, tokenizer))
     distillation = ({} if teacher is None else
                     sliding_teacher(teacher, tokenizer, items, settings, teacher_weight, teacher_temperature))
     metrics = train(model, tokenizer, items, out.parent / f".{out.name}.work", settings,

@@ -1,0 +1,235 @@
+"""Regional nulls (data/null_regions.py): where the nulls go, windows that fit with them, labels that follow their
+tokens, lazy training items equal to the eager features, the per-region start loss against a loop of plain
+cross-entropies (values and gradients), and decoding that scores a span against its own region's null."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import BLOCK, make_source
+from transformers import AutoTokenizer
+
+import longbird
+from longbird.data.features import QAFeature, features_for_rows
+from longbird.data.html import add_tag_tokens, preprocess_html
+from longbird.data.korquad import read_korquad_v1_articles
+from longbird.data.null_regions import NullRegions
+from longbird.data.windows import QAWindows
+from longbird.heads import IGNORE_INDEX, LongBirdQuestionAnsweringOutput, regional_start_loss
+from longbird.qa import merge_windows, predict_rows, score_windows
+from longbird.sources import e5_path
+from longbird.training.finetune import qa_training_items
+
+KORQUAD = Path(__file__).resolve().parents[1] / "data" / "korquad"
+NULL = 2
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    tokenizer = AutoTokenizer.from_pretrained(e5_path(), local_files_only=True)
+    tokenizer.model_max_length = 1 << 20
+    add_tag_tokens(tokenizer)
+    return tokenizer
+
+
+@pytest.fixture(scope="module")
+def articles():
+    rows = read_korquad_v1_articles(KORQUAD / "KorQuAD_v1.0_dev.json")[0]
+    return [rows[i] for i in range(0, 400, 13)]  # 31 questions over several whole articles
+
+
+def test_nulls_go_before_every_region_of_the_document_past_the_first_tokens():
+    regions = NullRegions(every=3, after=4, null_id=NULL)
+    ids = [1, 10, 11, 3, 20, 21, 22, 23, 24, 25, 26, 3]  # [CLS] q q [SEP] d*7 [SEP]; documents from index 4
+    document = [False] * 4 + [True] * 7 + [False]
+    item = regions.insert(ids, document, token_type_ids=[0] * 4 + [1] * 8)
+    # nulls before old tokens 4, 7 and 10 (4 + 3k), each taking a place
+    assert item["input_ids"] == [1, 10, 11, 3, NULL, 20, 21, 22, NULL, 23, 24, 25, NULL, 26, 3]
+    assert item["nulls"] == [4, 8, 12]
+    assert item["position_ids"] == [0, 1, 2, 3, 0, 5, 6, 7, 0, 9, 10, 11, 0, 13, 14]
+    assert item["region_nulls"] == [0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12]
+    assert [item["input_ids"][new] for new in item["kept"]] == ids
+    assert item["token_type_ids"] == [0] * 4 + [1] * 11
+    assert regions.insert(ids[:4] + [3], [False] * 5)["input_ids"] == ids[:4] + [3]  # short: nothing inserted
+
+
+@pytest.mark.parametrize("every, after", [(3, 4), (128, 512), (1, 2), (64, 512)])
+def test_a_window_cut_to_its_room_fits_with_every_null(every, after):
+    regions = NullRegions(every, after, NULL)
+    for max_length in (after, after + 1, after + every, 700, 4096):
+        room = regions.room(max_length)
+        assert room + regions.count(room) <= max_length
+        assert room == max_length or room + 1 + regions.count(room + 1) > max_length  # the longest that fits
+        inserted = regions.insert(list(range(room)), [True] * room)["input_ids"]
+        assert len(inserted) <= max_length
+
+
+def test_features_with_nulls_are_the_plain_windows_with_nulls_in_and_labels_on_the_same_text(tokenizer, articles):
+    regions = NullRegions(every=64, after=128, null_id=tokenizer.cls_token_id)
+    plain = features_for_rows(tokenizer, articles, regions.room(512), 100)
+    nulled = features_for_rows(tokenizer, articles, 512, 100, null_regions=regions)
+    assert len(plain) == len(nulled) and sum(f.start_position > 0 for f in nulled) > 0
+    for before, after in zip(plain, nulled):
+        assert len(after.input_ids) <= 512 and len(after.input_ids) > len(before.input_ids)
+        assert [t for t, o in zip(after.input_ids, after.offsets) if o is not None] == \
+            [t for t, o in zip(before.input_ids, before.offsets) if o is not None]
+        assert (after.offsets[after.start_position], after.offsets[after.end_position]) == \
+            (before.offsets[before.start_position], before.offsets[before.end_position])
+        nulls = [i for i, (p, r) in enumerate(zip(after.position_ids, after.region_nulls)) if r == i]
+        assert nulls[0] == 0 and all(after.input_ids[i] == tokenizer.cls_token_id and after.position_ids[i] == 0
+                                     and after.offsets[i] is None for i in nulls)
+        assert after.model_inputs()["region_nulls"] == after.region_nulls
+
+
+def test_lazy_training_items_with_nulls_equal_the_eager_ones(tokenizer, articles):
+    regions = NullRegions(every=64, after=128, null_id=tokenizer.cls_token_id)
+    features = features_for_rows(tokenizer, articles, 512, 100, null_regions=regions)
+    eager = qa_training_items(features, 0.3, 5)
+    lazy = QAWindows(tokenizer, articles, 512, 100, negative_fraction=0.3, seed=5, null_regions=regions)
+    assert len(lazy) == len(eager) and lazy.windows == len(features)
+    assert sum(item["start_positions"] > 0 for item in eager) > 0 and "region_nulls" in eager[0]
+    for index, item in enumerate(eager):
+        assert lazy[index] == item, index
+    assert all(bound >= len(lazy[i]["input_ids"]) for i, bound in enumerate(lazy.lengths()))
+    with pytest.raises(ValueError, match="sliding teacher.*regional nulls"):
+        QAWindows(tokenizer, articles, 512, null_regions=regions, with_question_tokens=True)
+
+
+def _loop_loss(logits, region_nulls, valid, targets):
+    """The per-region loss written out: one cross-entropy per region, rows averaged as the docstring says."""
+    rows = []
+    for row in range(logits.shape[0]):
+        if targets[row] == IGNORE_INDEX:
+            continue
+        real = valid[row]
+        nulls = sorted({int(n) for n, v in zip(region_nulls[row], real) if v})
+        target = int(targets[row])
+        positive, negatives = None, []
+        for null in nulls:
+            member = (region_nulls[row] == null) & real
+            index = torch.nonzero(member).flatten()
+            aim = target if target > 0 and int(region_nulls[row, target]) == null else null
+            loss = torch.nn.functional.cross_entropy(logits[row, index][None], (index == aim).nonzero()[0])
+            if aim == target and target > 0:
+                positive = loss
+            else:
+                negatives.append(loss)
+        negative = torch.stack(negatives).mean() if negatives else None
+        rows.append(positive if negative is None else negative if positive is None else (positive + negative) / 2)
+    return torch.stack(rows).mean()
+
+
+def test_the_regional_start_loss_is_one_cross_entropy_per_region_with_its_gradients():
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 20, generator=generator, requires_grad=True)
+    region_nulls = torch.tensor([[0] * 6 + [6] * 5 + [11] * 9,  # three regions
+                                 [0] * 10 + [10] * 10,  # two
+                                 [0] * 20,  # one
+                                 [0] * 8 + [8] * 12])
+    valid = torch.ones(4, 20, dtype=torch.bool)
+    valid[1, 15:] = False  # padding
+    valid[3, 12:] = False
+    for targets in (torch.tensor([13, 0, 4, IGNORE_INDEX]), torch.tensor([2, 12, 0, 9]),
+                    torch.tensor([0, 0, 0, 0])):
+        got = regional_start_loss(logits, region_nulls, valid, targets)
+        expected = _loop_loss(logits, region_nulls, valid, targets)
+        (grad,) = torch.autograd.grad(got, logits)
+        (expected_grad,) = torch.autograd.grad(expected, logits)
+        # a few log-softmaxes of 20 fp32 terms of size ~3: rounding of order 1e-6
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+        torch.testing.assert_close(grad, expected_grad, rtol=0, atol=1e-6)
+        assert torch.isfinite(grad).all() and not grad[~valid].any()
+
+
+def test_one_region_is_the_plain_start_loss_and_all_ignored_rows_give_zero():
+    logits = torch.randn(3, 12, requires_grad=True)
+    valid = torch.ones(3, 12, dtype=torch.bool)
+    targets = torch.tensor([5, 0, 9])
+    plain = torch.nn.functional.cross_entropy(logits, targets)
+    regional = regional_start_loss(logits, torch.zeros(3, 12, dtype=torch.long), valid, targets)
+    torch.testing.assert_close(regional, plain, rtol=0, atol=1e-6)
+    ignored = regional_start_loss(logits, torch.zeros(3, 12, dtype=torch.long), valid, torch.full((3,), IGNORE_INDEX))
+    assert float(ignored.detach()) == 0.0 and ignored.requires_grad
+
+
+class RegionLogits:
+    """A stand-in reader: given start logits, and ends that put all the weight on the start (one-token spans)."""
+
+    def __init__(self, start_logits):
+        self.start_logits = torch.tensor([start_logits])
+        self.config = type("Config", (), {"qa_top_k": 3, "qa_max_answer_tokens": 8, "qa_head": "conditional",
+                                          "pad_token_id": 0})()
+        self.device = torch.device("cpu")
+
+    def eval(self):
+        return self
+
+    def __call__(self, input_ids, attention_mask, top_k, start_candidates=None, **kwargs):
+        start = self.start_logits[:, :input_ids.shape[1]]
+        top = start.masked_fill(~start_candidates, float("-inf")).topk(top_k, -1).indices
+        end = torch.full((1, top_k, input_ids.shape[1]), -30.0)
+        end.scatter_(2, top[..., None], 0.0)
+        return LongBirdQuestionAnsweringOutput(start_logits=start, end_logits=end[:, 0], start_top_index=top,
+                                               end_top_logits=end)
+
+
+def test_a_span_is_scored_against_its_own_regions_null():
+    """One window, two regions: "alpha" (first region, [CLS] logit 0) and "gamma" (second, its null at 9). Raw
+    logits prefer gamma (5 > 3) and so does the window's [CLS]; against its own region's null gamma is 4 below
+    "no answer here", and alpha wins. Log-probability normalises within the region the same way."""
+    document = preprocess_html("<p>alpha beta gamma</p>")
+    text = document.text
+    alpha, gamma = (text.index("alpha"), text.index("alpha") + 5), (text.index("gamma"), text.index("gamma") + 5)
+    feature = QAFeature("q", [1, 0, NULL, 0, 3], None, [None, alpha, None, gamma, None], position_ids=[0, 1, 0, 3, 4],
+                        region_nulls=[0, 0, 2, 2, 2])
+    logits = [0.0, 3.0, 9.0, 5.0, -9.0]
+    windows = score_windows(RegionLogits(logits), [feature], batch_size=1)
+    assert merge_windows(windows, {"q": document}, "null-relative")["q"].text == "alpha"
+    assert merge_windows(windows, {"q": document}, "log-probability")["q"].text == "alpha"
+    assert merge_windows(windows, {"q": document}, "logit")["q"].text == "gamma"
+    best = merge_windows(windows, {"q": document}, "log-probability")["q"]
+    region = torch.log_softmax(torch.tensor(logits[:2]), -1)[1] + torch.log_softmax(torch.tensor([0.0, -30, -30]), -1)[0]
+    assert abs(best.score - float(region)) < 1e-5 and abs(best.probability - float(region.exp())) < 1e-5
+    plain = QAFeature("q", [1, 0, NULL, 0, 3], None, [None, alpha, None, gamma, None])
+    assert merge_windows(score_windows(RegionLogits(logits), [plain], batch_size=1), {"q": document})["q"].text == \
+        "gamma"  # the same logits with one null per window
+
+
+def test_a_reader_with_regional_nulls_trains_and_reads_through_the_library(tmp_path, articles, tokenizer):
+    """convert(qa_null_every=...) -> fine-tune (loss finite, gradients reach the encoder) -> predict_rows reads
+    windows with nulls in; the setting survives save/load."""
+    from longbird.heads import LongBirdForQuestionAnswering
+
+    base = longbird.convert(make_source("bert"), max_length=256, block_size=BLOCK, qa_null_every=16)
+    model = LongBirdForQuestionAnswering(base.config)
+    model.longbird.load_state_dict(base.state_dict())
+    assert model.config.qa_null_every == 16
+    model.save_pretrained(tmp_path / "m")
+    loaded = LongBirdForQuestionAnswering.from_pretrained(tmp_path / "m")
+    assert loaded.config.qa_null_every == 16
+    regions = NullRegions.of(loaded.config, tokenizer)
+    assert regions == NullRegions(16, loaded.config.full_attention_max_length, tokenizer.cls_token_id)
+    items = QAWindows(tokenizer, articles[:4], 256, 64, negative_fraction=1.0, null_regions=regions)
+    from longbird.data.batching import PaddedBatches
+
+    batch = PaddedBatches(0)([items[i] for i in range(min(4, len(items)))])
+    batch["input_ids"] = batch["input_ids"] % loaded.config.vocab_size  # the tiny model's vocabulary
+    loaded.train()
+    out = loaded(**batch)
+    assert torch.isfinite(out.loss)
+    out.loss.backward()
+    assert loaded.longbird.embeddings.word_embeddings.weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="qa_null_every must be >= 0"):
+        longbird.convert(make_source("bert"), max_length=256, block_size=BLOCK, qa_null_every=-1)
+
+
+def test_predict_rows_inserts_the_models_nulls(monkeypatch, articles, tokenizer):
+    from longbird import qa
+
+    seen = []
+    monkeypatch.setattr(qa, "predict_features", lambda model, features, *args, **kwargs: seen.extend(features) or {})
+    config = type("Config", (), {"qa_null_every": 32, "full_attention_max_length": 128, "type_vocab_size": 1})()
+    model = type("Model", (), {"config": config})()
+    predict_rows(model, tokenizer, articles[:2], 512, 100)
+    assert seen and all(f.region_nulls is not None and len(f.input_ids) <= 512 for f in seen)
+    assert all(f.input_ids[i] == tokenizer.cls_token_id for f in seen for i, r in enumerate(f.region_nulls) if r == i)
