@@ -91,7 +91,7 @@ def test_lazy_training_items_with_nulls_equal_the_eager_ones(tokenizer, articles
     for index, item in enumerate(eager):
         assert lazy[index] == item, index
     assert all(bound >= len(lazy[i]["input_ids"]) for i, bound in enumerate(lazy.lengths()))
-    with pytest.raises(ValueError, match="sliding teacher.*regional nulls"):
+    with pytest.raises(ValueError, match=r"sliding teacher.*regional nulls"):
         QAWindows(tokenizer, articles, 512, null_regions=regions, with_question_tokens=True)
 
 
@@ -188,7 +188,8 @@ def test_a_span_is_scored_against_its_own_regions_null():
     assert merge_windows(windows, {"q": document}, "log-probability")["q"].text == "alpha"
     assert merge_windows(windows, {"q": document}, "logit")["q"].text == "gamma"
     best = merge_windows(windows, {"q": document}, "log-probability")["q"]
-    region = torch.log_softmax(torch.tensor(logits[:2]), -1)[1] + torch.log_softmax(torch.tensor([0.0, -30, -30]), -1)[0]
+    ends = torch.log_softmax(torch.tensor([0.0, -30, -30]), -1)[0]
+    region = torch.log_softmax(torch.tensor(logits[:2]), -1)[1] + ends
     assert abs(best.score - float(region)) < 1e-5 and abs(best.probability - float(region.exp())) < 1e-5
     plain = QAFeature("q", [1, 0, NULL, 0, 3], None, [None, alpha, None, gamma, None])
     assert merge_windows(score_windows(RegionLogits(logits), [plain], batch_size=1), {"q": document})["q"].text == \
