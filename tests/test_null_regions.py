@@ -220,6 +220,14 @@ def test_a_reader_with_regional_nulls_trains_and_reads_through_the_library(tmp_p
     assert torch.isfinite(out.loss)
     out.loss.backward()
     assert loaded.longbird.embeddings.word_embeddings.weight.grad.abs().sum() > 0
+    from longbird.conversion import reconvert
+
+    plain = LongBirdForQuestionAnswering(base.config.__class__(**{**base.config.to_dict(), "qa_null_every": 0}))
+    plain.load_state_dict(model.state_dict())
+    switched = reconvert(plain, qa_null_every=16)  # `longbird convert QA_DIR --set qa_null_every=16`
+    assert switched.config.qa_null_every == 16
+    for name, tensor in plain.state_dict().items():
+        assert torch.equal(switched.state_dict()[name], tensor), name
     with pytest.raises(ValueError, match="qa_null_every must be >= 0"):
         longbird.convert(make_source("bert"), max_length=256, block_size=BLOCK, qa_null_every=-1)
 
