@@ -13,7 +13,8 @@ of the [CLS] that opens its region (the real [CLS] in the first 512). Readings p
 Plain reading (no insertion) of the same conversion is e7_diagnosis.py's "whole" row.
 
 Questions: the probe's validation articles (the dev side minus E7's test articles, asserted), `--questions` of them;
-nothing here reads E7's test articles. Not part of the library: a measurement of whether the route is worth building.
+nothing here reads E7's test articles. A measurement of whether the route was worth building; the library now has it
+(config `qa_null_every`, data/null_regions.py; E7 round 4), which this script does not use.
 
 Usage: python experiments/e7_regional_null.py --reader qa-model/kobigbird-e5-korquad \\
            --model experiments/runs/e7_conversion_probe/from-reader/kobigbird-4096-copy-128-128-0-first-reads-source \\
@@ -126,6 +127,9 @@ def main() -> None:
     buckets = answer_buckets(questions, tokenizer)
     model, model_tokenizer = load_task_model(args.model, LongBirdForQuestionAnswering)
     model.eval()
+    if model.config.qa_null_every:  # the library would insert its own nulls under this script's
+        raise SystemExit(f"{args.model} already reads with regional nulls (qa_null_every="
+                         f"{model.config.qa_null_every}): give this probe a conversion with qa_null_every=0")
     cap = question_limit(model, model_tokenizer, LONG - ROOM)
     results = {"command": "python " + shlex.join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "machine": machine(),
                "model": str(args.model), "bf16": bf16, "questions": len(questions),
