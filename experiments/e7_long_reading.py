@@ -300,6 +300,7 @@ def main() -> None:
         scores = per_question_scores(predictions, dev, "korquad1-articles")
         results["methods"][name] = {**trained, "window": window, "doc_stride": stride, "per_question": scores,
                                     "eval_cpu_seconds": eval_seconds, "train_window": method.window,
+                                    "machine": results["machine"],  # rows added with --resume may run elsewhere
                                     "train_doc_stride": method.stride, "trained_by": trained_by}
         write_file_atomically(args.out / f"{args.name}_predictions" / f"{name}.json",
                               json.dumps(predictions, ensure_ascii=False, indent=1) + "\n")
