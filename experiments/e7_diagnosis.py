@@ -47,6 +47,7 @@ from longbird.metrics.intervals import bootstrap_interval  # noqa: E402
 from longbird.qa import DEFAULT_SCORING, merge_windows, row_features, score_windows  # noqa: E402
 from longbird.tasks.qa import per_question_scores, question_limit, require_trained_apart  # noqa: E402
 
+READINGS = ("whole", "near")
 NEAR_BEFORE, NEAR_AFTER = 255, 256  # article tokens kept before / after the answer's first token: 512 in all
 LENGTH_CLASSES = ((0, 1024, "articles <= 1K tokens"), (1024, 10**9, "articles > 1K tokens"))
 
@@ -114,6 +115,8 @@ def main() -> None:
     parser.add_argument("--model", action="append", required=True, help="NAME=DIR:WINDOW:STRIDE (repeatable)")
     parser.add_argument("--questions", choices=("test", "validation"), default="test")
     parser.add_argument("--validation-questions", type=int, default=80)
+    parser.add_argument("--readings", nargs="+", choices=READINGS, default=list(READINGS),
+                        help="whole, near or both (whole alone: a quick comparison of conversions)")
     add_output_arguments(parser, "e7_diagnosis")
     args = parser.parse_args()
     bf16 = wants_bf16(args.precision)
@@ -146,7 +149,7 @@ def main() -> None:
     for name, (directory, window, stride) in models.items():
         model, model_tokenizer = load_task_model(directory, LongBirdForQuestionAnswering)
         entry = {"model": str(directory), "window": window, "stride": stride}
-        for reading in ("whole", "near"):
+        for reading in args.readings:
             started = time.process_time()
             predictions = read(model, model_tokenizer, questions, window, stride, reading == "near", bf16)
             scores = per_question_scores(predictions, questions, "korquad1-articles")
@@ -168,7 +171,7 @@ def table(results: dict) -> list[str]:
              "| reader | window / stride | reading | " + " | ".join(names) + " |",
              "|---|---|---|" + "---:|" * len(names)]
     for name, entry in results["readers"].items():
-        for reading in ("whole", "near"):
+        for reading in (reading for reading in READINGS if reading in entry):
             cells = []
             for group in names:
                 part = entry[reading]["summary"].get(group)
