@@ -53,6 +53,37 @@ def test_nulls_go_before_every_region_of_the_document_past_the_first_tokens():
     assert regions.insert(ids[:4] + [3], [False] * 5)["input_ids"] == ids[:4] + [3]  # short: nothing inserted
 
 
+def test_labels_follow_their_tokens_also_across_a_null_and_no_answer_stays_at_cls(tokenizer):
+    """A span whose tokens straddle an inserted null keeps both ends on its own tokens (the null falls inside it, and
+    its text is unchanged: a null has no offsets); a window without the answer stays labelled (0, 0)."""
+    document = preprocess_html("<p>" + " ".join(f"w{i}" for i in range(40)) + "</p>")
+    text = document.text
+    regions = NullRegions(every=4, after=8, null_id=tokenizer.cls_token_id)
+    from longbird.data.features import make_features
+
+    plain = make_features(tokenizer, "q", "w?", document, 64)[0]
+    first_document = next(i for i, o in enumerate(plain.offsets) if o is not None)
+    crossing = None
+    for start in range(first_document, len(plain.offsets) - 3):  # a 3-token span holding a null insertion point
+        if all(plain.offsets[i] is not None for i in range(start, start + 3)) and any(
+                i >= 8 and (i - 8) % 4 == 0 for i in (start + 1, start + 2)):
+            crossing = start
+            break
+    span = (plain.offsets[crossing][0], plain.offsets[crossing + 2][1])
+    without = make_features(tokenizer, "q", "w?", document, 64, answer_span=span)[0]
+    labelled = make_features(tokenizer, "q", "w?", document, 64, answer_span=span, null_regions=regions)[0]
+    assert without.start_position > 0
+    assert labelled.input_ids[labelled.start_position:labelled.end_position + 1].count(tokenizer.cls_token_id) == 1
+    assert labelled.end_position - labelled.start_position == without.end_position - without.start_position + 1
+
+    def covered(feature):
+        return text[feature.offsets[feature.start_position][0]:feature.offsets[feature.end_position][1]]
+
+    assert covered(labelled) == covered(without)
+    unanswered = make_features(tokenizer, "q", "w?", document, 64, null_regions=regions)[0]
+    assert (unanswered.start_position, unanswered.end_position) == (0, 0)
+
+
 @pytest.mark.parametrize("every, after", [(3, 4), (128, 512), (1, 2), (64, 512)])
 def test_a_window_cut_to_its_room_fits_with_every_null(every, after):
     regions = NullRegions(every, after, NULL)
@@ -75,6 +106,7 @@ def test_features_with_nulls_are_the_plain_windows_with_nulls_in_and_labels_on_t
             [t for t, o in zip(before.input_ids, before.offsets) if o is not None]
         assert (after.offsets[after.start_position], after.offsets[after.end_position]) == \
             (before.offsets[before.start_position], before.offsets[before.end_position])
+        assert (after.start_position == 0) == (before.start_position == 0)
         nulls = [i for i, (p, r) in enumerate(zip(after.position_ids, after.region_nulls)) if r == i]
         assert nulls[0] == 0 and all(after.input_ids[i] == tokenizer.cls_token_id and after.position_ids[i] == 0
                                      and after.offsets[i] is None for i in nulls)
@@ -132,6 +164,9 @@ def test_the_regional_start_loss_is_one_cross_entropy_per_region_with_its_gradie
     for targets in (torch.tensor([13, 0, 4, IGNORE_INDEX]), torch.tensor([2, 12, 0, 9]),
                     torch.tensor([0, 0, 0, 0])):
         got = regional_start_loss(logits, region_nulls, valid, targets)
+        # a bound on the regions from the shapes (a compiled step's) gives the same loss as the counted one
+        torch.testing.assert_close(regional_start_loss(logits, region_nulls, valid, targets, max_regions=7), got,
+                                   rtol=0, atol=0)
         expected = _loop_loss(logits, region_nulls, valid, targets)
         (grad,) = torch.autograd.grad(got, logits)
         (expected_grad,) = torch.autograd.grad(expected, logits)
@@ -197,8 +232,9 @@ def test_a_span_is_scored_against_its_own_regions_null():
 
 
 def test_a_reader_with_regional_nulls_trains_and_reads_through_the_library(tmp_path, articles, tokenizer):
-    """convert(qa_null_every=...) -> fine-tune (loss finite, gradients reach the encoder) -> predict_rows reads
-    windows with nulls in; the setting survives save/load."""
+    """convert(qa_null_every=...) -> a training step on windows with nulls (loss finite, gradients reach the encoder)
+    -> the real model scores windows with nulls (score_windows: per-region offsets, finite scores and probabilities);
+    the setting survives save/load and reconversion; a negative value and a LittleBird model are refused."""
     from longbird.heads import LongBirdForQuestionAnswering
 
     base = longbird.convert(make_source("bert"), max_length=256, block_size=BLOCK, qa_null_every=16)
@@ -220,6 +256,18 @@ def test_a_reader_with_regional_nulls_trains_and_reads_through_the_library(tmp_p
     assert torch.isfinite(out.loss)
     out.loss.backward()
     assert loaded.longbird.embeddings.word_embeddings.weight.grad.abs().sum() > 0
+    loaded.eval()
+    features = features_for_rows(tokenizer, articles[:3], 256, 64, with_labels=False, null_regions=regions)
+    assert any(len(set(f.region_nulls)) > 1 for f in features)
+    for feature in features:
+        feature.input_ids = [token % loaded.config.vocab_size for token in feature.input_ids]
+    windows = score_windows(loaded, features, batch_size=3)
+    assert all(window.region_offsets is not None for window in windows)
+    scored = [(window, raw, start) for window in windows for raw, start, _ in window.spans]
+    assert scored and all(torch.isfinite(torch.tensor(raw + window.offset(rule, start)))
+                          for window, raw, start in scored for rule in ("null-relative", "log-probability"))
+    assert all(0 < torch.exp(torch.tensor(raw + window.offset("log-probability", start))) <= 1
+               for window, raw, start in scored)
     from longbird.conversion import reconvert
 
     plain = LongBirdForQuestionAnswering(base.config.__class__(**{**base.config.to_dict(), "qa_null_every": 0}))
@@ -230,6 +278,8 @@ def test_a_reader_with_regional_nulls_trains_and_reads_through_the_library(tmp_p
         assert torch.equal(switched.state_dict()[name], tensor), name
     with pytest.raises(ValueError, match="qa_null_every must be >= 0"):
         longbird.convert(make_source("bert"), max_length=256, block_size=BLOCK, qa_null_every=-1)
+    with pytest.raises(ValueError, match="qa_null_every needs absolute positions"):
+        longbird.convert(make_source("bert"), preset="littlebird", max_length=256, block_size=BLOCK, qa_null_every=16)
 
 
 def test_predict_rows_inserts_the_models_nulls(monkeypatch, articles, tokenizer):
@@ -242,3 +292,20 @@ def test_predict_rows_inserts_the_models_nulls(monkeypatch, articles, tokenizer)
     predict_rows(model, tokenizer, articles[:2], 512, 100)
     assert seen and all(f.region_nulls is not None and len(f.input_ids) <= 512 for f in seen)
     assert all(f.input_ids[i] == tokenizer.cls_token_id for f in seen for i, r in enumerate(f.region_nulls) if r == i)
+    assert any(len(set(f.region_nulls)) > 1 for f in seen)  # nulls past the first region, not only [CLS]
+
+
+def test_padding_insertion_shifts_the_document_but_keeps_every_null_at_position_zero():
+    from longbird.training.padding_insertion import PaddingInsertion
+
+    regions = NullRegions(every=3, after=4, null_id=NULL)
+    ids = [1, 10, 11, 3, 20, 9, 22, 23, 9, 25, 26, 9, 27, 3]  # 9 ends a sentence
+    item = regions.insert(ids, [False] * 4 + [True] * 9 + [False])
+    batch = {"input_ids": torch.tensor([item["input_ids"]]), "attention_mask": torch.tensor([item["attention_mask"]]),
+             "position_ids": torch.tensor([item["position_ids"]]), "region_nulls": torch.tensor([item["region_nulls"]])}
+    shifted = PaddingInsertion([9], probability=1.0, max_gap=50, seed=0)(batch)["position_ids"][0]
+    nulls = torch.tensor(item["nulls"])
+    assert (shifted[nulls] == 0).all()
+    others = torch.ones(len(shifted), dtype=torch.bool)
+    others[nulls] = False
+    assert (shifted[others] > torch.tensor(item["position_ids"])[others]).any()  # the gaps did land

@@ -216,3 +216,9 @@ class LongBirdConfig(PreTrainedConfig):
             raise ValueError(f"qa_max_answer_tokens must be >= 1; got {self.qa_max_answer_tokens}")
         if self.qa_null_every < 0:
             raise ValueError(f"qa_null_every must be >= 0 (0: no regional nulls); got {self.qa_null_every}")
+        if self.qa_null_every and (self.position != "absolute" or self.attention == "littlebird"):
+            # a null takes position 0 deep in the window: a learned table reads that as the [CLS] row, but BiALiBi
+            # and TAPE take distances from the position ids, and the null would sit thousands of tokens away
+            raise ValueError(f"qa_null_every needs absolute positions and bigbird or full attention (the kobigbird and "
+                             f"full presets); this model has position={self.position!r}, "
+                             f"attention={self.attention!r}: set qa_null_every=0")

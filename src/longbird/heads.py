@@ -17,6 +17,7 @@ from transformers.modeling_outputs import (
 )
 
 from .config import LongBirdConfig
+from .data.null_regions import NullRegions
 from .modeling import LongBirdModel, LongBirdPreTrainedModel
 
 
@@ -139,7 +140,7 @@ def _masked(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
 
 
 def regional_start_loss(start_logits: torch.Tensor, region_nulls: torch.Tensor, valid: torch.Tensor,
-                        start_targets: torch.Tensor) -> torch.Tensor:
+                        start_targets: torch.Tensor, max_regions: int | None = None) -> torch.Tensor:
     """The start loss with regional nulls (data/null_regions.py): one softmax per region (its null and its tokens),
     as a sliding reader has one per window. The region holding the gold start targets it; every other region targets
     its own null, as a sliding window without the answer targets its [CLS]. A row's loss is the mean of its answer
@@ -148,11 +149,13 @@ def regional_start_loss(start_logits: torch.Tensor, region_nulls: torch.Tensor, 
     add nothing; the mean is over the rest.
 
     start_logits (B, l) float; region_nulls (B, l) long, the index of each token's null (a null is its own);
-    valid (B, l) bool: the real tokens; start_targets (B,) long (IGNORE_INDEX: ignored)."""
+    valid (B, l) bool: the real tokens; start_targets (B,) long (IGNORE_INDEX: ignored). `max_regions`: a bound on
+    the regions of a row known from the shapes (`NullRegions.max_regions`), so that no value is read back to the
+    host (a compiled training step keeps one graph); default: counted from the batch."""
     length = start_logits.shape[1]
     positions = torch.arange(length, device=start_logits.device)
     is_null = valid & (region_nulls == positions)
-    count = int(is_null.sum(-1).max())  # regions of the longest row (training only: a host read is fine here)
+    count = min(length, max_regions) if max_regions is not None else int(is_null.sum(-1).max())
     nulls = torch.where(is_null, positions, length).sort(-1).values[:, :count]  # (B, R); `length`: no region
     exists = nulls < length
     member = valid[:, None, :] & (region_nulls[:, None, :] == nulls[:, :, None])  # (B, R, l)
@@ -233,7 +236,8 @@ class LongBirdForQuestionAnswering(LongBirdPreTrainedModel):
         loss = None
         if labelled:
             start_loss = (_mean_cross_entropy(start_logits, start_targets) if region_nulls is None
-                          else regional_start_loss(start_logits, region_nulls, valid, start_targets))
+                          else regional_start_loss(start_logits, region_nulls, valid, start_targets,
+                                                   NullRegions.max_regions(self.config, length)))
             loss = (start_loss + _mean_cross_entropy(end_logits, end_targets)) / 2
         return LongBirdQuestionAnsweringOutput(
             loss=loss, start_logits=start_logits, end_logits=end_logits, hidden_states=outputs.hidden_states,

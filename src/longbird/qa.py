@@ -49,7 +49,8 @@ class Answer:
     # the scoring rule's value (default null-relative: start − [CLS] start logit + log P(end | start)); higher wins
     score: float
     window_index: int = 0
-    # P(start) · P(end | start) within the answer's window (the conditional head's two softmaxes); None for 'linear'
+    # P(start) · P(end | start) within the answer's window (its region with regional nulls: the conditional head's two
+    # softmaxes); None for 'linear'
     probability: float | None = None
 
 

@@ -40,6 +40,13 @@ class NullRegions:
                              "qa_null_every=0")
         return cls(config.qa_null_every, config.full_attention_max_length, tokenizer.cls_token_id)
 
+    @staticmethod
+    def max_regions(config, length: int) -> int:
+        """The most regions a window of `length` tokens (nulls included) of a model with `config` holds: the first,
+        and one per inserted null (at most one per `qa_null_every` tokens past the first region)."""
+        every = max(1, config.qa_null_every)
+        return 1 + max(0, -(-(length - config.full_attention_max_length) // every))
+
     def count(self, length: int) -> int:
         """The most nulls a window of `length` tokens (before insertion) receives."""
         return max(0, -(-(length - self.after) // self.every))

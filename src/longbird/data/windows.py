@@ -200,8 +200,8 @@ class QAWindows:
                                       self.token_types)
         if self.null_regions is not None:
             before = len(self.template.prefix) + len(self.questions[question]) + len(self.template.middle)
-            document = [before <= i < before + stop - start for i in range(len(item["input_ids"]))]
-            inserted = self.null_regions.insert(item["input_ids"], document, item.get("token_type_ids"))
+            in_document = [before <= i < before + stop - start for i in range(len(item["input_ids"]))]
+            inserted = self.null_regions.insert(item["input_ids"], in_document, item.get("token_type_ids"))
             first, last = inserted["kept"][first], inserted["kept"][last]
             item = {key: value for key, value in inserted.items() if key not in ("kept", "nulls")}
         item = {**item, "start_positions": first, "end_positions": last}

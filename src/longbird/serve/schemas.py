@@ -28,7 +28,8 @@ class AnswerRecord(BaseModel):
     start: int = Field(description="Character offset of the span in the document as sent")
     end: int
     score: float = Field(description="The cross-window scoring rule's value; higher wins")
-    probability: float | None = Field(description="P(start) P(end | start) within the span's window")
+    probability: float | None = Field(
+        description="P(start) P(end | start) within the span's window (its region with regional nulls)")
 
 
 class AnswerResponse(BaseModel):
@@ -63,7 +64,8 @@ class PipelineRequest(Strict):
 
 class PipelineAnswer(BaseModel):
     answer: str
-    score: float = Field(description="The span's probability in its window (the pipeline's score)")
+    score: float = Field(
+        description="The span's probability in its window, or region with regional nulls (the pipeline's score)")
     start: int
     end: int
 

@@ -102,7 +102,11 @@ class PaddingInsertion:
             scale = torch.where(total > room, room / total.clamp(min=1), torch.ones_like(room, dtype=torch.float))
             gaps = (gaps * scale[:, None]).floor().long()
         shift = torch.cumsum(gaps, dim=1) - gaps  # a gap applies to the tokens after the sentence end
-        return {**batch, "position_ids": positions + shift}
+        shifted = positions + shift
+        if batch.get("region_nulls") is not None:  # regional nulls (data/null_regions.py) stay at position 0
+            columns = torch.arange(input_ids.shape[1], device=input_ids.device)
+            shifted = shifted.masked_fill(batch["region_nulls"] == columns, 0)
+        return {**batch, "position_ids": shifted}
 
 
 class PaddingInsertionCollator:
