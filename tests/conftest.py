@@ -7,12 +7,23 @@ import math
 import pytest
 import torch
 from transformers import (
-    BertConfig, BertForMaskedLM, BertModel, CamembertConfig, CamembertForMaskedLM, ElectraConfig,
+    AutoTokenizer, BertConfig, BertForMaskedLM, BertModel, CamembertConfig, CamembertForMaskedLM, ElectraConfig,
     ElectraForMaskedLM, ElectraModel, RobertaConfig, RobertaForMaskedLM, RobertaModel, XLMRobertaConfig,
     XLMRobertaModel,
 )
 
 SOURCE_LENGTH = 64  # L of the tiny sources
+
+
+def reading_tokenizer(path):
+    """A saved tokenizer as the QA pipeline reads with it: no length cap of its own (windows cut the text) and the
+    HTML tag tokens added."""
+    from longbird.data.html import add_tag_tokens
+
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tokenizer.model_max_length = 1 << 20
+    add_tag_tokens(tokenizer)
+    return tokenizer
 BLOCK = 8
 AWKWARD_LENGTHS = (9, 63, 64, 65, 113, 256)
 VOCAB = 99

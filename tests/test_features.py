@@ -4,21 +4,18 @@ import json
 from pathlib import Path
 
 import pytest
-from transformers import AutoTokenizer
+from conftest import reading_tokenizer
 
 from longbird.conversion import default_source
 from longbird.data.features import label_window, make_features, resolve_doc_stride
-from longbird.data.html import add_tag_tokens, plain_document, preprocess_html
+from longbird.data.html import plain_document, preprocess_html
 
 KORQUAD = Path(__file__).resolve().parents[1] / "data" / "korquad"
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    tokenizer = AutoTokenizer.from_pretrained(default_source(), local_files_only=True)
-    tokenizer.model_max_length = 1 << 20
-    add_tag_tokens(tokenizer)
-    return tokenizer
+    return reading_tokenizer(default_source())
 
 
 def real_questions():

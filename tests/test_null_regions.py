@@ -6,12 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import BLOCK, make_source
-from transformers import AutoTokenizer
+from conftest import BLOCK, make_source, reading_tokenizer
 
 import longbird
 from longbird.data.features import QAFeature, features_for_rows
-from longbird.data.html import add_tag_tokens, preprocess_html
+from longbird.data.html import preprocess_html
 from longbird.data.korquad import read_korquad_v1_articles
 from longbird.data.null_regions import NullRegions
 from longbird.data.windows import QAWindows
@@ -26,10 +25,7 @@ NULL = 2
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    tokenizer = AutoTokenizer.from_pretrained(e5_path(), local_files_only=True)
-    tokenizer.model_max_length = 1 << 20
-    add_tag_tokens(tokenizer)
-    return tokenizer
+    return reading_tokenizer(e5_path())
 
 
 @pytest.fixture(scope="module")

@@ -6,11 +6,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from transformers import AutoTokenizer
+from conftest import reading_tokenizer
 
 from longbird.conversion import default_source
 from longbird.data.features import features_for_rows, label_window
-from longbird.data.html import add_tag_tokens
 from longbird.data.korquad import read_korquad_v1_articles, read_korquad_v2
 from longbird.data.windows import PairTemplate, QAWindows, label_range, window_ranges
 from longbird.sources import e5_path
@@ -19,16 +18,9 @@ from longbird.training.finetune import qa_training_items
 KORQUAD = Path(__file__).resolve().parents[1] / "data" / "korquad"
 
 
-def _tokenizer(path):
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    tokenizer.model_max_length = 1 << 20
-    add_tag_tokens(tokenizer)
-    return tokenizer
-
-
 @pytest.fixture(scope="module", params=["bert", "xlm-r"])
 def tokenizer(request):
-    return _tokenizer(default_source() if request.param == "bert" else e5_path())
+    return reading_tokenizer(default_source() if request.param == "bert" else e5_path())
 
 
 @pytest.fixture(scope="module")
