@@ -17,7 +17,7 @@ from transformers.modeling_outputs import (
 )
 
 from .config import LongBirdConfig
-from .data.null_regions import NullRegions
+from .data.null_regions import NullRegions, is_null
 from .modeling import LongBirdModel, LongBirdPreTrainedModel
 
 
@@ -154,9 +154,9 @@ def regional_start_loss(start_logits: torch.Tensor, region_nulls: torch.Tensor, 
     host (a compiled training step keeps one graph); default: counted from the batch."""
     length = start_logits.shape[1]
     positions = torch.arange(length, device=start_logits.device)
-    is_null = valid & (region_nulls == positions)
-    count = min(length, max_regions) if max_regions is not None else int(is_null.sum(-1).max())
-    nulls = torch.where(is_null, positions, length).sort(-1).values[:, :count]  # (B, R); `length`: no region
+    null_tokens = valid & is_null(region_nulls)
+    count = min(length, max_regions) if max_regions is not None else int(null_tokens.sum(-1).max())
+    nulls = torch.where(null_tokens, positions, length).sort(-1).values[:, :count]  # (B, R); `length`: no region
     exists = nulls < length
     member = valid[:, None, :] & (region_nulls[:, None, :] == nulls[:, :, None])  # (B, R, l)
     # A row with fewer regions pads with a one-token region: no all -inf softmax (whose backward is NaN)

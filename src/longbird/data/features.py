@@ -45,10 +45,10 @@ class QAFeature:
         """This window with its regional nulls inserted: offsets None at a null, labels moved with their tokens
         (a window without the answer keeps (0, 0): the real [CLS])."""
         item = regions.insert(self.input_ids, [offset is not None for offset in self.offsets], self.token_type_ids)
-        offsets: list[tuple[int, int] | None] = [None] * len(item["input_ids"])
-        for old, new in enumerate(item["kept"]):
-            offsets[new] = self.offsets[old]
         kept = item["kept"]
+        offsets: list[tuple[int, int] | None] = [None] * len(item["input_ids"])
+        for old, new in enumerate(kept):
+            offsets[new] = self.offsets[old]
         return QAFeature(self.example_id, item["input_ids"], item.get("token_type_ids"), offsets,
                          kept[self.start_position], kept[self.end_position], self.window_index,
                          item["position_ids"], item["region_nulls"])

@@ -21,6 +21,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
+
+def _nulls_within(length: int, after: int, every: int) -> int:
+    """The most nulls a window of `length` tokens receives: one per `every` tokens past the first `after`."""
+    return max(0, -(-(length - after) // every))
+
+
+def is_null(region_nulls: torch.Tensor) -> torch.Tensor:
+    """(..., l) bool: the tokens that are their own region's null (the [CLS] at 0 and every inserted one), from the
+    (..., l) `region_nulls` of a batch."""
+    return region_nulls == torch.arange(region_nulls.shape[-1], device=region_nulls.device)
+
 
 @dataclass(frozen=True)
 class NullRegions:
@@ -44,12 +57,11 @@ class NullRegions:
     def max_regions(config, length: int) -> int:
         """The most regions a window of `length` tokens (nulls included) of a model with `config` holds: the first,
         and one per inserted null (at most one per `qa_null_every` tokens past the first region)."""
-        every = max(1, config.qa_null_every)
-        return 1 + max(0, -(-(length - config.full_attention_max_length) // every))
+        return 1 + _nulls_within(length, config.full_attention_max_length, max(1, config.qa_null_every))
 
     def count(self, length: int) -> int:
         """The most nulls a window of `length` tokens (before insertion) receives."""
-        return max(0, -(-(length - self.after) // self.every))
+        return _nulls_within(length, self.after, self.every)
 
     def room(self, max_length: int) -> int:
         """The longest window (before insertion) that still fits `max_length` tokens once its nulls are in."""

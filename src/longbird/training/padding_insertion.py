@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from ..data.null_regions import is_null
+
 SENTENCE_ENDINGS = (".", "?", "!")
 _PIECE_MARKERS = ("##", "Ġ", "▁")  # WordPiece, byte-level BPE and SentencePiece word markers
 
@@ -104,8 +106,7 @@ class PaddingInsertion:
         shift = torch.cumsum(gaps, dim=1) - gaps  # a gap applies to the tokens after the sentence end
         shifted = positions + shift
         if batch.get("region_nulls") is not None:  # regional nulls (data/null_regions.py) stay at position 0
-            columns = torch.arange(input_ids.shape[1], device=input_ids.device)
-            shifted = shifted.masked_fill(batch["region_nulls"] == columns, 0)
+            shifted = shifted.masked_fill(is_null(batch["region_nulls"]), 0)
         return {**batch, "position_ids": shifted}
 
 
