@@ -19,7 +19,11 @@ PRESETS = ["kobigbird", "littlebird", "full"]
 
 # a kobigbird model whose question block is global as keys only (attention/patterns.py), as E7's long reader
 VARIANTS = {"kobigbird-first-reads-source": ("kobigbird", {"global_blocks": "first-reads-source",
-                                                          "full_attention_max_length": 2 * BLOCK})}
+                                                          "full_attention_max_length": 2 * BLOCK}),
+            # and one whose middle blocks read source-length chunks instead of sliding windows
+            "kobigbird-source-chunks": ("kobigbird", {"global_blocks": "first-reads-source",
+                                                      "local_windows": "source-chunks",
+                                                      "full_attention_max_length": 4 * BLOCK})}
 
 
 def _model(preset):
@@ -72,7 +76,8 @@ def test_torch_compile_equals_eager_with_the_per_row_plan(preset):
     assert (compiled - eager)[real].abs().max() <= 1e-5
 
 
-@pytest.mark.parametrize("preset", ["kobigbird", "littlebird", "full", "tape", "kobigbird-first-reads-source"])
+@pytest.mark.parametrize("preset", ["kobigbird", "littlebird", "full", "tape", "kobigbird-first-reads-source",
+                                    "kobigbird-source-chunks"])
 def test_torch_compile_fullgraph_has_no_graph_break_and_equals_eager(preset):
     """Issue 27, item 3: one graph per model (fullgraph=True raises at any graph break: a logging call, `.tolist()`, a
     data-dependent branch), on a padded batch, with TAPE weights non-zero so the state updates are in the graph.

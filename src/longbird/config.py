@@ -7,7 +7,7 @@ from typing import Any
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
-from .attention.patterns import GLOBAL_BLOCKS, RANDOM_BLOCK_PLANS, global_pattern
+from .attention.patterns import GLOBAL_BLOCKS, LOCAL_WINDOWS, RANDOM_BLOCK_PLANS, pattern_arguments
 from .positions.tape import TAPE_INITS
 
 ATTENTIONS = ("full", "bigbird", "littlebird")
@@ -86,6 +86,10 @@ class LongBirdConfig(PreTrainedConfig):
     # "first-reads-source": only the first block is global, and its queries (a reader's question) read the first
     # full_attention_max_length tokens, as in the source model. Chosen for a converted QA reader by E7's probe.
     global_blocks: str = "itc"
+    # The middle blocks' local windows (attention/patterns.py): "sliding" is BigBird's {i-1, i, i+1}; "source-chunks"
+    # tiles the blocks after block 0 into windows of the source's length that read block 0 and themselves, so every
+    # chunk reads its (TAPER-copied) positions in order as the source did (E7 round 5).
+    local_windows: str = "sliding"
     pack_size: int = 64
     bialibi_learnable: bool = True
     # TAPE (position="tape"): "identity" states (e = 1) keep a converted source's absolute position table and equal
@@ -130,9 +134,11 @@ class LongBirdConfig(PreTrainedConfig):
         return self.full_attention_max_length
 
     @property
-    def global_pattern(self) -> tuple[int, bool]:
-        """`global_blocks` as the BigBird pattern's (first_block_reach, last_global)."""
-        return global_pattern(self.global_blocks, self.block_size, self.full_attention_max_length)
+    def pattern_arguments(self) -> tuple[int, bool, int]:
+        """`global_blocks` and `local_windows` as the BigBird pattern's (first_block_reach, last_global,
+        chunk_blocks)."""
+        return pattern_arguments(self.global_blocks, self.local_windows, self.block_size,
+                                 self.full_attention_max_length)
 
     @property
     def uses_position_table(self) -> bool:
@@ -195,6 +201,19 @@ class LongBirdConfig(PreTrainedConfig):
             raise ValueError(f"random_blocks must be one of {RANDOM_BLOCK_PLANS}; got {self.random_blocks!r}")
         if self.global_blocks not in GLOBAL_BLOCKS:
             raise ValueError(f"global_blocks must be one of {GLOBAL_BLOCKS}; got {self.global_blocks!r}")
+        if self.local_windows not in LOCAL_WINDOWS:
+            raise ValueError(f"local_windows must be one of {LOCAL_WINDOWS}; got {self.local_windows!r}")
+        if self.local_windows != "sliding" and self.attention != "bigbird":
+            raise ValueError(f"local_windows={self.local_windows!r} is a BigBird pattern and this model has "
+                             f"attention={self.attention!r}; use local_windows='sliding'")
+        if self.local_windows != "sliding":
+            if self.random_blocks == "transformers":
+                raise ValueError("local_windows='source-chunks' is not transformers' BigBird pattern; use "
+                                 "random_blocks='seeded' with it, or local_windows='sliding' for a transformers export")
+            if self.full_attention_max_length % self.block_size or self.full_attention_max_length < 2 * self.block_size:
+                raise ValueError(f"local_windows='source-chunks' tiles windows of full_attention_max_length "
+                                 f"({self.full_attention_max_length}) tokens, which must be a multiple of block_size "
+                                 f"({self.block_size}) and at least two blocks; use a block size that divides it")
         if self.global_blocks != "itc" and self.attention == "bigbird":
             if self.random_blocks == "transformers":
                 raise ValueError("global_blocks='first-reads-source' is not transformers' BigBird pattern; use "

@@ -189,35 +189,37 @@ class PlanInGraph:
     random_blocks: str
     first_block_reach: int = 0
     last_global: bool = True
+    chunk_blocks: int = 0
 
 
 def _rows_eagerly(query, key, value, key_mask, plan: PlanInGraph) -> torch.Tensor:
     """The encoder's eager per-row plan and the blocked kernels, for one layer (what `bigbird_rows` computes)."""
     groups = plan_rows(key_mask, plan.block_size, plan.full_max_length)
     patterns = [bigbird_pattern(group.num_blocks, plan.block_size, query.shape[1], plan.num_random_blocks, plan.seed,
-                                plan.layer, plan.random_blocks, plan.first_block_reach, plan.last_global)
+                                plan.layer, plan.random_blocks, plan.first_block_reach, plan.last_global,
+                                plan.chunk_blocks)
                 if group.sparse else None for group in groups]
     return bigbird(query, key, value, key_mask, groups, patterns, SparseBackend("blocked", "compiled graph"))
 
 
 def _plan_arguments(plan: PlanInGraph) -> tuple:
     return (plan.layer, plan.block_size, plan.full_max_length, plan.num_random_blocks, plan.seed, plan.random_blocks,
-            plan.first_block_reach, plan.last_global)
+            plan.first_block_reach, plan.last_global, plan.chunk_blocks)
 
 
 @torch.library.custom_op("longbird::bigbird_rows", mutates_args=())
 def _bigbird_rows_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor, layer: int,
                      block_size: int, full_max_length: int, num_random_blocks: int, seed: int,
-                     random_blocks: str, first_block_reach: int, last_global: bool) -> torch.Tensor:
+                     random_blocks: str, first_block_reach: int, last_global: bool, chunk_blocks: int) -> torch.Tensor:
     plan = PlanInGraph(layer, block_size, full_max_length, num_random_blocks, seed, random_blocks, first_block_reach,
-                       last_global)
+                       last_global, chunk_blocks)
     with torch.no_grad():
         return _rows_eagerly(query, key, value, key_mask, plan).contiguous()
 
 
 @_bigbird_rows_op.register_fake
 def _(query, key, value, key_mask, layer, block_size, full_max_length, num_random_blocks, seed, random_blocks,
-      first_block_reach, last_global):
+      first_block_reach, last_global, chunk_blocks):
     return query.new_empty((*query.shape[:-1], value.shape[-1]))
 
 
@@ -225,13 +227,13 @@ def _(query, key, value, key_mask, layer, block_size, full_max_length, num_rando
 def _bigbird_rows_backward_op(grad: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                               key_mask: torch.Tensor, layer: int, block_size: int, full_max_length: int,
                               num_random_blocks: int, seed: int, random_blocks: str, first_block_reach: int,
-                              last_global: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                              last_global: bool, chunk_blocks: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     # The layer's attention again, under autograd, and its vector-Jacobian product: the eager blocked kernels' gradients
     # (recomputing the attention costs one more attention forward per layer, not a whole layer).
     # torch.func.vjp, not torch.autograd.grad: an op's kernel runs below the autograd dispatch keys, where autograd
     # records nothing even under enable_grad; functorch's transform differentiates there.
     plan = PlanInGraph(layer, block_size, full_max_length, num_random_blocks, seed, random_blocks, first_block_reach,
-                       last_global)
+                       last_global, chunk_blocks)
     _, vjp = torch.func.vjp(lambda q, k, v: _rows_eagerly(q, k, v, key_mask, plan), query, key, value)
     # laid out as the inputs are (the fake kernel below says empty_like; q, k, v are head views of the projections)
     return tuple(torch.empty_like(x).copy_(g) for g, x in zip(vjp(grad), (query, key, value)))
@@ -239,7 +241,7 @@ def _bigbird_rows_backward_op(grad: torch.Tensor, query: torch.Tensor, key: torc
 
 @_bigbird_rows_backward_op.register_fake
 def _(grad, query, key, value, key_mask, layer, block_size, full_max_length, num_random_blocks, seed, random_blocks,
-      first_block_reach, last_global):
+      first_block_reach, last_global, chunk_blocks):
     return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
 
 

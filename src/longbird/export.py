@@ -36,6 +36,10 @@ def to_bigbird_config(config: LongBirdConfig) -> BigBirdConfig:
         raise ValueError(f"hf-bigbird has only BigBird ITC's global blocks; this model uses global_blocks="
                          f"{config.global_blocks!r}. Reconvert it with global_blocks='itc' to export (it then computes "
                          f"another function above {config.full_attention_threshold} tokens)")
+    if config.local_windows != "sliding":
+        raise ValueError(f"hf-bigbird has only BigBird's sliding windows; this model uses local_windows="
+                         f"{config.local_windows!r}. Reconvert it with local_windows='sliding' to export (it then "
+                         f"computes another function above {config.full_attention_threshold} tokens)")
     return BigBirdConfig(
         vocab_size=config.vocab_size, hidden_size=config.hidden_size, num_hidden_layers=config.num_hidden_layers,
         num_attention_heads=config.num_attention_heads, intermediate_size=config.intermediate_size,

@@ -125,17 +125,17 @@ class LongBirdEncoder(nn.Module):
         backend = self._backend(hidden_states) if sparse and not use_reference else None
         positions = nn.functional.pad(position_ids, (0, padded - length)) if padded != length else position_ids
         tape = self._initial_tape_states(positions)
-        global_blocks = config.global_pattern  # once per call, not per layer
+        pattern_arguments = config.pattern_arguments  # once per call, not per layer
         for index, layer in enumerate(self.layer):
             plan = None
             if in_graph:
                 plan = PlanInGraph(index, config.block_size, config.full_attention_threshold, config.num_random_blocks,
-                                   config.random_seed, config.random_blocks, *global_blocks)
+                                   config.random_seed, config.random_blocks, *pattern_arguments)
             elif sparse:
                 # Drawn outside any trace from (seed, layer, n): an exported graph holds it as a constant.
                 plan = (groups, [bigbird_pattern(int(group.num_blocks), config.block_size,
                                                  config.num_attention_heads, config.num_random_blocks,
-                                                 config.random_seed, index, config.random_blocks, *global_blocks)
+                                                 config.random_seed, index, config.random_blocks, *pattern_arguments)
                                  if group.sparse else None for group in groups])
             if tape is None:
                 hidden_states = self._call_layer(layer, hidden_states, key_mask, plan, use_reference, workspace,

@@ -14,6 +14,14 @@ computed. With the question reading the span it read in the source, block 0's qu
 first window (whose states are still those of the sparse layers below; docs/kobigbird.md, "Which blocks are
 global").
 
+Local windows (`LOCAL_WINDOWS`, the config's `local_windows`): "sliding" is BigBird's window {i-1, i, i+1} around each
+middle block. "source-chunks" tiles the middle blocks from block 1 into chunks of c = source length / b - 1 blocks
+(`chunk_blocks`), and every block of a chunk reads block 0 and its whole chunk: each chunk with block 0 is one window
+of the source's length. With positions beyond the source repeating rows b..source-1 (TAPER copy from row b, period c
+blocks), every chunk reads its positions in order, as the source read its window, where a sliding window wraps the
+repeated positions in two of every three blocks; and blocks 1..c read exactly the source's first window (docs/
+kobigbird.md, "Local windows"). The price: a token near a chunk's edge has no context across it (except block 0).
+
 Random-block plans (`RANDOM_BLOCK_PLANS`): "seeded" draws the r blocks per (layer, n) from a seeded generator, the
 same in training and inference; "transformers" is what `transformers.BigBirdModel` computes at inference (eval
 mode): every random block is block 0, so block 0 is counted 1 + r times in each middle block's softmax.
@@ -32,6 +40,7 @@ from .tracing import outside_the_trace
 WINDOW_BLOCKS = 3
 RANDOM_BLOCK_PLANS = ("seeded", "transformers")
 GLOBAL_BLOCKS = ("itc", "first-reads-source")
+LOCAL_WINDOWS = ("sliding", "source-chunks")
 
 
 @dataclass(frozen=True, eq=False)  # identity hash: plans are cached by object
@@ -42,6 +51,8 @@ class BigBirdPattern:
     last global block, else n-1), -1 where there were fewer than r candidate blocks (short inputs).
     `first_block_reach`: how many key blocks query block 0 reads (0: all of them, ITC).
     `last_global`: block n-1 is global (ITC); False makes it a window block.
+    `chunk_blocks`: 0 for BigBird's sliding window; c > 0 for windows of c blocks tiled from block 1 (every middle
+    block reads its own chunk instead of its neighbours).
     """
 
     num_blocks: int
@@ -49,6 +60,7 @@ class BigBirdPattern:
     random_blocks: torch.Tensor
     first_block_reach: int = 0
     last_global: bool = True
+    chunk_blocks: int = 0
 
     @property
     def middle_end(self) -> int:
@@ -70,23 +82,38 @@ class BigBirdPattern:
         """True when a key block is counted more than once (the transformers plan: random blocks = block 0)."""
         return self.middle_end > 1 and bool((self.random_blocks == 0).any())
 
+    def window_blocks(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Key-block indices (m, w) of every middle query block's local window and their validity (False for a block
+        past the end or a global block, which is read once as such): w = 3 (left, own, right) for a sliding window,
+        w = `chunk_blocks` (the chunk, in order) for source chunks."""
+        n = self.num_blocks
+        middle = torch.arange(1, self.middle_end)
+        if self.chunk_blocks:
+            start = 1 + (middle - 1) // self.chunk_blocks * self.chunk_blocks
+            window = start[:, None] + torch.arange(self.chunk_blocks)
+        else:
+            window = middle[:, None] + torch.arange(-1, WINDOW_BLOCKS - 1)
+        valid = (window > 0) & (window < (n - 1 if self.last_global else n))
+        return window.clamp(max=n - 1), valid
+
     def middle_key_blocks(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Key-block indices (H, m, k) of every middle query block (m as in `random_blocks`), and a bool validity of
-        the same shape: k = 5 + r under ITC, 4 + r without a last global block.
+        the same shape: k = 2 + w + r under ITC, 1 + w + r without a last global block (w: `window_blocks`).
 
-        Order: first global, left, own, right, last global (ITC only), random. A window block that is also a global
+        Order: first global, the window, last global (ITC only), random. A window block that is also a global
         block (or lies past the end) is marked invalid so no key is counted twice.
         """
         n = self.num_blocks
         heads = self.num_heads
         middle = torch.arange(1, self.middle_end)
-        columns = [torch.zeros_like(middle), middle - 1, middle, (middle + 1).clamp(max=n - 1)]
+        window, window_valid = self.window_blocks()
+        columns = [torch.zeros_like(middle)[:, None], window]
+        valid_columns = [torch.ones_like(middle, dtype=torch.bool)[:, None], window_valid]
         if self.last_global:
-            columns.append(torch.full_like(middle, n - 1))
-        fixed = torch.stack(columns, dim=-1)  # (m, 5) or (m, 4)
-        fixed_valid = torch.ones_like(fixed, dtype=torch.bool)
-        fixed_valid[:, 1] = middle - 1 != 0
-        fixed_valid[:, 3] = middle + 1 != n - 1 if self.last_global else middle + 1 < n
+            columns.append(torch.full_like(middle, n - 1)[:, None])
+            valid_columns.append(torch.ones_like(middle, dtype=torch.bool)[:, None])
+        fixed = torch.cat(columns, dim=-1)  # (m, 1 + w [+ 1])
+        fixed_valid = torch.cat(valid_columns, dim=-1)
         fixed = fixed.expand(heads, -1, -1)
         fixed_valid = fixed_valid.expand(heads, -1, -1)
         random_valid = self.random_blocks >= 0
@@ -130,33 +157,40 @@ def _plan_seed(seed: int, layer: int, num_blocks: int) -> int:
 @lru_cache(maxsize=256)
 def bigbird_pattern(
     num_blocks: int, block_size: int, num_heads: int, num_random_blocks: int, seed: int, layer: int,
-    plan: str = "seeded", first_block_reach: int = 0, last_global: bool = True,
+    plan: str = "seeded", first_block_reach: int = 0, last_global: bool = True, chunk_blocks: int = 0,
 ) -> BigBirdPattern:
     """Draw the random blocks for (layer, length) once from a seeded generator; same plan in train and eval.
     plan="transformers": every random block is block 0 (transformers' BigBird at inference).
-    `first_block_reach`, `last_global`: the global blocks (`BigBirdPattern`; `global_pattern` maps the config's
-    `global_blocks` to them). Callers pass every argument positionally: lru_cache keys keyword and positional calls
-    apart, and a second entry would be a second pattern object (a second plan in every cache keyed by it).
+    `first_block_reach`, `last_global`, `chunk_blocks`: the global blocks and local windows (`BigBirdPattern`;
+    `pattern_arguments` maps the config's `global_blocks` and `local_windows` to them). Callers pass every argument
+    positionally: lru_cache keys keyword and positional calls apart, and a second entry would be a second pattern
+    object (a second plan in every cache keyed by it).
 
     A pure function of its ints, computed outside any trace (`tracing.outside_the_trace`): an exported graph holds
     the drawn plan as a constant and never draws it itself, whether or not this length ran eagerly before."""
     if plan not in RANDOM_BLOCK_PLANS:
         raise ValueError(f"random-block plan must be one of {RANDOM_BLOCK_PLANS}; got {plan!r}")
     with outside_the_trace():
-        pattern = _draw_pattern(num_blocks, block_size, num_heads, num_random_blocks, seed, layer, plan, last_global)
-        return dataclasses.replace(pattern, first_block_reach=first_block_reach, last_global=last_global)
+        pattern = _draw_pattern(num_blocks, block_size, num_heads, num_random_blocks, seed, layer, plan, last_global,
+                                chunk_blocks)
+        return dataclasses.replace(pattern, first_block_reach=first_block_reach, last_global=last_global,
+                                   chunk_blocks=chunk_blocks)
 
 
-def global_pattern(global_blocks: str, block_size: int, full_attention_max_length: int) -> tuple[int, bool]:
-    """The config's `global_blocks` (validated by the config) as `bigbird_pattern`'s last two arguments
-    (first_block_reach, last_global). Passed positionally by every caller, so a pattern has one cache entry."""
+def pattern_arguments(global_blocks: str, local_windows: str, block_size: int, full_attention_max_length: int
+                      ) -> tuple[int, bool, int]:
+    """The config's `global_blocks` and `local_windows` (validated by the config) as `bigbird_pattern`'s last three
+    arguments (first_block_reach, last_global, chunk_blocks). Passed positionally by every caller, so a pattern has
+    one cache entry."""
+    source_blocks = full_attention_max_length // block_size
+    chunk_blocks = source_blocks - 1 if local_windows == "source-chunks" else 0
     if global_blocks == "itc":
-        return 0, True
-    return full_attention_max_length // block_size, False
+        return 0, True, chunk_blocks
+    return source_blocks, False, chunk_blocks
 
 
 def _draw_pattern(n: int, block_size: int, num_heads: int, r: int, seed: int, layer: int, plan: str,
-                  last_global: bool = True) -> BigBirdPattern:
+                  last_global: bool = True, chunk_blocks: int = 0) -> BigBirdPattern:
     # BigBird's random blocks (Zaheer et al. 2020, §2 and App. D): r key blocks per middle query block and head, drawn
     # from the blocks that are neither global nor in the window.
     end = n - 1 if last_global else n  # one past the last middle query block
@@ -169,7 +203,11 @@ def _draw_pattern(n: int, block_size: int, num_heads: int, r: int, seed: int, la
     keys = torch.rand(num_heads, middle, n, generator=generator)
     rows = torch.arange(1, end)[:, None]
     cols = torch.arange(n)[None, :]
-    excluded = (cols == 0) | ((cols == n - 1) & last_global) | ((cols - rows).abs() <= 1)  # global + window blocks
+    if chunk_blocks:
+        in_window = (cols - 1) // chunk_blocks == (rows - 1) // chunk_blocks
+    else:
+        in_window = (cols - rows).abs() <= 1
+    excluded = (cols == 0) | ((cols == n - 1) & last_global) | in_window  # global + window blocks
     keys = keys.masked_fill(excluded, float("inf"))
     take = min(r, n)
     chosen_keys, chosen = keys.topk(take, dim=-1, largest=False)

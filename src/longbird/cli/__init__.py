@@ -39,7 +39,7 @@ class _OneLineErrors(TyperGroup):
 # The library's messages name Python arguments (`max_length=1024`); someone who typed a command reads the options
 # they type instead. Only spellings whose option is unambiguous are rewritten.
 CLI_SPELLINGS = (
-    (re.compile(r"\b(random_blocks|taper_schedule|position_extension|attention|global_blocks)='([\w-]+)'"),
+    (re.compile(r"\b(random_blocks|taper_schedule|position_extension|attention|global_blocks|local_windows)='([\w-]+)'"),
      r"--set \1=\2"),
     (re.compile(r"\bmax_length=(\d+)"), r"--max-length \1"),
     (re.compile(r"\bmax_length \((\d+)\)"), r"--max-length (\1)"),
