@@ -105,3 +105,48 @@ def test_the_per_article_table_averages_each_articles_questions_shortest_first()
     rows = [line for line in lines if line.startswith("| short") or line.startswith("| long")]
     assert rows == ["| short | 700 | 1 | 0.0 | 80.0 |", "| long | 3,000 | 2 | 75.0 | 0.0 |"]
     assert by_article({"methods": {}}) == []  # results written before the field existed
+
+
+def _results_file(path, rows, held_out=None):
+    """A minimal E7 results file: rows {method: (budget minutes, {question: f1})}."""
+    import json
+
+    methods = {}
+    for method, (minutes, scores) in rows.items():
+        summary = {bucket: {"f1": sum(scores.values()) / len(scores), "f1_interval": [0.0, 100.0]}
+                   for bucket in ("all", "first 512", "beyond 512")}
+        methods[method] = {"cpu_budget": {"minutes": minutes, "cpu_seconds": 60.0 * minutes, "steps": 3 * minutes},
+                           "tokens_seen": 100 * minutes, "summary": summary,
+                           "per_question": {q: {"f1": f1} for q, f1 in scores.items()}}
+    path.write_text(json.dumps({"methods": methods, "held_out": held_out or {"dev_titles": ["a"]},
+                                "machine": {"summary": "file", "matmul_tflops": {}}}))
+    return path
+
+
+def test_learning_curves_pair_each_point_with_the_baseline_at_its_budget(tmp_path, monkeypatch):
+    import json
+
+    import e7_learning_curves
+
+    questions = [f"q{i}" for i in range(6)]
+    base = {q: 50.0 for q in questions}
+    better = {q: 50.0 + 10 * (i % 2) for i, q in enumerate(questions)}  # +5 on average
+    first = _results_file(tmp_path / "a.json", {"sliding": (30, base), "long": (30, better)})
+    second = _results_file(tmp_path / "b.json", {"sliding": (60, better), "long": (60, base)})
+    monkeypatch.setattr(sys, "argv", ["x", "--curve", f"sliding={first}:sliding,{second}:sliding",
+                                      "--curve", f"long={second}:long,{first}:long", "--out", str(tmp_path)])
+    e7_learning_curves.main()
+    record = json.loads((tmp_path / "e7_learning_curves.json").read_text())
+    long_curve = record["curves"]["long"]
+    assert [point["budget_minutes"] for point in long_curve] == [30, 60]  # sorted by budget
+    assert long_curve[0]["paired_vs_baseline"]["difference"] == pytest.approx(5.0)
+    assert long_curve[1]["paired_vs_baseline"]["difference"] == pytest.approx(-5.0)
+    assert all(point["paired_vs_baseline"] is None for point in record["curves"]["sliding"])
+    assert (tmp_path / "e7_learning_curves.png").stat().st_size > 0
+    assert "| long | 30 |" in (tmp_path / "e7_learning_curves.md").read_text()
+
+    other = _results_file(tmp_path / "c.json", {"long": (90, base)}, held_out={"dev_titles": ["b"]})
+    monkeypatch.setattr(sys, "argv", ["x", "--curve", f"sliding={first}:sliding", "--curve", f"long={other}:long",
+                                      "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="another held-out split"):
+        e7_learning_curves.main()

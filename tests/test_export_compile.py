@@ -219,3 +219,23 @@ def test_kobigbird_dynamic_length_over_the_sparse_path_is_a_clear_error(example_
     with pytest.raises(ValueError, match=r"random blocks are drawn per block count.*Export at a fixed length"):
         torch.export.export(model, (), {"input_ids": input_ids},
                             dynamic_shapes={"input_ids": {1: BLOCK * Dim("blocks", max=256 // BLOCK)}})
+
+
+def test_compiled_kobigbird_reuses_its_gather_buffers_without_stale_results():
+    """The compiled per-row op keeps its gather buffers per thread between calls (dispatch._op_workspace): calls of
+    the same shape with other inputs, and of another shape in between, still equal eager, and the buffers stay
+    bounded."""
+    from longbird import dispatch
+
+    model = _model("kobigbird")
+    compiled = torch.compile(model, fullgraph=True)
+    batches = [make_batch(200, batch=2, seed=0), make_batch(200, batch=2, seed=1), make_batch(150, batch=2, seed=2),
+               make_batch(200, batch=2, seed=0)]
+    torch._dynamo.reset()
+    with torch.no_grad():
+        for input_ids, attention_mask in batches:
+            eager = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            ours = compiled(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            real = attention_mask.bool()
+            assert (ours - eager)[real].abs().max() <= 1e-5
+    assert 0 < len(dispatch._op_workspace()) <= dispatch._OP_WORKSPACE_ENTRIES + 1
