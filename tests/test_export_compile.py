@@ -238,4 +238,16 @@ def test_compiled_kobigbird_reuses_its_gather_buffers_without_stale_results():
             ours = compiled(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
             real = attention_mask.bool()
             assert (ours - eager)[real].abs().max() <= 1e-5
-    assert 0 < len(dispatch._op_workspace()) <= dispatch._OP_WORKSPACE_ENTRIES + 1
+    with torch.no_grad():
+        workspace = dispatch._op_workspace(torch.device("cpu"))
+    assert workspace and sum(buffer.nbytes for buffer in workspace.values()) <= dispatch._OP_WORKSPACE_BYTES
+    assert dispatch._op_workspace(torch.device("cuda")) is None  # GPUs' caching allocators reuse memory already
+    # buffers made under inference mode are not written outside it (torch refuses an in-place update of an
+    # inference tensor): the same shape under inference_mode, then no_grad, then inference_mode again
+    input_ids, attention_mask = batches[0]
+    eager = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state.detach()
+    dispatch._OP_WORKSPACES.buffers = {}  # so the first buffers of this shape are made under inference mode
+    for context in (torch.inference_mode, torch.no_grad, torch.inference_mode):
+        with context():
+            ours = compiled(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        assert (ours - eager)[attention_mask.bool()].abs().max() <= 1e-5

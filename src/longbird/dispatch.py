@@ -194,18 +194,28 @@ class PlanInGraph:
 
 
 _OP_WORKSPACES = threading.local()
-_OP_WORKSPACE_ENTRIES = 16  # gather buffers kept per thread (a few shapes: layers of one length share them)
+_OP_WORKSPACE_BYTES = 256 * 2**20  # gather buffers kept per thread between calls (the rest is freed)
 
 
-def _op_workspace() -> dict:
-    """The gather buffers of `bigbird_rows` calls on this thread: the eager encoder shares one workspace among the
-    layers of a call, but a compiled graph calls the op once per layer with nothing to carry between them, and fresh
-    multi-MB buffers in every layer cost page faults (compiled kobigbird at 8K ran 19 % slower than eager). Per thread,
-    since a server may run forwards concurrently; bounded, since every new length brings new shapes. Used only without
-    autograd (`scratch_buffer`), and the op's output never aliases a buffer."""
-    workspace = getattr(_OP_WORKSPACES, "buffers", None)
-    if workspace is None or len(workspace) > _OP_WORKSPACE_ENTRIES:
-        workspace = _OP_WORKSPACES.buffers = {}
+def _op_workspace(device: torch.device) -> dict | None:
+    """The gather buffers of `bigbird_rows` calls on this thread (CPU only): the eager encoder shares one workspace
+    among the layers of a call, but a compiled graph calls the op once per layer with nothing to carry between them,
+    and fresh multi-MB buffers in every layer cost page faults (compiled kobigbird at 8K ran 1.03-1.28x eager's time).
+    Per thread, since a server may run forwards concurrently; cleared once it holds more than 256 MiB per mode (every
+    new length brings new shapes); used only without autograd (`scratch_buffer`), and the op's output never aliases a
+    buffer. None on other devices, whose caching allocators already reuse memory. Only scratch buffers may live here:
+    the op runs the blocked kernels, whose one other workspace use (flex's per-call block masks) it never reaches."""
+    if device.type != "cpu":
+        return None
+    # one workspace per inference mode: a buffer made under torch.inference_mode() may not be written outside it
+    # (this runs inside the opaque op, never traced, so it may ask which mode it is in)
+    workspaces = getattr(_OP_WORKSPACES, "buffers", None)
+    if workspaces is None:
+        workspaces = _OP_WORKSPACES.buffers = {}
+    inference = torch.is_inference_mode_enabled()
+    workspace = workspaces.get(inference)
+    if workspace is None or sum(buffer.nbytes for buffer in workspace.values()) > _OP_WORKSPACE_BYTES:
+        workspace = workspaces[inference] = {}
     return workspace
 
 
@@ -217,7 +227,7 @@ def _rows_eagerly(query, key, value, key_mask, plan: PlanInGraph) -> torch.Tenso
                                 plan.chunk_blocks)
                 if group.sparse else None for group in groups]
     return bigbird(query, key, value, key_mask, groups, patterns, SparseBackend("blocked", "compiled graph"),
-                   workspace=_op_workspace())
+                   workspace=_op_workspace(query.device))
 
 
 def _plan_arguments(plan: PlanInGraph) -> tuple:

@@ -2,8 +2,9 @@
 
 Global query blocks (first, last) attend densely to every key: (B, H, 2b, l) scores ("first-reads-source": block 0
 reads the first blocks only, and there is no last global block).
-Middle query blocks gather their 5 + r key blocks with one index_select and attend in one batched
-SDPA call over (head, block) rows: (B, H(n-2), b, (5+r)b) scores, so time and memory are O(l (5+r) b).
+Middle query blocks gather their k key blocks (k = 5 + r under ITC's sliding window; 1 + w + r in general, w the
+window's blocks, `BigBirdPattern.middle_key_blocks`) with one index_select and attend in one batched SDPA call over
+(head, block) rows: (B, H(n-2), b, k·b) scores, so time and memory are O(l k b).
 SDPA's CPU kernels accumulate the softmax in fp32 whatever the input dtype (bf16 / autocast safe).
 """
 
