@@ -6,8 +6,9 @@ each budget both curves reached, the paired difference of every curve against th
 must score the same questions of the same held-out articles (asserted from the files).
 
 Usage: python experiments/e7_learning_curves.py \\
-           --curve sliding-512=experiments/results/e7_round2.json:sliding-512-untrained,experiments/results/e7_round2.json:sliding-512,experiments/results/e7_round4_budget.json:sliding-512 \\
-           --curve kobigbird-long-b128qn=...
+           --curve sliding-512=R/e7_round2.json:sliding-512-untrained,R/e7_round2.json:sliding-512,\\
+R/e7_round4_budget.json:sliding-512 --curve kobigbird-long-b128qn=...
+       (R = experiments/results, one argument per curve without spaces; the full command is in e7_learning_curves.md)
 Writes experiments/results/NAME.{json,md,png} (--name, default e7_learning_curves).
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -83,9 +85,7 @@ def main() -> None:
             point["paired_vs_baseline"] = None if base is None or base is point else paired_difference(
                 [point["per_question"][i] for i in ids], [base["per_question"][i] for i in ids])
 
-    command = "python experiments/e7_learning_curves.py " + " ".join(f"--curve {spec}" for spec in args.curve)
-    if args.name != "e7_learning_curves":
-        command += f" --name {args.name}"
+    command = "python " + shlex.join([Path(sys.argv[0]).as_posix()] + sys.argv[1:])
     lines = [f"Command: `{command}`  ", "",
              f"F1 on the {len(ids)} questions of E7's held-out test articles against the training budget (process CPU "
              f"minutes); 0 minutes is the conversion or reader as it starts. Paired differences against "

@@ -122,6 +122,52 @@ def assert_bigbird_kernel_equals_reference(pattern, heads=4, dim=8, batch=2, see
         torch.testing.assert_close(grad, ref_grad, atol=1e-5, rtol=1e-4)
 
 
+def assert_flex_equals_blocked(pattern, heads=4, dim=8, batch=2, seed=0):
+    """Flex reads the pattern's block table: eager flex_attention on CPU against the blocked kernel, outputs only, on
+    random q/k/v with one padded row (fp32 sums of the same terms in another order: 2e-6 / 1e-5)."""
+    from longbird.attention import bigbird_attention
+    from longbird.attention.flex import bigbird_flex_attention
+
+    length = pattern.num_blocks * pattern.block_size
+    generator = torch.Generator().manual_seed(seed)
+    query, key, value = (torch.randn(batch, heads, length, dim, generator=generator) for _ in range(3))
+    key_mask = torch.ones(batch, length, dtype=torch.bool)
+    key_mask[1, -5:] = False
+    blocked = bigbird_attention(query, key, value, key_mask, pattern)
+    flexed = bigbird_flex_attention(query, key, value, key_mask, pattern, compiled=False)
+    real = key_mask[:, None, :, None].expand_as(blocked)
+    torch.testing.assert_close(flexed[real], blocked[real], atol=2e-6, rtol=1e-5)
+
+
+def assert_rows_equal_each_row_alone(model, max_length=256, lengths=(40, SOURCE_LENGTH + 1, 131, 256, 1)):
+    """Batch independence: each right-padded row of a batch of mixed lengths (full and sparse) gets the states it
+    gets alone (1e-6 / 1e-5: the same sums, another batch layout)."""
+    generator = torch.Generator().manual_seed(0)
+    rows = [torch.randint(5, 90, (length,), generator=generator) for length in lengths]
+    input_ids = torch.zeros(len(rows), max_length, dtype=torch.long)
+    mask = torch.zeros_like(input_ids)
+    for index, row in enumerate(rows):
+        input_ids[index, :len(row)], mask[index, :len(row)] = row, 1
+    with torch.no_grad():
+        batched = model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+        for index, row in enumerate(rows):
+            alone = model(input_ids=row[None]).last_hidden_state[0]
+            torch.testing.assert_close(batched[index, :len(row)], alone, atol=1e-6, rtol=1e-5)
+
+
+def changed_tokens(input_ids, positions):
+    """`input_ids` with the tokens of row 0 at `positions` replaced by other ids of the tiny vocabulary."""
+    out = input_ids.clone()
+    out[0, positions] = (out[0, positions] + 7) % 90 + 5
+    return out
+
+
+def one_layer(model):
+    """`model` cut to its first encoder layer (what a token reads directly, not through the layers below)."""
+    model.encoder.layer = model.encoder.layer[:1]
+    return model
+
+
 def assert_same_outputs_and_gradients(model, reference, input_ids, attention_mask, atol=1e-5, grad_atol=1e-4):
     """The fast model and its `attn_implementation="reference"` twin agree on real-token outputs and on
     every parameter gradient of a random projection of them (a plain sum of a LayerNorm output is ~constant)."""

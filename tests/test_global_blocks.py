@@ -10,23 +10,20 @@ import pytest
 import torch
 from conftest import (
     BLOCK,
-    SOURCE_LENGTH,
     assert_bigbird_kernel_equals_reference,
+    assert_flex_equals_blocked,
+    assert_rows_equal_each_row_alone,
     assert_same_outputs_and_gradients,
+    changed_tokens,
     make_batch,
     make_source,
+    one_layer,
 )
 
 import longbird
-from longbird.attention import bigbird_attention, bigbird_pattern
-from longbird.attention.flex import bigbird_flex_attention
+from longbird.attention import bigbird_pattern
 from longbird.conversion import reconvert
 from longbird.export import to_bigbird
-
-
-def _qkv(length, heads=4, dim=8, batch=2, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    return [torch.randn(batch, heads, length, dim, generator=generator).requires_grad_() for _ in range(3)]
 
 
 def _pattern(n, reach, random_blocks=0, layer=0):
@@ -61,14 +58,7 @@ def test_pattern_first_block_reads_its_reach_every_block_reads_block_0_and_no_la
 
 def test_flex_path_equals_the_blocked_kernel():
     """Flex reads the pattern's block table (eager flex_attention on CPU: outputs only)."""
-    pattern = _pattern(10, 3, 2)
-    query, key, value = (x.detach() for x in _qkv(10 * BLOCK))
-    key_mask = torch.ones(2, 10 * BLOCK, dtype=torch.bool)
-    key_mask[1, -5:] = False
-    blocked = bigbird_attention(query, key, value, key_mask, pattern)
-    flexed = bigbird_flex_attention(query, key, value, key_mask, pattern, compiled=False)
-    real = key_mask[:, None, :, None].expand_as(blocked)
-    torch.testing.assert_close(flexed[real], blocked[real], atol=2e-6, rtol=1e-5)
+    assert_flex_equals_blocked(_pattern(10, 3, 2))
 
 
 def _model(**overrides):
@@ -88,24 +78,14 @@ def test_question_block_does_not_read_past_its_reach_and_every_token_reads_the_q
     """One layer, no random blocks: block 0's outputs do not move at all when tokens past its reach change (under ITC
     they do), and the last token's output moves when a question token changes but not when a token outside its
     window does. Moved means far above fp32 rounding of these unit-scale states (~1e-7)."""
-    def one_layer(**overrides):
-        model = _model(num_random_blocks=0, **overrides)
-        model.encoder.layer = model.encoder.layer[:1]
-        return model
-
-    def changed(input_ids, positions):
-        out = input_ids.clone()
-        out[0, positions] = (out[0, positions] + 7) % 90 + 5
-        return out
-
     input_ids, _ = make_batch(200, batch=1, padded_rows=0)
     past_reach, question_token, middle = slice(3 * BLOCK, None), slice(2, 3), slice(10 * BLOCK, 11 * BLOCK)
     for name, overrides in (("first-reads-source", {}), ("itc", {"global_blocks": "itc"})):
-        model = one_layer(**overrides)
+        model = one_layer(_model(num_random_blocks=0, **overrides))
         with torch.no_grad():
             base, far, question, mid = (model(input_ids=ids).last_hidden_state[0] for ids in (
-                input_ids, changed(input_ids, past_reach), changed(input_ids, question_token),
-                changed(input_ids, middle)))
+                input_ids, changed_tokens(input_ids, past_reach), changed_tokens(input_ids, question_token),
+                changed_tokens(input_ids, middle)))
         block_0_moved = (far[:BLOCK] - base[:BLOCK]).abs().max()
         if name == "itc":
             assert block_0_moved > 1e-5
@@ -116,19 +96,7 @@ def test_question_block_does_not_read_past_its_reach_and_every_token_reads_the_q
 
 
 def test_rows_equal_each_row_alone():
-    model = _model().eval()
-    lengths = (40, SOURCE_LENGTH + 1, 131, 256, 1)
-    generator = torch.Generator().manual_seed(0)
-    rows = [torch.randint(5, 90, (length,), generator=generator) for length in lengths]
-    input_ids = torch.zeros(len(rows), 256, dtype=torch.long)
-    mask = torch.zeros_like(input_ids)
-    for index, row in enumerate(rows):
-        input_ids[index, :len(row)], mask[index, :len(row)] = row, 1
-    with torch.no_grad():
-        batched = model(input_ids=input_ids, attention_mask=mask).last_hidden_state
-        for index, row in enumerate(rows):
-            alone = model(input_ids=row[None]).last_hidden_state[0]
-            torch.testing.assert_close(batched[index, :len(row)], alone, atol=1e-6, rtol=1e-5)
+    assert_rows_equal_each_row_alone(_model().eval())
 
 
 def test_refusals_name_the_fix():

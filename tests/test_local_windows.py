@@ -13,14 +13,17 @@ from conftest import (
     BLOCK,
     SOURCE_LENGTH,
     assert_bigbird_kernel_equals_reference,
+    assert_flex_equals_blocked,
+    assert_rows_equal_each_row_alone,
     assert_same_outputs_and_gradients,
+    changed_tokens,
     make_batch,
     make_source,
+    one_layer,
 )
 
 import longbird
-from longbird.attention import bigbird_attention, bigbird_pattern
-from longbird.attention.flex import bigbird_flex_attention
+from longbird.attention import bigbird_pattern
 from longbird.conversion import reconvert
 from longbird.export import to_bigbird
 
@@ -66,15 +69,7 @@ def test_every_middle_block_reads_block_0_and_exactly_its_chunk(itc):
 
 def test_flex_path_equals_the_blocked_kernel():
     """Flex reads the pattern's block table (eager flex_attention on CPU: outputs only)."""
-    pattern = _pattern(10, 3, 2)
-    generator = torch.Generator().manual_seed(0)
-    query, key, value = (torch.randn(2, 4, 10 * BLOCK, 8, generator=generator) for _ in range(3))
-    key_mask = torch.ones(2, 10 * BLOCK, dtype=torch.bool)
-    key_mask[1, -5:] = False
-    blocked = bigbird_attention(query, key, value, key_mask, pattern)
-    flexed = bigbird_flex_attention(query, key, value, key_mask, pattern, compiled=False)
-    real = key_mask[:, None, :, None].expand_as(blocked)
-    torch.testing.assert_close(flexed[real], blocked[real], atol=2e-6, rtol=1e-5)
+    assert_flex_equals_blocked(_pattern(10, 3, 2))
 
 
 def _model(**overrides):
@@ -114,24 +109,14 @@ def test_first_window_is_the_source_window_in_every_layer():
 def test_a_chunk_does_not_read_the_next_chunk_and_reads_the_question():
     """One layer, no random blocks: the last token of a chunk does not move when the next chunk changes (a sliding
     window's would), and moves when a token of block 0 changes."""
-    def one_layer(**overrides):
-        model = _model(num_random_blocks=0, **overrides).eval()
-        model.encoder.layer = model.encoder.layer[:1]
-        return model
-
-    def changed(input_ids, positions):
-        out = input_ids.clone()
-        out[0, positions] = (out[0, positions] + 7) % 90 + 5
-        return out
-
     input_ids, _ = make_batch(200, batch=1, padded_rows=0)
     chunk_end = (1 + 2 * CHUNK) * BLOCK  # one past the second chunk (blocks 8..14)
     next_chunk, question_token = slice(chunk_end, chunk_end + BLOCK), slice(2, 3)
     for windows in ("source-chunks", "sliding"):
-        model = one_layer(local_windows=windows)
+        model = one_layer(_model(num_random_blocks=0, local_windows=windows).eval())
         with torch.no_grad():
             base, after, question = (model(input_ids=ids).last_hidden_state[0, chunk_end - 1] for ids in (
-                input_ids, changed(input_ids, next_chunk), changed(input_ids, question_token)))
+                input_ids, changed_tokens(input_ids, next_chunk), changed_tokens(input_ids, question_token)))
         assert (question - base).abs().max() > 1e-5  # every token reads the question
         if windows == "source-chunks":
             assert (after - base).abs().max() == 0  # the same keys and values, the same sums
@@ -140,19 +125,7 @@ def test_a_chunk_does_not_read_the_next_chunk_and_reads_the_question():
 
 
 def test_rows_equal_each_row_alone():
-    model = _model().eval()
-    lengths = (40, SOURCE_LENGTH + 1, 131, 256, 1)
-    generator = torch.Generator().manual_seed(0)
-    rows = [torch.randint(5, 90, (length,), generator=generator) for length in lengths]
-    input_ids = torch.zeros(len(rows), 256, dtype=torch.long)
-    mask = torch.zeros_like(input_ids)
-    for index, row in enumerate(rows):
-        input_ids[index, :len(row)], mask[index, :len(row)] = row, 1
-    with torch.no_grad():
-        batched = model(input_ids=input_ids, attention_mask=mask).last_hidden_state
-        for index, row in enumerate(rows):
-            alone = model(input_ids=row[None]).last_hidden_state[0]
-            torch.testing.assert_close(batched[index, :len(row)], alone, atol=1e-6, rtol=1e-5)
+    assert_rows_equal_each_row_alone(_model().eval())
 
 
 def test_refusals_name_the_fix():

@@ -87,12 +87,7 @@ class BigBirdPattern:
         past the end or a global block, which is read once as such): w = 3 (left, own, right) for a sliding window,
         w = `chunk_blocks` (the chunk, in order) for source chunks."""
         n = self.num_blocks
-        middle = torch.arange(1, self.middle_end)
-        if self.chunk_blocks:
-            start = 1 + (middle - 1) // self.chunk_blocks * self.chunk_blocks
-            window = start[:, None] + torch.arange(self.chunk_blocks)
-        else:
-            window = middle[:, None] + torch.arange(-1, WINDOW_BLOCKS - 1)
+        window = _local_window(torch.arange(1, self.middle_end), self.chunk_blocks)
         valid = (window > 0) & (window < (n - 1 if self.last_global else n))
         return window.clamp(max=n - 1), valid
 
@@ -149,6 +144,15 @@ class BigBirdPattern:
         return self.block_counts().repeat_interleave(b, dim=1).repeat_interleave(b, dim=2)
 
 
+def _local_window(middle: torch.Tensor, chunk_blocks: int) -> torch.Tensor:
+    """(m, w) key-block indices of the local window of each query block in `middle` (unclamped: past the ends too):
+    {i-1, i, i+1} for BigBird's sliding window, i's chunk of `chunk_blocks` blocks tiled from block 1 otherwise."""
+    if chunk_blocks:
+        start = 1 + (middle - 1) // chunk_blocks * chunk_blocks
+        return start[:, None] + torch.arange(chunk_blocks)
+    return middle[:, None] + torch.arange(-1, WINDOW_BLOCKS - 1)
+
+
 def _plan_seed(seed: int, layer: int, num_blocks: int) -> int:
     # A stable integer (not Python's salted hash) so plans agree across processes and runs.
     return (seed * 1_000_003 + layer * 10_007 + num_blocks) % (2**63 - 1)
@@ -201,12 +205,8 @@ def _draw_pattern(n: int, block_size: int, num_heads: int, r: int, seed: int, la
         return BigBirdPattern(n, block_size, torch.zeros((num_heads, middle, r), dtype=torch.long))
     generator = torch.Generator().manual_seed(_plan_seed(seed, layer, n))
     keys = torch.rand(num_heads, middle, n, generator=generator)
-    rows = torch.arange(1, end)[:, None]
     cols = torch.arange(n)[None, :]
-    if chunk_blocks:
-        in_window = (cols - 1) // chunk_blocks == (rows - 1) // chunk_blocks
-    else:
-        in_window = (cols - rows).abs() <= 1
+    in_window = (_local_window(torch.arange(1, end), chunk_blocks)[:, :, None] == cols[:, None, :]).any(1)
     excluded = (cols == 0) | ((cols == n - 1) & last_global) | in_window  # global + window blocks
     keys = keys.masked_fill(excluded, float("inf"))
     take = min(r, n)
