@@ -25,9 +25,9 @@ def fresh_state(monkeypatch, tmp_path):
 def test_cpu_rule_follows_autograd_and_length(caplog):
     with caplog.at_level(logging.INFO, logger="longbird.attention"):
         with torch.no_grad():
-            assert choose_backend("auto", CPU, CPU_FLEX_MIN_LENGTH, 64).name == "flex"
-            assert choose_backend("auto", CPU, CPU_FLEX_MIN_LENGTH - 64, 64).name == "blocked"
-        training = choose_backend("auto", CPU, 8192, 64)
+            assert choose_backend("auto", CPU, CPU_FLEX_MIN_LENGTH, 64, kernel="usw").name == "flex"
+            assert choose_backend("auto", CPU, CPU_FLEX_MIN_LENGTH - 64, 64, kernel="usw").name == "blocked"
+        training = choose_backend("auto", CPU, 8192, 64, kernel="usw")
     assert training.name == "blocked" and "no backward on CPU" in training.reason
     assert [record.getMessage() for record in caplog.records][0].startswith("sparse attention backend: flex")
     assert len(caplog.records) == 3  # INFO once per change of choice
@@ -38,7 +38,7 @@ def test_cpu_half_precision_takes_the_blocked_kernels_and_the_model_passes_autoc
         for dtype in (torch.bfloat16, torch.float16):
             chosen = choose_backend("auto", CPU, 8192, 64, dtype=dtype)
             assert chosen.name == "blocked" and "half precision" in chosen.reason
-        assert choose_backend("auto", CPU, 8192, 64, dtype=torch.float32).name == "flex"
+        assert choose_backend("auto", CPU, 8192, 64, dtype=torch.float32, kernel="usw").name == "flex"
         assert choose_backend("flex", CPU, 8192, 64, dtype=torch.bfloat16).name == "flex"  # an explicit request wins
     from longbird import modeling
 
@@ -52,6 +52,28 @@ def test_cpu_half_precision_takes_the_blocked_kernels_and_the_model_passes_autoc
         with torch.autocast("cpu", dtype=torch.bfloat16):
             model(input_ids=input_ids)
     assert seen == [torch.float32, torch.bfloat16]
+
+
+def test_cpu_inference_runs_bigbird_rows_on_the_blocked_kernels_and_the_model_names_its_kernel(monkeypatch):
+    # Measured (benchmarks/results/flex_cpu_fp32_small_rerun.md): BigBird rows on CPU are as fast or faster blocked; only
+    # LittleBird's USW kernel still gains from compiled flex in fp32.
+    with torch.no_grad():
+        chosen = choose_backend("auto", CPU, 8192, 64, dtype=torch.float32, kernel="bigbird")
+        assert chosen.name == "blocked" and "BigBird rows" in chosen.reason
+        assert choose_backend("flex", CPU, 8192, 64, kernel="bigbird").name == "flex"  # an explicit request wins
+        with pytest.raises(ValueError, match="kernel must be one of"):
+            choose_backend("auto", CPU, 8192, 64, kernel="sliding")
+    from longbird import modeling
+
+    seen = []
+    monkeypatch.setattr(modeling, "choose_backend", lambda *args, **kwargs: seen.append(kwargs["kernel"]) or
+                        SparseBackend("blocked", "test"))
+    input_ids, _ = make_batch(200, batch=1, padded_rows=0)
+    for preset in ("kobigbird", "littlebird"):
+        model = longbird.convert(make_source("bert"), preset=preset, max_length=256, block_size=BLOCK).eval()
+        with torch.no_grad():
+            model(input_ids=input_ids)
+    assert seen[0] == "bigbird" and seen[-1] == "usw" and set(seen) == {"bigbird", "usw"}
 
 
 def test_explicit_requests_and_the_environment_variable(monkeypatch):
@@ -153,12 +175,12 @@ calls = []
 def flex(*args, **kwargs):
     calls.append(1)
     raise RuntimeError("InductorError: CppCompileError: C++ compile error\\nerror: 'cur_kvSplitSize8' was not declared")
-dispatch.bigbird_flex_attention = flex
-dispatch.CPU_FLEX_MIN_LENGTH = 0  # CPU inference at any length picks flex
+dispatch.usw_flex_attention = flex
+dispatch.CPU_FLEX_MIN_LENGTH = 0  # CPU inference of LittleBird at any length picks flex
 torch.manual_seed(0)
 config = LongBirdConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=64, max_position_embeddings=256, block_size=8, attention="bigbird",
-                        source_max_positions=32, num_random_blocks=1)
+                        intermediate_size=64, max_position_embeddings=256, block_size=8, attention="littlebird",
+                        position="bialibi", source_max_positions=32)
 model = LongBirdModel(config).eval()
 with torch.no_grad():
     out = model(input_ids=torch.randint(5, 50, (1, 128))).last_hidden_state

@@ -56,8 +56,8 @@ def test_usw_kernel_dropout_is_unbiased():
 def test_flex_is_never_chosen_for_a_call_with_attention_dropout():
     cpu = torch.device("cpu")
     with torch.no_grad():
-        assert choose_backend("auto", cpu, 8192, 64).name == "flex"
-        chosen = choose_backend("auto", cpu, 8192, 64, attention_dropout=True)
+        assert choose_backend("auto", cpu, 8192, 64, kernel="usw").name == "flex"
+        chosen = choose_backend("auto", cpu, 8192, 64, attention_dropout=True, kernel="usw")
         assert chosen.name == "blocked" and "attention dropout" in chosen.reason
         with pytest.raises(ValueError, match="flex_attention cannot apply it"):
             choose_backend("flex", cpu, 8192, 64, attention_dropout=True)

@@ -7,8 +7,11 @@ backends"):
   window on 64-token tiles 0.14 ms against the blocked USW kernel's 3.1 ms; benchmarks/results/flex_variants_h100.md).
 - CUDA training: flex's backward kernels need 128-token tiles, where the b-block pattern must be carved by a
   per-token mask_mod that costs ~10x in the tiles it runs in; the blocked kernels are faster there, so they train.
-- CPU: flex has no backward, so training uses the blocked kernels; for inference compiled flex is faster from
-  CPU_FLEX_MIN_LENGTH tokens on, and below that the first call's compile time is never repaid.
+- CPU: flex has no backward, so training uses the blocked kernels. For inference in fp32, compiled flex is faster for
+  LittleBird's USW kernel from CPU_FLEX_MIN_LENGTH tokens on (below that the first call's compile time is never
+  repaid); for BigBird rows the blocked kernels are as fast at base-size heads and faster at e5-small heads
+  (benchmarks/results/flex_cpu_fp32_small_rerun.md, flex_cpu_fp32_base_rerun.md), so BigBird never takes flex on CPU.
+  In half precision the blocked kernels (SDPA) are faster for both.
 A compile or kernel failure (no C++ compiler, an unsupported GPU, an Inductor code-generation bug) logs a warning once
 (the compiler's whole message with `longbird --verbose`) and falls back to the blocked kernels. The failure is
 remembered for its family (kernel, device and capability, torch version, head dimension, dtype) across processes in
@@ -45,6 +48,7 @@ BACKENDS = ("auto", "blocked", "flex")
 # From benchmarks/results/flex_cpu.md (`python benchmarks/flex_cpu.py`): compiled flex beats the blocked kernels
 # for CPU inference from 4096 tokens on (model forward, base size).
 CPU_FLEX_MIN_LENGTH = 4096
+KERNELS = ("bigbird", "usw")
 FLEX_MIN_BLOCK_SIZE = 16
 
 logger = logging.getLogger("longbird.attention")
@@ -81,12 +85,16 @@ class SparseBackend:
 
 def choose_backend(requested: str, device: torch.device, length: int, block_size: int,
                    attention_dropout: bool = False, repeated_blocks: bool = False,
-                   position_states: bool = False, dtype: torch.dtype = torch.float32) -> SparseBackend:
+                   position_states: bool = False, dtype: torch.dtype = torch.float32,
+                   kernel: str = "bigbird") -> SparseBackend:
     """The backend for one call; `requested` is the config's attention_backend (or LONGBIRD_ATTENTION_BACKEND).
     `attention_dropout`: the call applies attention dropout (training with attention_probs_dropout_prob > 0).
     `repeated_blocks`: the pattern counts a key block more than once (random_blocks="transformers").
     `position_states`: TAPE states ride beside V (values wider than the queries), which the flex path does not take.
-    `dtype`: the dtype the attention computes in (autocast's, when it is on)."""
+    `dtype`: the dtype the attention computes in (autocast's, when it is on).
+    `kernel`: "bigbird" (BigBird rows) or "usw" (LittleBird's sliding window): on CPU they differ in which is faster."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}; got {kernel!r}")
     if position_states:
         return SparseBackend("blocked", "TAPE: the position states ride beside V, wider than the flex path takes")
     requested = os.environ.get("LONGBIRD_ATTENTION_BACKEND", requested)
@@ -118,6 +126,10 @@ def choose_backend(requested: str, device: torch.device, length: int, block_size
     if dtype in (torch.bfloat16, torch.float16):
         return _logged("blocked", "CPU inference in half precision: the blocked kernels (SDPA) are faster than "
                                   "compiled flex_attention (measured: benchmarks/results/flex_cpu_bf16.md)")
+    if kernel == "bigbird":
+        return _logged("blocked", "CPU inference, BigBird rows: the blocked kernels are as fast as compiled "
+                                  "flex_attention at base-size heads and faster at e5-small heads (measured: "
+                                  "benchmarks/results/flex_cpu_fp32_small_rerun.md)")
     if length < CPU_FLEX_MIN_LENGTH:
         return _logged("blocked", f"CPU inference below {CPU_FLEX_MIN_LENGTH} tokens: the blocked kernel is faster "
                                   "once compile time is counted")
