@@ -49,6 +49,9 @@ Methods (ablation rows of issue 24; `--methods` picks):
   the question block and themselves, so each chunk is a 512-token window whose copied positions run in order, and
   the first 512 tokens read each other as in the paragraph reader; one regional null per chunk
   (`qa_null_every=383`).
+- kobigbird-long-b128qn-from-sliding (round 6): no long training at all. The model sliding-512 trained (its whole
+  budget spent on 512-token windows, about 9x the supervised questions per CPU minute of whole articles) converted
+  again with -b128qn's conversion and read whole: what "train short, read long" gives at the same budget.
 - littlebird-long, littlebird-long-teacher: LittleBird (BiALiBi, sliding window, pack & unpack) at 4096.
 - full-long: dense attention at 4096 (an upper reference on the CPU).
 
@@ -62,6 +65,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -105,6 +109,7 @@ class Method(NamedTuple):
     read_stride: int | None = None
     trained_by: str | None = None  # read the model another row trained (no training of its own)
     untrained: bool = False  # read the conversion as it starts (0 CPU minutes: where the training budget starts from)
+    reconverted: bool = False  # with trained_by: that row's trained model converted with this row's settings
 
     @property
     def reading(self) -> tuple[int, int]:
@@ -151,6 +156,9 @@ METHODS = {
     # on validation articles (e7_local_windows_validation: 71.2 against 69.2)
     "kobigbird-long-b128qnc": Method("kobigbird", LONG, LONG, 1024, B128QNC),
     "kobigbird-long-b128qnc-untrained": Method("kobigbird", LONG, LONG, 1024, B128QNC, untrained=True),
+    # round 6: the sliding row's trained model converted to round 4's long reader (no long training; same budget)
+    "kobigbird-long-b128qn-from-sliding": Method("kobigbird", LONG, LONG, 1024, B128QN, trained_by=BASELINE,
+                                                 reconverted=True),
     "littlebird-long": Method("littlebird", LONG, LONG, 1024, {}),
     "littlebird-long-teacher": Method("littlebird", LONG, LONG, 1024, {}, teacher=True),
     "full-long": Method("full", LONG, LONG, 1024, COPY),
@@ -299,7 +307,11 @@ def main() -> None:
                                  f"{trained_by} {name})")
             trained = {key: value for key, value in results["methods"][trained_by].items()
                        if key in ("batch_size", "cpu_budget", "tokens_seen", "training_windows", "windows",
-                                  "loss_curve")}
+                                  "loss_curve", "machine")}
+            trained.setdefault("machine", None)  # the CPU minutes were the trainer's: its machine or none
+            if method.reconverted:  # converting copies weights: no CPU minutes beyond the trainer's
+                shutil.rmtree(args.work / name, ignore_errors=True)  # never an earlier conversion of a retrained model
+                run_dir = from_reader(run_dir, method.preset, method.length, method.overrides, args.work / name)
         elif method.untrained:  # the conversion read as it is: the 0-minute point of the row's learning curve
             run_dir = from_reader(args.reader, method.preset, method.length, method.overrides, args.work)
             trained = {"batch_size": 0, "cpu_budget": {"minutes": 0.0, "cpu_seconds": 0.0, "steps": 0},
@@ -310,9 +322,9 @@ def main() -> None:
         window, stride = method.reading
         predictions, eval_seconds = evaluate_method(run_dir, dev, window, stride, args.bf16)
         scores = per_question_scores(predictions, dev, "korquad1-articles")
-        results["methods"][name] = {**trained, "window": window, "doc_stride": stride, "per_question": scores,
+        results["methods"][name] = {"machine": results["machine"],  # rows added with --resume may run elsewhere
+                                    **trained, "window": window, "doc_stride": stride, "per_question": scores,
                                     "eval_cpu_seconds": eval_seconds, "train_window": method.window,
-                                    "machine": results["machine"],  # rows added with --resume may run elsewhere
                                     "train_doc_stride": method.stride, "trained_by": trained_by}
         write_file_atomically(args.out / f"{args.name}_predictions" / f"{name}.json",
                               json.dumps(predictions, ensure_ascii=False, indent=1) + "\n")

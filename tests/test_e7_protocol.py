@@ -88,8 +88,14 @@ def test_a_row_that_rereads_another_rows_model_trains_exactly_like_it():
         if method.trained_by:
             trainer = METHODS[method.trained_by]
             assert trainer.trained_by is None, name  # one hop: the trainer trains
+            if method.reconverted:  # the trainer's model converted again: another conversion, never a copy
+                assert (method.preset, method.length, method.overrides) != (trainer.preset, trainer.length,
+                                                                            trainer.overrides), name
+                assert not method.untrained and not method.teacher, name
+                continue
             assert trainer[:6] == method[:6], name  # same conversion, training windows and teacher
             assert trainer.reading != method.reading, name  # else it is the same row twice
+    assert not any(m.reconverted and not m.trained_by for m in METHODS.values())  # reconverting needs a trainer
 
 
 def test_the_per_article_table_averages_each_articles_questions_shortest_first():
