@@ -1,11 +1,12 @@
 """What a remembered flex compile failure saves: the same forward in two fresh processes sharing one cache directory.
 
 Each process converts the embedded MiniLM to a preset, then times one no-grad forward at 4096 tokens with the
-`auto` backend (CPU inference at 4096 tokens picks compiled flex_attention). `--capability default` runs the children
+`auto` backend (CPU inference of LittleBird at 4096 tokens in fp32 picks compiled flex_attention; BigBird rows take
+the blocked kernels on CPU since 2026-11-26, so `--preset kobigbird` there no longer tries flex at all). `--capability default` runs the children
 under ATEN_CPU_CAPABILITY=default, where torch 2.13's CPU flex template fails to compile (it calls at::vec functions
 the scalar build lacks): the first process pays the failed compile, then the blocked kernels; the second reads the
 record (`longbird/flex_failures.py`) and goes straight to the blocked kernels.
-Usage: python benchmarks/flex_failure_memory.py [--preset kobigbird] [--capability default]
+Usage: python benchmarks/flex_failure_memory.py [--preset littlebird] [--capability default]
 Writes benchmarks/results/flex_failure_memory.md.
 """
 
@@ -37,7 +38,7 @@ print(json.dumps({"forward_s": time.perf_counter() - started}))
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="kobigbird", choices=("kobigbird", "littlebird"))
+    parser.add_argument("--preset", default="littlebird", choices=("littlebird", "kobigbird"))
     parser.add_argument("--capability", default="default", help="ATEN_CPU_CAPABILITY of the two processes")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "flex_failure_memory.md")
     args = parser.parse_args()

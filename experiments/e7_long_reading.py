@@ -308,7 +308,7 @@ def main() -> None:
             trained = {key: value for key, value in results["methods"][trained_by].items()
                        if key in ("batch_size", "cpu_budget", "tokens_seen", "training_windows", "windows",
                                   "loss_curve", "machine")}
-            trained.setdefault("machine", None)  # the CPU minutes were the trainer's: its machine or none
+            trained.setdefault("machine", None)  # the training CPU minutes were the trainer's: its machine or none
             if method.reconverted:  # converting copies weights: no CPU minutes beyond the trainer's
                 shutil.rmtree(args.work / name, ignore_errors=True)  # never an earlier conversion of a retrained model
                 run_dir = from_reader(run_dir, method.preset, method.length, method.overrides, args.work / name)
@@ -322,10 +322,12 @@ def main() -> None:
         window, stride = method.reading
         predictions, eval_seconds = evaluate_method(run_dir, dev, window, stride, args.bf16)
         scores = per_question_scores(predictions, dev, "korquad1-articles")
+        trainer = METHODS[trained_by]  # whose training windows the model saw (this row's own unless it rereads one)
         results["methods"][name] = {"machine": results["machine"],  # rows added with --resume may run elsewhere
                                     **trained, "window": window, "doc_stride": stride, "per_question": scores,
-                                    "eval_cpu_seconds": eval_seconds, "train_window": method.window,
-                                    "train_doc_stride": method.stride, "trained_by": trained_by}
+                                    "eval_cpu_seconds": eval_seconds, "eval_machine": results["machine"],
+                                    "train_window": trainer.window, "train_doc_stride": trainer.stride,
+                                    "trained_by": trained_by}
         write_file_atomically(args.out / f"{args.name}_predictions" / f"{name}.json",
                               json.dumps(predictions, ensure_ascii=False, indent=1) + "\n")
         write_results(results, buckets, args.out, args.name)

@@ -191,7 +191,8 @@ def _assert_model_equals_reference(model, device, length) -> dict:
 
 
 def test_cpu_flex_inference_equals_blocked():
-    """Compiled flex on CPU (the inference backend there) computes what the blocked kernels compute."""
+    """Compiled flex on CPU (LittleBird's fp32 inference backend there; BigBird's when asked for) computes what the
+    blocked kernels compute."""
     for preset in ("kobigbird", "littlebird"):
         flex, blocked = _converted(preset, "flex"), _converted(preset, "blocked")
         input_ids, attention_mask = _batch(333, "cpu")

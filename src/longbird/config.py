@@ -103,8 +103,8 @@ class LongBirdConfig(PreTrainedConfig):
     # Pack attention's output projection: "shared" with unpack attention (LittleBird §3.4: pack attention has its own
     # Q/K/V only; the paper's model sizes fit exactly three extra h x h matrices per layer) or "separate".
     pack_output_projection: str = "shared"
-    # Sparse kernel: "auto" (compiled flex_attention on CUDA and for long CPU inference, else blocked), "blocked",
-    # "flex"; see dispatch.py. Computes the same function either way.
+    # Sparse kernel: "auto" (compiled flex_attention on CUDA and for long fp32 CPU inference of LittleBird, else
+    # blocked), "blocked", "flex"; see dispatch.py. Computes the same function either way.
     attention_backend: str = "auto"
     # Task heads.
     qa_head: str = "conditional"

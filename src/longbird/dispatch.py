@@ -45,8 +45,9 @@ from .attention.rows import RowGroup, cut_to_group, place_group, plan_rows
 from .attention.tracing import is_tracing
 
 BACKENDS = ("auto", "blocked", "flex")
-# From benchmarks/results/flex_cpu.md (`python benchmarks/flex_cpu.py`): compiled flex beats the blocked kernels
-# for CPU inference from 4096 tokens on (model forward, base size).
+# From benchmarks/results/flex_cpu.md and flex_cpu_fp32_*_rerun.md (`python benchmarks/flex_cpu.py`): compiled flex
+# beats the blocked USW kernel for fp32 CPU inference from 4096 tokens on (model forward); BigBird rows never take it
+# on CPU (kernel="bigbird" in choose_backend).
 CPU_FLEX_MIN_LENGTH = 4096
 KERNELS = ("bigbird", "usw")
 FLEX_MIN_BLOCK_SIZE = 16
