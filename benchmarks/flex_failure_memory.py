@@ -2,10 +2,10 @@
 
 Each process converts the embedded MiniLM to a preset, then times one no-grad forward at 4096 tokens with the
 `auto` backend (CPU inference of LittleBird at 4096 tokens in fp32 picks compiled flex_attention; BigBird rows take
-the blocked kernels on CPU since 2026-11-26, so `--preset kobigbird` there no longer tries flex at all). `--capability default` runs the children
-under ATEN_CPU_CAPABILITY=default, where torch 2.13's CPU flex template fails to compile (it calls at::vec functions
-the scalar build lacks): the first process pays the failed compile, then the blocked kernels; the second reads the
-record (`longbird/flex_failures.py`) and goes straight to the blocked kernels.
+the blocked kernels on CPU since 2026-11-26, so `--preset kobigbird` no longer tries flex at all).
+`--capability default` runs the children under ATEN_CPU_CAPABILITY=default, where torch 2.13's CPU flex template
+fails to compile (it calls at::vec functions the scalar build lacks): the first process pays the failed compile, then
+the blocked kernels; the second reads the record (`longbird/flex_failures.py`) and goes straight to the blocked kernels.
 Usage: python benchmarks/flex_failure_memory.py [--preset littlebird] [--capability default]
 Writes benchmarks/results/flex_failure_memory.md.
 """

@@ -141,6 +141,12 @@ class LongBirdConfig(PreTrainedConfig):
                                  self.full_attention_max_length)
 
     @property
+    def sparse_kernel(self) -> str:
+        """Which sparse kernel the layers run, as `dispatch.choose_backend` names it: "usw" (LittleBird's sliding
+        window) or "bigbird" (BigBird rows; also what a full-attention model would run)."""
+        return "usw" if self.attention == "littlebird" else "bigbird"
+
+    @property
     def uses_position_table(self) -> bool:
         """A learned absolute position table: absolute positions, and TAPE over a converted source (identity init)."""
         return self.position == "absolute" or (self.position == "tape" and self.tape_init == "identity")

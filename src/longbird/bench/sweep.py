@@ -203,7 +203,7 @@ def _sparse_backend(model, length, backward, device) -> str | None:
     with torch.set_grad_enabled(backward):
         return choose_backend(config.attention_backend, device, length, config.block_size,
                               repeated_blocks=repeated, dtype=next(model.parameters()).dtype,
-                              kernel="usw" if config.attention == "littlebird" else "bigbird").name
+                              kernel=config.sparse_kernel).name
 
 
 def _out_of_memory(error: Exception) -> bool:
