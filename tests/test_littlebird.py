@@ -40,6 +40,66 @@ def test_usw_kernel_equals_dense_reference(length, pack):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
+def _usw_inputs(length, pack, dtype, token_major, seed):
+    """q, k, v (2, 4, length, 8) and pack keys/values, a padded second row and a Padding-Insertion gap; token-major
+    inputs are laid out (B, l, H, d) as the model's projections make them, the others (B, H, l, d)."""
+    generator = torch.Generator().manual_seed(seed)
+    def tensor(tokens):
+        x = torch.randn(2, tokens, 4, 8, generator=generator, dtype=torch.float64).to(dtype)
+        return x.transpose(1, 2) if token_major else x.transpose(1, 2).contiguous()
+    q, k, v = (tensor(length) for _ in range(3))
+    pk, pv = (tensor(pack) for _ in range(2)) if pack else (None, None)
+    key_mask = torch.ones(2, length, dtype=torch.bool)
+    key_mask[1, length - 5:] = False
+    positions = torch.arange(length).expand(2, -1).clone()
+    positions[1, 3:] += 11
+    return q, k, v, pk, pv, key_mask, positions
+
+
+@pytest.mark.parametrize("length", [8, 16, 64, 72, 256])
+@pytest.mark.parametrize("pack", [0, 4])
+@pytest.mark.parametrize("token_major", [True, False])
+def test_usw_inference_kernel_without_key_groups_equals_dense_reference(length, pack, token_major, monkeypatch):
+    """At CPU inference the USW softmax runs as two flash-attention calls merged by their log-sum-exps, the window
+    keys read in place through overlapping views of one padded copy shared by the batch rows (a block's neighbour
+    across the row boundary must stay masked). Equal to the dense oracle within fp32 rounding, and the same when the
+    scratch buffers of an earlier call (other inputs) are reused."""
+    import longbird.attention.littlebird as littlebird
+
+    calls = []
+    split = littlebird._usw_split_attention
+    monkeypatch.setattr(littlebird, "_usw_split_attention", lambda *a, **k: calls.append(1) or split(*a, **k))
+    bias = _bias()
+    workspace = {}
+    for seed in (length + pack, length + pack + 1):
+        q, k, v, pk, pv, key_mask, positions = _usw_inputs(length, pack, torch.float32, token_major, seed)
+        with torch.no_grad():
+            out = usw_attention(q, k, v, usw_layout(key_mask, positions, BLOCK, bias), bias, pk, pv, workspace)
+            ref = usw_attention_reference(q, k, v, key_mask, positions, bias, BLOCK, pk, pv)
+        real = key_mask[:, None, :, None]  # padding query rows attend to masked keys only: undefined, never read
+        torch.testing.assert_close(out * real, ref * real, atol=2e-6, rtol=1e-5)
+    assert len(calls) == 2 and workspace  # the split kernel ran, through the reused buffers
+
+
+@pytest.mark.parametrize("pack", [0, 4])
+def test_usw_inference_kernel_in_bf16_stays_within_its_roundings_of_the_grouped_kernel(pack, monkeypatch):
+    """bf16: both kernels round the probabilities before P·V and their output to bf16 (2^-9 of max|v| each); the
+    split kernel rounds its two partial outputs and then the merged one, so the two differ by at most 5·2^-9·max|v|."""
+    import longbird.attention.littlebird as littlebird
+
+    bias = _bias()
+    q, k, v, pk, pv, key_mask, positions = _usw_inputs(256, pack, torch.bfloat16, True, pack)
+    layout = usw_layout(key_mask, positions, BLOCK, bias)
+    with torch.no_grad():
+        split = usw_attention(q, k, v, layout, bias, pk, pv)
+        monkeypatch.setattr(littlebird, "_split_kernel_applies", lambda *a: False)
+        grouped = usw_attention(q, k, v, layout, bias, pk, pv)
+    scale = max(v.abs().max(), pv.abs().max() if pack else 0).float()
+    real = key_mask[:, None, :, None]
+    difference = ((split.float() - grouped.float()) * real).abs().max()
+    assert split.dtype == torch.bfloat16 and 0 < difference <= 5 * 2 ** -9 * scale
+
+
 @pytest.mark.parametrize("pack", [0, 4])
 @pytest.mark.parametrize("heads_at_a_time", ["all", "one"])
 def test_usw_hand_written_backward_passes_gradcheck(pack, heads_at_a_time, monkeypatch):
