@@ -385,7 +385,8 @@ def _usw_split_attention(query, key, value, layout: USWLayout, slopes: BiALiBiSl
     results merge exactly by their log-sum-exps, o = (e^{L_w} o_w + e^{L_g} o_g) / (e^{L_w} + e^{L_g}):
     the window part reads the keys in place through overlapping strided views (`_windows`), the shared part reads
     the s + b keys every query sees. The key groups `_key_groups` copies (five key blocks per query block, for keys
-    and values) are what this saves: 22 ms of a 232 ms forward at 512 tokens (benchmarks/results/floor_littlebird_512.md).
+    and values) are what this saves: `cat` and `copy_` took 22 ms of a 232 ms forward at 512 tokens
+    (benchmarks/results/floor_littlebird_512.md).
     Returns (B, H, l, d) laid out as (B, l, H, d), the layout the output projection reads."""
     batch, heads, length, dim = query.shape
     b = layout.block_size
