@@ -1,14 +1,17 @@
-"""LittleBird's USW attention at inference, one layer, three ways, timed alternately in one process (batch 1, 12
+"""LittleBird's USW attention at inference, one layer, four ways, timed alternately in one process (batch 1, 12
 heads, b = 64, s = 64 pack tokens, contiguous positions):
 
 - `chain`: the kernel before issue 27: bf16/fp32 scores by matmul, upcast to fp32, scale, BiALiBi bias by three
   addcmul passes, masked_fill, softmax, cast, matmul (still the path with attention dropout);
 - `sdpa-fp32-bias`: one SDPA call over (head, block) rows, the bias of every head from an fp32 (H, 5) x (5, ·) product
   converted to the query's dtype;
-- `sdpa` (what `usw_attention` runs now): the same with the bias product computed in the query's dtype.
+- `sdpa`: the same with the bias product computed in the query's dtype (the CPU inference kernel until the split),
+  its key groups written into reused buffers as in the model;
+- `split` (what `usw_attention` runs at CPU inference now): no key groups; two flash-attention calls, the window
+  keys read in place, merged by their log-sum-exps (`littlebird._usw_split_attention`).
 
 Usage: python benchmarks/usw_kernel.py [--head-dims 32 64] [--lengths 4096] [--dtypes bf16 fp32] [--repeats 7]
-Writes benchmarks/results/usw_bias_dtype.{json,md}.
+[--name usw_kernel]. Writes benchmarks/results/NAME.{json,md} (`usw_bias_dtype` is a run of the first three).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from longbird.attention import usw_attention, usw_layout
-from longbird.attention.littlebird import MASKED_BIAS, _biased_scores, _key_groups
+from longbird.attention.littlebird import MASKED_BIAS, _biased_scores, _key_groups, _usw_bias
 from longbird.bench.sweep import cpu_model
 from longbird.files import write_file_atomically
 from longbird.positions.alibi import BiALiBi
@@ -59,10 +62,20 @@ def variants(dtype, head_dim, length, heads=12, block=64, pack=64):
             values.view(1, heads * n, keys_per_block, head_dim),
             attn_mask=bias.view(1, heads * n, block, keys_per_block)).view(1, heads, length, head_dim)
 
-    def sdpa():
-        return usw_attention(q, k, v, layout, slopes, pk, pv, None)
+    workspace = {}  # the model passes one per call, reused by every layer (no fresh multi-MB buffers per layer)
 
-    return {"chain": chain, "sdpa-fp32-bias": sdpa_fp32_bias, "sdpa": sdpa}
+    def sdpa():
+        keys, values = _key_groups(blocks(k), blocks(v), pk, pv, n, workspace)
+        bias = _usw_bias(layout, slopes, pack_bias, pack, dtype)
+        return F.scaled_dot_product_attention(
+            q.reshape(1, heads * n, block, head_dim), keys.view(1, heads * n, keys_per_block, head_dim),
+            values.view(1, heads * n, keys_per_block, head_dim),
+            attn_mask=bias.view(1, heads * n, block, keys_per_block)).view(1, heads, length, head_dim)
+
+    def split():
+        return usw_attention(q, k, v, layout, slopes, pk, pv, workspace)
+
+    return {"chain": chain, "sdpa-fp32-bias": sdpa_fp32_bias, "sdpa": sdpa, "split": split}
 
 
 def main() -> None:
@@ -71,6 +84,7 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[4096])
     parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=["bf16", "fp32"])
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--name", default="usw_kernel")
     args = parser.parse_args()
     rows = []
     with torch.inference_mode():
@@ -96,15 +110,16 @@ def main() -> None:
               "rows": rows}
     lines = [f"Command: `{command}`  ", f"CPU: {report['cpu']}, {report['threads']} threads, torch {torch.__version__}; "
              "one USW layer at inference, batch 1, 12 heads, b = 64, 64 pack tokens; medians of alternating calls.", "",
-             "| dtype | head dim | tokens | chain ms | SDPA, fp32 bias ms | SDPA, bias in dtype ms | max diff to chain |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "| dtype | head dim | tokens | chain ms | SDPA, fp32 bias ms | SDPA, bias in dtype ms | split ms "
+             "| max diff to chain: SDPA, split |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         lines.append(f"| {row['dtype']} | {row['head_dim']} | {row['length']} | {row['chain_ms']:.1f} | "
-                     f"{row['sdpa-fp32-bias_ms']:.1f} | **{row['sdpa_ms']:.1f}** | "
-                     f"{row['sdpa_max_diff_to_chain']:.2g} |")
+                     f"{row['sdpa-fp32-bias_ms']:.1f} | {row['sdpa_ms']:.1f} | **{row['split_ms']:.1f}** | "
+                     f"{row['sdpa_max_diff_to_chain']:.2g}, {row['split_max_diff_to_chain']:.2g} |")
     out = ROOT / "benchmarks" / "results"
-    write_file_atomically(out / "usw_bias_dtype.json", json.dumps(report, indent=2) + "\n")
-    write_file_atomically(out / "usw_bias_dtype.md", "\n".join(lines) + "\n")
+    write_file_atomically(out / f"{args.name}.json", json.dumps(report, indent=2) + "\n")
+    write_file_atomically(out / f"{args.name}.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
