@@ -8,7 +8,7 @@ heads, b = 64, s = 64 pack tokens, contiguous positions):
 - `sdpa`: the same with the bias product computed in the query's dtype (the CPU inference kernel until the split),
   its key groups written into reused buffers as in the model;
 - `split` (what `usw_attention` runs at CPU inference now): no key groups; two flash-attention calls, the window
-  keys read in place, merged by their log-sum-exps (`littlebird._usw_split_attention`).
+  keys read in place, merged by their log-sum-exps (`usw_inference.usw_split_attention`).
 
 Usage: python benchmarks/usw_kernel.py [--head-dims 32 64] [--lengths 4096] [--dtypes bf16 fp32] [--repeats 7]
 [--name usw_kernel]. Writes benchmarks/results/NAME.{json,md} (`usw_bias_dtype` is a run of the first three).
@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from longbird.attention import usw_attention, usw_layout
-from longbird.attention.littlebird import MASKED_BIAS, _biased_scores, _key_groups, _usw_bias
+from longbird.attention.littlebird import _biased_scores, _key_groups
+from longbird.attention.usw_inference import MASKED_BIAS, usw_bias
 from longbird.bench.sweep import cpu_model
 from longbird.files import write_file_atomically
 from longbird.positions.alibi import BiALiBi
@@ -66,7 +67,7 @@ def variants(dtype, head_dim, length, heads=12, block=64, pack=64):
 
     def sdpa():
         keys, values = _key_groups(blocks(k), blocks(v), pk, pv, n, workspace)
-        bias = _usw_bias(layout, slopes, pack_bias, pack, dtype)
+        bias = usw_bias(layout, slopes, pack_bias, pack, dtype)
         return F.scaled_dot_product_attention(
             q.reshape(1, heads * n, block, head_dim), keys.view(1, heads * n, keys_per_block, head_dim),
             values.view(1, heads * n, keys_per_block, head_dim),

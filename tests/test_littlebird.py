@@ -67,8 +67,8 @@ def test_usw_inference_kernel_without_key_groups_equals_dense_reference(length, 
     import longbird.attention.littlebird as littlebird
 
     calls = []
-    split = littlebird._usw_split_attention
-    monkeypatch.setattr(littlebird, "_usw_split_attention", lambda *a, **k: calls.append(1) or split(*a, **k))
+    split = littlebird.usw_split_attention
+    monkeypatch.setattr(littlebird, "usw_split_attention", lambda *a, **k: calls.append(1) or split(*a, **k))
     bias = _bias()
     workspace = {}
     for seed in (length + pack, length + pack + 1):
@@ -92,7 +92,7 @@ def test_usw_inference_kernel_in_bf16_stays_within_its_roundings_of_the_grouped_
     layout = usw_layout(key_mask, positions, BLOCK, bias)
     with torch.no_grad():
         split = usw_attention(q, k, v, layout, bias, pk, pv)
-        monkeypatch.setattr(littlebird, "_split_kernel_applies", lambda *a: False)
+        monkeypatch.setattr(littlebird, "split_kernel_applies", lambda *a: False)
         grouped = usw_attention(q, k, v, layout, bias, pk, pv)
     scale = max(v.abs().max(), pv.abs().max() if pack else 0).float()
     real = key_mask[:, None, :, None]

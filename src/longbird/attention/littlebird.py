@@ -4,7 +4,8 @@ Shapes in the notation of `longbird.attention` (B, H, l, d, b, n, s).
 USWAttn(X, C) = softmax(Q(X) [K(C); K(X)]^T / √d − [D_C; D]) [V(C); V(X)]  (LittleBird §3.3), where each
 query block sees only: the s packed keys (bias (β+γ)/2·b), the first block (global keys) and its own,
 left and right blocks (BiALiBi bias from position ids). Blocked and batched: keys are rolled into
-(n, s + 4b) groups, so time and memory are O(l (4b + s)); no l x l tensor is ever built.
+(n, s + 4b) groups, so time and memory are O(l (4b + s)); no l x l tensor is ever built. The inference kernels
+(without autograd or dropout) are in `usw_inference`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from .workspace import scratch_buffer
+from .usw_inference import grouped_usw_inference, split_kernel_applies, usw_split_attention
+from .workspace import concat_into
 
 
 class BiALiBiSlopes(Protocol):
@@ -91,9 +93,10 @@ class USWLayout:
         return self.derived[key]
 
     def split_terms(self, s: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """The score terms of `score_terms` in `dtype`, split for `_usw_split_attention`: (B, 5, l·(s + b)) for every
-        query over [pack | global block 0] and (B, n, 5, b·3b) for each query block over its [left | own | right]
-        window, laid out so that one (H, 5) product per layer gives each bias in the layout SDPA reads."""
+        """The score terms of `score_terms` in `dtype`, split for `usw_inference.usw_split_attention`: (B, 5, l·(s + b))
+        for every query over [pack | global block 0] and (B, n, 5, b·3b) for each query block over its
+        [left | own | right] window, laid out so that one (H, 5) product per layer gives each bias in the layout SDPA
+        reads."""
         key = ("split-terms", s, dtype)
         if key not in self.derived:
             batch, n, keys = self.mask_with_pack(s).shape
@@ -135,14 +138,6 @@ def usw_layout(key_mask: torch.Tensor, positions: torch.Tensor, block_size: int,
     return USWLayout(b, mask, left, right, cls)
 
 
-def _concat(groups, dim, workspace, name):
-    """torch.cat, into a reused buffer at inference."""
-    shape = list(groups[0].shape)
-    shape[dim] = sum(group.shape[dim] for group in groups)
-    out = scratch_buffer(workspace, name, shape, groups[0])
-    return torch.cat(groups, dim=dim) if out is None else torch.cat(groups, dim=dim, out=out)
-
-
 def _key_groups(k, v, pack_key, pack_value, n, workspace):
     """Each query block's keys and values, [pack | global block 0 | left | own | right]: (B, H, n, s + 4b, d)."""
     key_groups = [k[:, :, :1].expand(-1, -1, n, -1, -1), _neighbour_blocks(k, 2, 0.0)]
@@ -150,7 +145,7 @@ def _key_groups(k, v, pack_key, pack_value, n, workspace):
     if pack_key is not None:
         key_groups.insert(0, pack_key[:, :, None].expand(-1, -1, n, -1, -1))
         value_groups.insert(0, pack_value[:, :, None].expand(-1, -1, n, -1, -1))
-    return _concat(key_groups, 3, workspace, "keys"), _concat(value_groups, 3, workspace, "values")
+    return concat_into(key_groups, 3, workspace, "keys"), concat_into(value_groups, 3, workspace, "values")
 
 
 def _upcast(x: torch.Tensor) -> torch.Tensor:
@@ -331,120 +326,18 @@ def usw_attention(
                 layout.bias_terms(s, torch.promote_types(_upcast(cast(query)).dtype, torch.float32))
             return _USWAttention.apply(cast(query), cast(key), cast(value), cast(pack_key), cast(pack_value),
                                        slopes.alpha, slopes.beta, slopes.gamma, pack_bias, layout, scale)
-    if not dropout_p and _split_kernel_applies(query, key, value):
-        return _usw_split_attention(query, key, value, layout, slopes, pack_key, pack_value, pack_bias, workspace,
-                                    scale)
+    if not dropout_p and split_kernel_applies(query, key, value):
+        return usw_split_attention(query, key, value, layout, slopes, pack_key, pack_value, pack_bias, workspace,
+                                   scale)
     blocks = lambda x: x.view(batch, heads, n, b, x.shape[-1])
     keys, values = _key_groups(blocks(key), blocks(value), pack_key, pack_value, n, workspace)
     if not dropout_p:
-        # Inference: one fused SDPA call over (head, block) rows, softmax accumulated in fp32 inside the kernel, with
-        # the BiALiBi bias of every head from one small product (USWLayout.score_terms); masked keys get −MASKED_BIAS.
-        keys_per_block = keys.shape[3]
-        bias = _usw_bias(layout, slopes, pack_bias, s, query.dtype)
-        out = F.scaled_dot_product_attention(
-            query.reshape(batch, heads * n, b, dim), keys.view(batch, heads * n, keys_per_block, dim),
-            values.view(batch, heads * n, keys_per_block, value.shape[-1]),
-            attn_mask=bias.view(batch, heads * n, b, keys_per_block), scale=scale)
-        return out.view(batch, heads, length, value.shape[-1])
+        return grouped_usw_inference(query, keys, values, layout, slopes, pack_bias, s, scale)
     scores = _biased_scores(blocks(query), keys, layout, slopes.alpha, slopes.beta, slopes.gamma, pack_bias, s,
                             scale)
     probs = F.dropout(torch.softmax(scores, dim=-1), dropout_p)
     out = torch.matmul(probs.to(values.dtype), values)
     return out.view(batch, heads, length, value.shape[-1])
-
-
-def _split_kernel_applies(query, key, value) -> bool:
-    """The split kernel needs PyTorch's CPU flash attention with its log-sum-exp (equal head sizes; TAPE's widened
-    values are not) and strided views that a compiled graph does not trace: eager CPU inference only."""
-    return (query.device.type == "cpu" and query.shape[-1] == key.shape[-1] == value.shape[-1]
-            and query.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-            and not torch.compiler.is_compiling())
-
-
-def _token_major(x: torch.Tensor) -> torch.Tensor:
-    """(B, H, l, d) -> (B·l, H, d); a view when the heads were split from a (B, l, H·d) projection, as they are."""
-    batch, heads, length, dim = x.shape
-    return x.transpose(1, 2).reshape(batch * length, heads, dim)
-
-
-def _windows(x: torch.Tensor, n: int, b: int, workspace: dict | None, name: str) -> torch.Tensor:
-    """Each query block's [left | own | right] keys (B·n, H, 3b, d) as overlapping views of one padded copy of `x`
-    (B, H, l, d): the batch's tokens in a row with a zero block at each end. A block's neighbour across a batch
-    boundary or a padding block is a key the layout masks, so one padded sequence serves every batch row."""
-    tokens = _token_major(x)
-    heads, dim = tokens.shape[1:]
-    edge = tokens.new_zeros(b, heads, dim)
-    padded = _concat([edge, tokens, edge], 0, workspace, name)
-    return padded.as_strided((tokens.shape[0] // b, heads, 3 * b, dim), (b * heads * dim, dim, heads * dim, 1))
-
-
-def _usw_split_attention(query, key, value, layout: USWLayout, slopes: BiALiBiSlopes, pack_key, pack_value,
-                         pack_bias, workspace, scale) -> torch.Tensor:
-    """USW attention at inference without gathering each block's key group: the same softmax over
-    [pack | global block 0 | left | own | right] (LittleBird §3.3) as two flash-attention calls whose partial
-    results merge exactly by their log-sum-exps, o = (e^{L_w} o_w + e^{L_g} o_g) / (e^{L_w} + e^{L_g}):
-    the window part reads the keys in place through overlapping strided views (`_windows`), the shared part reads
-    the s + b keys every query sees. The key groups `_key_groups` copies (five key blocks per query block, for keys
-    and values) are what this saves: `cat` and `copy_` took 22 ms of a 232 ms forward at 512 tokens
-    (benchmarks/results/floor_littlebird_512.md).
-    Returns (B, H, l, d) laid out as (B, l, H, d), the layout the output projection reads."""
-    batch, heads, length, dim = query.shape
-    b = layout.block_size
-    n = length // b
-    s = 0 if pack_key is None else pack_key.shape[2]
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    compute = query.dtype if query.dtype in (torch.bfloat16, torch.float16) else torch.float32
-    if query.dtype == torch.float64:
-        compute = torch.float64
-    shared_terms, window_terms = layout.split_terms(s, compute)
-    weights = _bias_weights(slopes, pack_bias).neg().to(compute)  # (H, 5)
-    window_bias = torch.matmul(weights, window_terms).to(query.dtype)  # (B, n, H, b·3b)
-    shared_bias = torch.matmul(weights, shared_terms).to(query.dtype)  # (B, H, l·(s + b))
-    query_blocks = _token_major(query).view(batch * n, b, heads, dim).transpose(1, 2)
-    windowed, window_lse = flash(query_blocks, _windows(key, n, b, workspace, "window-keys"),
-                                 _windows(value, n, b, workspace, "window-values"),
-                                 attn_mask=window_bias.view(batch * n, heads, b, 3 * b), scale=scale)
-    shared_keys = [key[:, :, :b]] if pack_key is None else [pack_key, key[:, :, :b]]
-    shared_values = [value[:, :, :b]] if pack_value is None else [pack_value, value[:, :, :b]]
-    shared, shared_lse = flash(query, torch.cat(shared_keys, dim=2), torch.cat(shared_values, dim=2),
-                               attn_mask=shared_bias.view(batch, heads, length, s + b), scale=scale)
-    # both outputs are (B, l, H, d) in memory; the log-sum-exps (B·n, H, b) and (B, H, l) are fp32
-    windowed = windowed.transpose(1, 2).reshape(batch, length, heads, dim)
-    window_lse = window_lse.view(batch, n, heads, b).transpose(2, 3).reshape(batch, length, heads, 1)
-    weight = torch.sigmoid(window_lse - shared_lse.transpose(1, 2).unsqueeze(-1))  # e^{L_w} / (e^{L_w} + e^{L_g})
-    shared = shared.transpose(1, 2)
-    if query.dtype in (torch.bfloat16, torch.float16):
-        out = torch.lerp(shared.float(), windowed.float(), weight).to(query.dtype)
-    else:
-        out = torch.lerp(shared, windowed, weight.to(query.dtype))
-    return out.transpose(1, 2)
-
-
-def _bias_weights(slopes: BiALiBiSlopes, pack_bias) -> torch.Tensor:
-    """(H, 5) fp32: each head's [α, β, γ, D_C, MASKED_BIAS], the coefficients of the layout's score terms."""
-    pack = pack_bias if pack_bias is not None else torch.zeros_like(slopes.alpha, dtype=torch.float32)
-    return torch.stack([slopes.alpha.float(), slopes.beta.float(), slopes.gamma.float(), pack.float(),
-                        torch.full_like(pack, MASKED_BIAS, dtype=torch.float32)], dim=-1)
-
-
-# Added to the score of a masked key: exp(−1e4 + any real score) is 0 in fp32, and unlike −inf a row whose keys are all
-# masked (an all-padding row without pack tokens) stays finite (its output is never used).
-MASKED_BIAS = 1e4
-
-
-def _usw_bias(layout: USWLayout, slopes: BiALiBiSlopes, pack_bias, s: int, dtype: torch.dtype) -> torch.Tensor:
-    """(B, H, n·b·(s + 4b)) −D (LittleBird §3.1, §3.3) with masked keys at −MASKED_BIAS, in `dtype` (SDPA takes a
-    float mask of the query's dtype): the per-head slopes [α, β, γ, D_C, MASKED_BIAS] times the call's score terms."""
-    # In bf16/fp16 the product is computed in that dtype (fp32 accumulation inside the matmul): the bias ends in it
-    # anyway, and writing it once instead of as fp32 and then converting took 40 % off the USW kernel at e5-small
-    # size (benchmarks/results/usw_bias_dtype.md). The terms' rounding there (distances above 256 in bf16) is ~2^-9 of
-    # the bias, as the final rounding already was. fp32 and fp64 inputs (tests) keep their own precision.
-    compute = dtype if dtype in (torch.bfloat16, torch.float16) else torch.promote_types(dtype, torch.float32)
-    key = ("score-terms-as", s, compute)
-    if key not in layout.derived:
-        layout.derived[key] = layout.score_terms(s).to(compute)
-    bias = torch.matmul(_bias_weights(slopes, pack_bias).neg().to(compute), layout.derived[key])
-    return bias if bias.dtype == dtype else bias.to(dtype)
 
 
 def usw_attention_reference(query, key, value, key_mask, positions, bias: BiALiBiSlopes, block_size,

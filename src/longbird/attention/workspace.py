@@ -17,3 +17,11 @@ def scratch_buffer(workspace: dict | None, name: str, shape, like: torch.Tensor)
     if key not in workspace:
         workspace[key] = torch.empty(shape, dtype=like.dtype, device=like.device)
     return workspace[key]
+
+
+def concat_into(groups, dim: int, workspace: dict | None, name: str) -> torch.Tensor:
+    """torch.cat, into a reused buffer at inference."""
+    shape = list(groups[0].shape)
+    shape[dim] = sum(group.shape[dim] for group in groups)
+    out = scratch_buffer(workspace, name, shape, groups[0])
+    return torch.cat(groups, dim=dim) if out is None else torch.cat(groups, dim=dim, out=out)

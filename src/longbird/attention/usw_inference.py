@@ -1,0 +1,129 @@
+"""LittleBird's USW attention at inference (no autograd, no attention dropout): the kernels `usw_attention` calls
+(LittleBird §3.3; the layout, training kernel and dense oracle are in `littlebird`).
+
+- `usw_split_attention` (CPU, eager): two flash-attention calls merged by their log-sum-exps, no key groups;
+- `grouped_usw_inference` (GPUs, compiled graphs, TAPE's wider values): one SDPA call over (head, block) rows of the
+  gathered key groups.
+
+Both add the BiALiBi bias −D of every head from one (H, 5) × (5, ·) product with the layout's score terms.
+`layout` is the call's `littlebird.USWLayout` and `slopes` a `littlebird.BiALiBiSlopes` (not imported: `littlebird`
+imports this module).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .workspace import concat_into
+
+
+def split_kernel_applies(query, key, value) -> bool:
+    """The split kernel needs PyTorch's CPU flash attention with its log-sum-exp (equal head sizes; TAPE's widened
+    values are not) and strided views that a compiled graph does not trace: eager CPU inference only."""
+    return (query.device.type == "cpu" and query.shape[-1] == key.shape[-1] == value.shape[-1]
+            and query.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+            and not torch.compiler.is_compiling())
+
+
+def _token_major(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, l, d) -> (B·l, H, d); a view when the heads were split from a (B, l, H·d) projection, as they are."""
+    batch, heads, length, dim = x.shape
+    return x.transpose(1, 2).reshape(batch * length, heads, dim)
+
+
+def _windows(x: torch.Tensor, n: int, b: int, workspace: dict | None, name: str) -> torch.Tensor:
+    """Each query block's [left | own | right] keys (B·n, H, 3b, d) as overlapping views of one padded copy of `x`
+    (B, H, l, d): the batch's tokens in a row with a zero block at each end. A block's neighbour across a batch
+    boundary or a padding block is a key the layout masks, so one padded sequence serves every batch row."""
+    tokens = _token_major(x)
+    heads, dim = tokens.shape[1:]
+    edge = tokens.new_zeros(b, heads, dim)
+    padded = concat_into([edge, tokens, edge], 0, workspace, name)
+    return padded.as_strided((tokens.shape[0] // b, heads, 3 * b, dim), (b * heads * dim, dim, heads * dim, 1))
+
+
+def usw_split_attention(query, key, value, layout, slopes, pack_key, pack_value,
+                         pack_bias, workspace, scale) -> torch.Tensor:
+    """USW attention at inference without gathering each block's key group: the same softmax over
+    [pack | global block 0 | left | own | right] (LittleBird §3.3) as two flash-attention calls whose partial
+    results merge exactly by their log-sum-exps, o = (e^{L_w} o_w + e^{L_g} o_g) / (e^{L_w} + e^{L_g}):
+    the window part reads the keys in place through overlapping strided views (`_windows`), the shared part reads
+    the s + b keys every query sees. The key groups `_key_groups` copies (five key blocks per query block, for keys
+    and values) are what this saves: `cat` and `copy_` took 22 ms of a 232 ms forward at 512 tokens
+    (benchmarks/results/floor_littlebird_512.md).
+    Returns (B, H, l, d) laid out as (B, l, H, d), the layout the output projection reads."""
+    batch, heads, length, dim = query.shape
+    b = layout.block_size
+    n = length // b
+    s = 0 if pack_key is None else pack_key.shape[2]
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    compute = query.dtype if query.dtype in (torch.bfloat16, torch.float16) else torch.float32
+    if query.dtype == torch.float64:
+        compute = torch.float64
+    shared_terms, window_terms = layout.split_terms(s, compute)
+    weights = _bias_weights(slopes, pack_bias).neg().to(compute)  # (H, 5)
+    window_bias = torch.matmul(weights, window_terms).to(query.dtype)  # (B, n, H, b·3b)
+    shared_bias = torch.matmul(weights, shared_terms).to(query.dtype)  # (B, H, l·(s + b))
+    query_blocks = _token_major(query).view(batch * n, b, heads, dim).transpose(1, 2)
+    windowed, window_lse = flash(query_blocks, _windows(key, n, b, workspace, "window-keys"),
+                                 _windows(value, n, b, workspace, "window-values"),
+                                 attn_mask=window_bias.view(batch * n, heads, b, 3 * b), scale=scale)
+    shared_keys = [key[:, :, :b]] if pack_key is None else [pack_key, key[:, :, :b]]
+    shared_values = [value[:, :, :b]] if pack_value is None else [pack_value, value[:, :, :b]]
+    shared, shared_lse = flash(query, torch.cat(shared_keys, dim=2), torch.cat(shared_values, dim=2),
+                               attn_mask=shared_bias.view(batch, heads, length, s + b), scale=scale)
+    # both outputs are (B, l, H, d) in memory; the log-sum-exps (B·n, H, b) and (B, H, l) are fp32
+    windowed = windowed.transpose(1, 2).reshape(batch, length, heads, dim)
+    window_lse = window_lse.view(batch, n, heads, b).transpose(2, 3).reshape(batch, length, heads, 1)
+    weight = torch.sigmoid(window_lse - shared_lse.transpose(1, 2).unsqueeze(-1))  # e^{L_w} / (e^{L_w} + e^{L_g})
+    shared = shared.transpose(1, 2)
+    if query.dtype in (torch.bfloat16, torch.float16):
+        out = torch.lerp(shared.float(), windowed.float(), weight).to(query.dtype)
+    else:
+        out = torch.lerp(shared, windowed, weight.to(query.dtype))
+    return out.transpose(1, 2)
+
+
+def _bias_weights(slopes, pack_bias) -> torch.Tensor:
+    """(H, 5) fp32: each head's [α, β, γ, D_C, MASKED_BIAS], the coefficients of the layout's score terms."""
+    pack = pack_bias if pack_bias is not None else torch.zeros_like(slopes.alpha, dtype=torch.float32)
+    return torch.stack([slopes.alpha.float(), slopes.beta.float(), slopes.gamma.float(), pack.float(),
+                        torch.full_like(pack, MASKED_BIAS, dtype=torch.float32)], dim=-1)
+
+
+# Added to the score of a masked key: exp(−1e4 + any real score) is 0 in fp32, and unlike −inf a row whose keys are all
+# masked (an all-padding row without pack tokens) stays finite (its output is never used).
+MASKED_BIAS = 1e4
+
+
+def usw_bias(layout, slopes, pack_bias, s: int, dtype: torch.dtype) -> torch.Tensor:
+    """(B, H, n·b·(s + 4b)) −D (LittleBird §3.1, §3.3) with masked keys at −MASKED_BIAS, in `dtype` (SDPA takes a
+    float mask of the query's dtype): the per-head slopes [α, β, γ, D_C, MASKED_BIAS] times the call's score terms."""
+    # In bf16/fp16 the product is computed in that dtype (fp32 accumulation inside the matmul): the bias ends in it
+    # anyway, and writing it once instead of as fp32 and then converting took 40 % off the USW kernel at e5-small
+    # size (benchmarks/results/usw_bias_dtype.md). The terms' rounding there (distances above 256 in bf16) is ~2^-9 of
+    # the bias, as the final rounding already was. fp32 and fp64 inputs (tests) keep their own precision.
+    compute = dtype if dtype in (torch.bfloat16, torch.float16) else torch.promote_types(dtype, torch.float32)
+    key = ("score-terms-as", s, compute)
+    if key not in layout.derived:
+        layout.derived[key] = layout.score_terms(s).to(compute)
+    bias = torch.matmul(_bias_weights(slopes, pack_bias).neg().to(compute), layout.derived[key])
+    return bias if bias.dtype == dtype else bias.to(dtype)
+
+
+def grouped_usw_inference(query, keys, values, layout, slopes, pack_bias, s: int,
+                          scale: float) -> torch.Tensor:
+    """query (B, H, l, d), each query block's gathered keys and values (B, H, n, s + 4b, d / d_v): one fused SDPA call
+    over (head, block) rows, softmax accumulated in fp32 inside the kernel, with the BiALiBi bias of every head from
+    one small product (USWLayout.score_terms); masked keys get −MASKED_BIAS. Returns (B, H, l, d_v)."""
+    batch, heads, length, dim = query.shape
+    b = layout.block_size
+    n = length // b
+    keys_per_block, value_dim = keys.shape[3], values.shape[-1]
+    bias = usw_bias(layout, slopes, pack_bias, s, query.dtype)
+    out = F.scaled_dot_product_attention(
+        query.reshape(batch, heads * n, b, dim), keys.view(batch, heads * n, keys_per_block, dim),
+        values.view(batch, heads * n, keys_per_block, value_dim),
+        attn_mask=bias.view(batch, heads * n, b, keys_per_block), scale=scale)
+    return out.view(batch, heads, length, value_dim)
