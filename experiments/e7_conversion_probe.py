@@ -64,6 +64,10 @@ CONVERSIONS = {
     # these read better than one 4096-token window, what the long reading loses is the ranking across the article
     "kobigbird-b128-copy128-norandom-q-w1024": ("kobigbird", LONG, B128Q, 1024, 512),
     "kobigbird-b128-copy128-norandom-q-w2048": ("kobigbird", LONG, B128Q, 2048, 1024),
+    # LittleBird (BiALiBi instead of the absolute position table, sliding window, global first block, pack & unpack)
+    # read whole, and the same model in 512-token windows: what dropping the positions costs before any length does
+    "littlebird": ("littlebird", LONG, {}, LONG, 1024),
+    "littlebird-w512": ("littlebird", LONG, {}, SOURCE_WINDOW, 128),
     "kobigbird-b256-copy256-norandom": ("kobigbird", LONG, {
         "taper_schedule": "copy", "taper_start": 256, "block_size": 256, "num_random_blocks": 0}, LONG, 1024),
 }

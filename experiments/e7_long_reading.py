@@ -53,6 +53,9 @@ Methods (ablation rows of issue 24; `--methods` picks):
   budget spent on 512-token windows, about 9x the supervised questions per CPU minute of whole articles) converted
   again with -b128qn's conversion and read whole: what "train short, read long" gives at the same budget.
 - littlebird-long, littlebird-long-teacher: LittleBird (BiALiBi, sliding window, pack & unpack) at 4096.
+- littlebird-short-pi (round 7): LittleBird trained as sliding-512 is (512-token windows, stride 128, the same batch)
+  with Padding Insertion (LittleBird §3.4), read whole at 4096; littlebird-short-pi-w512 reads the same model in
+  512-token windows (no training of its own).
 - full-long: dense attention at 4096 (an upper reference on the CPU).
 
 Usage: python experiments/e7_long_reading.py --reader qa-model/kobigbird-e5-korquad [--cpu-minutes 60]
@@ -110,6 +113,7 @@ class Method(NamedTuple):
     trained_by: str | None = None  # read the model another row trained (no training of its own)
     untrained: bool = False  # read the conversion as it starts (0 CPU minutes: where the training budget starts from)
     reconverted: bool = False  # with trained_by: that row's trained model converted with this row's settings
+    padding_insertion: bool = False  # train with Padding Insertion (LittleBird §3.4: gaps in the position ids)
 
     @property
     def reading(self) -> tuple[int, int]:
@@ -160,6 +164,14 @@ METHODS = {
     "kobigbird-long-b128qn-from-sliding": Method("kobigbird", LONG, LONG, 1024, B128QN, trained_by=BASELINE,
                                                  reconverted=True),
     "littlebird-long": Method("littlebird", LONG, LONG, 1024, {}),
+    # round 7: LittleBird's own low-resource route, train short with Padding Insertion and read long: the reader
+    # converted to LittleBird (BiALiBi instead of absolute positions; zero-shot F1 2.5 on the probe's validation
+    # questions), trained on 512-token windows of the articles as sliding-512 is (same windows, batch and budget) with
+    # gaps inserted into the position ids, read whole; and the same model read in 512-token windows
+    "littlebird-short-pi": Method("littlebird", LONG, SOURCE_WINDOW, 128, {}, read_window=LONG, read_stride=1024,
+                                  padding_insertion=True),
+    "littlebird-short-pi-w512": Method("littlebird", LONG, SOURCE_WINDOW, 128, {}, read_window=SOURCE_WINDOW,
+                                       read_stride=128, trained_by="littlebird-short-pi", padding_insertion=True),
     "littlebird-long-teacher": Method("littlebird", LONG, LONG, 1024, {}, teacher=True),
     "full-long": Method("full", LONG, LONG, 1024, COPY),
 }
@@ -217,7 +229,8 @@ def train_method(name: str, start: Path, train, run_dir: Path, args, reader: Pat
     batch = max(1, round(args.batch_tokens / window)) if window < LONG else args.long_batch_size
     settings = FinetuneSettings(learning_rate=args.learning_rate, max_steps=args.max_steps, batch_size=batch,
                                 bf16=args.bf16, progress=True, logging_steps=10, group_by_length=True,
-                                lr_scheduler="constant", warmup_ratio=0.0, cpu_minutes=args.cpu_minutes)
+                                lr_scheduler="constant", warmup_ratio=0.0, cpu_minutes=args.cpu_minutes,
+                                padding_insertion=method.padding_insertion)
     metrics = finetune_qa(start, train, run_dir, data_format="korquad1-articles", window_length=window,
                           doc_stride=stride, negative_fraction=args.negative_fraction, settings=settings,
                           overwrite=True, teacher=reader if method.teacher else None,
@@ -327,7 +340,7 @@ def main() -> None:
                                     **trained, "window": window, "doc_stride": stride, "per_question": scores,
                                     "eval_cpu_seconds": eval_seconds, "eval_machine": results["machine"],
                                     "train_window": trainer.window, "train_doc_stride": trainer.stride,
-                                    "trained_by": trained_by}
+                                    "trained_by": trained_by, "padding_insertion": trainer.padding_insertion}
         write_file_atomically(args.out / f"{args.name}_predictions" / f"{name}.json",
                               json.dumps(predictions, ensure_ascii=False, indent=1) + "\n")
         write_results(results, buckets, args.out, args.name)

@@ -94,6 +94,7 @@ def test_a_row_that_rereads_another_rows_model_trains_exactly_like_it():
                 assert not method.untrained and not method.teacher, name
                 continue
             assert trainer[:6] == method[:6], name  # same conversion, training windows and teacher
+            assert trainer.padding_insertion == method.padding_insertion, name
             assert trainer.reading != method.reading, name  # else it is the same row twice
     assert not any(m.reconverted and not m.trained_by for m in METHODS.values())  # reconverting needs a trainer
 
