@@ -157,3 +157,27 @@ def test_learning_curves_pair_each_point_with_the_baseline_at_its_budget(tmp_pat
                                       "--out", str(tmp_path)])
     with pytest.raises(SystemExit, match="another held-out split"):
         e7_learning_curves.main()
+
+
+def test_a_row_trains_with_padding_insertion_exactly_when_it_says_so(monkeypatch, tmp_path):
+    """The round-7 LittleBird row trains like the baseline (512-token windows, stride 128, the same batch and budget)
+    except for Padding Insertion, which reaches the trainer's settings; the baseline trains without it."""
+    import argparse
+
+    import e7_long_reading
+
+    seen = {}
+
+    def fake_finetune(start, train, run_dir, **kwargs):
+        seen[run_dir.name] = (kwargs["settings"], kwargs["window_length"], kwargs["doc_stride"])
+        return {"log_history": [], "cpu_budget": {}, "tokens_seen": 0, "training_windows": 0, "windows": 0}
+
+    monkeypatch.setattr(e7_long_reading, "finetune_qa", fake_finetune)
+    args = argparse.Namespace(batch_tokens=16 * 512, long_batch_size=4, learning_rate=5e-5, max_steps=10, bf16=False,
+                              cpu_minutes=1.0, negative_fraction=0.1, teacher_weight=1.0)
+    for name in ("sliding-512", "littlebird-short-pi"):
+        e7_long_reading.train_method(name, tmp_path, None, tmp_path / name, args, tmp_path)
+    baseline, littlebird = seen["sliding-512"], seen["littlebird-short-pi"]
+    assert littlebird[0].padding_insertion and not baseline[0].padding_insertion
+    assert littlebird[1:] == baseline[1:] == (512, 128) and littlebird[0].batch_size == baseline[0].batch_size == 16
+    assert e7_long_reading.METHODS["littlebird-short-pi"].reading == (4096, 1024)
