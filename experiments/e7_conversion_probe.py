@@ -68,6 +68,8 @@ CONVERSIONS = {
     # read whole, and the same model in 512-token windows: what dropping the positions costs before any length does
     "littlebird": ("littlebird", LONG, {}, LONG, 1024),
     "littlebird-w512": ("littlebird", LONG, {}, SOURCE_WINDOW, 128),
+    # without pack attention (pack_size 0): what the new pack vectors cost, apart from dropping the positions
+    "littlebird-nopack-w512": ("littlebird", LONG, {"pack_size": 0}, SOURCE_WINDOW, 128),
     "kobigbird-b256-copy256-norandom": ("kobigbird", LONG, {
         "taper_schedule": "copy", "taper_start": 256, "block_size": 256, "num_random_blocks": 0}, LONG, 1024),
 }

@@ -56,48 +56,79 @@ def _usw_inputs(length, pack, dtype, token_major, seed):
     return q, k, v, pk, pv, key_mask, positions
 
 
-@pytest.mark.parametrize("length", [8, 16, 64, 72, 256])
-@pytest.mark.parametrize("pack", [0, 4])
-@pytest.mark.parametrize("token_major", [True, False])
-def test_usw_inference_kernel_without_key_groups_equals_dense_reference(length, pack, token_major, monkeypatch):
-    """At CPU inference the USW softmax runs as two flash-attention calls merged by their log-sum-exps, the window
-    keys read in place through overlapping views of one padded copy shared by the batch rows (a block's neighbour
-    across the row boundary must stay masked). Equal to the dense oracle within fp32 rounding, and the same when the
-    scratch buffers of an earlier call (other inputs) are reused."""
+def _count_split_calls(monkeypatch) -> list:
     import longbird.attention.littlebird as littlebird
 
     calls = []
     split = littlebird.usw_split_attention
     monkeypatch.setattr(littlebird, "usw_split_attention", lambda *a, **k: calls.append(1) or split(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("length", [8, 16, 64, 72, 256])
+@pytest.mark.parametrize("pack", [0, 4])
+@pytest.mark.parametrize("token_major", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_usw_inference_kernel_without_key_groups_equals_dense_reference(length, pack, token_major, dtype,
+                                                                        monkeypatch):
+    """At CPU inference the USW softmax runs as two flash-attention calls merged by their log-sum-exps, the window
+    keys read in place through overlapping views of a padded copy. Equal to the dense oracle within the fp32 rounding
+    both share (the oracle's bias terms are fp32), and unchanged when a later call (other inputs) reuses the scratch
+    buffers: the output never aliases them."""
+    calls = _count_split_calls(monkeypatch)
     bias = _bias()
-    workspace = {}
+    workspace, outputs = {}, []
     for seed in (length + pack, length + pack + 1):
-        q, k, v, pk, pv, key_mask, positions = _usw_inputs(length, pack, torch.float32, token_major, seed)
+        q, k, v, pk, pv, key_mask, positions = _usw_inputs(length, pack, dtype, token_major, seed)
         with torch.no_grad():
             out = usw_attention(q, k, v, usw_layout(key_mask, positions, BLOCK, bias), bias, pk, pv, workspace)
             ref = usw_attention_reference(q, k, v, key_mask, positions, bias, BLOCK, pk, pv)
         real = key_mask[:, None, :, None]  # padding query rows attend to masked keys only: undefined, never read
         torch.testing.assert_close(out * real, ref * real, atol=2e-6, rtol=1e-5)
+        outputs.append((out, out.clone()))
     assert len(calls) == 2 and workspace  # the split kernel ran, through the reused buffers
+    assert torch.equal(*outputs[0])  # the first output, after the second call wrote the same buffers
 
 
+def test_usw_inference_kernel_keeps_batch_rows_apart_even_with_non_finite_padding(monkeypatch):
+    """A row's windows never reach into another row's keys: an infinite key and value in row 0's padding (fp16
+    overflow, say) leave row 1's outputs exactly what they are when row 1 is read alone (0 · inf would be NaN)."""
+    calls = _count_split_calls(monkeypatch)
+    bias = _bias()
+    q, k, v, pk, pv, key_mask, positions = _usw_inputs(64, 4, torch.float32, True, 0)
+    key_mask[0, 56:] = False
+    k[0, :, 60], v[0, :, 60] = float("inf"), float("inf")
+    with torch.no_grad():
+        both = usw_attention(q, k, v, usw_layout(key_mask, positions, BLOCK, bias), bias, pk, pv)
+        alone = usw_attention(q[1:], k[1:], v[1:], usw_layout(key_mask[1:], positions[1:], BLOCK, bias), bias,
+                              pk[1:], pv[1:])
+    real = key_mask[1][None, :, None]
+    assert len(calls) == 2 and torch.isfinite(both[1] * real).all()
+    torch.testing.assert_close(both[1] * real, alone[0] * real, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("pack", [0, 4])
-def test_usw_inference_kernel_in_bf16_stays_within_its_roundings_of_the_grouped_kernel(pack, monkeypatch):
-    """bf16: both kernels round the probabilities before P·V and their output to bf16 (2^-9 of max|v| each); the
-    split kernel rounds its two partial outputs and then the merged one, so the two differ by at most 5·2^-9·max|v|."""
+def test_usw_inference_kernel_in_half_precision_stays_within_its_roundings_of_the_grouped_kernel(dtype, pack,
+                                                                                                 monkeypatch):
+    """bf16/fp16 with unit roundoff u (2^-8, 2^-11): both kernels round the probabilities before P·V and their output
+    (u·max|v| each); the split kernel also rounds its two partial outputs (the merge itself runs in fp32). So the two
+    differ by at most (2 + 3)·u·max|v|."""
     import longbird.attention.littlebird as littlebird
 
+    calls = _count_split_calls(monkeypatch)
     bias = _bias()
-    q, k, v, pk, pv, key_mask, positions = _usw_inputs(256, pack, torch.bfloat16, True, pack)
+    q, k, v, pk, pv, key_mask, positions = _usw_inputs(256, pack, dtype, True, pack)
     layout = usw_layout(key_mask, positions, BLOCK, bias)
     with torch.no_grad():
         split = usw_attention(q, k, v, layout, bias, pk, pv)
         monkeypatch.setattr(littlebird, "split_kernel_applies", lambda *a: False)
         grouped = usw_attention(q, k, v, layout, bias, pk, pv)
+    unit = torch.finfo(dtype).eps / 2  # round to nearest
     scale = max(v.abs().max(), pv.abs().max() if pack else 0).float()
     real = key_mask[:, None, :, None]
     difference = ((split.float() - grouped.float()) * real).abs().max()
-    assert split.dtype == torch.bfloat16 and 0 < difference <= 5 * 2 ** -9 * scale
+    assert len(calls) == 1 and split.dtype == dtype and difference <= 5 * unit * scale
 
 
 @pytest.mark.parametrize("pack", [0, 4])

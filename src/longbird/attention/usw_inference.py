@@ -5,7 +5,8 @@
 - `grouped_usw_inference` (GPUs, compiled graphs, TAPE's wider values): one SDPA call over (head, block) rows of the
   gathered key groups.
 
-Both add the BiALiBi bias −D of every head from one (H, 5) × (5, ·) product with the layout's score terms.
+Both add the BiALiBi bias −D of every head from (H, 5) × (5, ·) products with the layout's score terms (one per key
+set).
 `layout` is the call's `littlebird.USWLayout` and `slopes` a `littlebird.BiALiBiSlopes` (not imported: `littlebird`
 imports this module).
 """
@@ -15,15 +16,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .tracing import is_tracing
 from .workspace import concat_into
 
 
 def split_kernel_applies(query, key, value) -> bool:
     """The split kernel needs PyTorch's CPU flash attention with its log-sum-exp (equal head sizes; TAPE's widened
-    values are not) and strided views that a compiled graph does not trace: eager CPU inference only."""
+    values are not) and strided views into scratch buffers, which no trace should capture: eager CPU inference only
+    (not under torch.compile, torch.export, torch.jit or fake tensors: `tracing.is_tracing`)."""
     return (query.device.type == "cpu" and query.shape[-1] == key.shape[-1] == value.shape[-1]
             and query.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-            and not torch.compiler.is_compiling())
+            and not is_tracing())
 
 
 def _token_major(x: torch.Tensor) -> torch.Tensor:
@@ -32,15 +35,15 @@ def _token_major(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(batch * length, heads, dim)
 
 
-def _windows(x: torch.Tensor, n: int, b: int, workspace: dict | None, name: str) -> torch.Tensor:
-    """Each query block's [left | own | right] keys (B·n, H, 3b, d) as overlapping views of one padded copy of `x`
-    (B, H, l, d): the batch's tokens in a row with a zero block at each end. A block's neighbour across a batch
-    boundary or a padding block is a key the layout masks, so one padded sequence serves every batch row."""
-    tokens = _token_major(x)
-    heads, dim = tokens.shape[1:]
-    edge = tokens.new_zeros(b, heads, dim)
-    padded = concat_into([edge, tokens, edge], 0, workspace, name)
-    return padded.as_strided((tokens.shape[0] // b, heads, 3 * b, dim), (b * heads * dim, dim, heads * dim, 1))
+def _windows(x: torch.Tensor, n: int, b: int, workspace: dict | None, name: str) -> list[torch.Tensor]:
+    """Per batch row, each query block's [left | own | right] keys (n, H, 3b, d) as overlapping views of one padded
+    copy of `x` (B, H, l, d) in which every row has a zero block at each end: a row's windows never reach into another
+    row, so a non-finite value there cannot turn a masked key's 0 weight into NaN (the batch-independence rule)."""
+    batch, heads, _, dim = x.shape
+    tokens = x.transpose(1, 2)  # (B, l, H, d): a view of the projection's layout
+    edge = tokens.new_zeros(batch, b, heads, dim)
+    padded = concat_into([edge, tokens, edge], 1, workspace, name)  # (B, l + 2b, H, d)
+    return [row.as_strided((n, heads, 3 * b, dim), (b * heads * dim, dim, heads * dim, 1)) for row in padded]
 
 
 def usw_split_attention(query, key, value, layout, slopes, pack_key, pack_value,
@@ -65,15 +68,17 @@ def usw_split_attention(query, key, value, layout, slopes, pack_key, pack_value,
     weights = _bias_weights(slopes, pack_bias).neg().to(compute)  # (H, 5)
     window_bias = torch.matmul(weights, window_terms).to(query.dtype)  # (B, n, H, b·3b)
     shared_bias = torch.matmul(weights, shared_terms).to(query.dtype)  # (B, H, l·(s + b))
-    query_blocks = _token_major(query).view(batch * n, b, heads, dim).transpose(1, 2)
-    windowed, window_lse = flash(query_blocks, _windows(key, n, b, workspace, "window-keys"),
-                                 _windows(value, n, b, workspace, "window-values"),
-                                 attn_mask=window_bias.view(batch * n, heads, b, 3 * b), scale=scale)
+    query_blocks = _token_major(query).view(batch, n, b, heads, dim).transpose(2, 3)  # (B, n, H, b, d)
+    window_bias = window_bias.view(batch, n, heads, b, 3 * b)
+    parts = [flash(query_blocks[row], keys, values, attn_mask=window_bias[row], scale=scale)
+             for row, (keys, values) in enumerate(zip(_windows(key, n, b, workspace, "window-keys"),
+                                                      _windows(value, n, b, workspace, "window-values")))]
+    windowed, window_lse = parts[0] if batch == 1 else (torch.cat([part[i] for part in parts]) for i in (0, 1))
     shared_keys = [key[:, :, :b]] if pack_key is None else [pack_key, key[:, :, :b]]
     shared_values = [value[:, :, :b]] if pack_value is None else [pack_value, value[:, :, :b]]
     shared, shared_lse = flash(query, torch.cat(shared_keys, dim=2), torch.cat(shared_values, dim=2),
                                attn_mask=shared_bias.view(batch, heads, length, s + b), scale=scale)
-    # both outputs are (B, l, H, d) in memory; the log-sum-exps (B·n, H, b) and (B, H, l) are fp32
+    # both outputs are (B, l, H, d) in memory; the log-sum-exps are (B·n, H, b) and (B, H, l) (fp32, fp64 for fp64)
     windowed = windowed.transpose(1, 2).reshape(batch, length, heads, dim)
     window_lse = window_lse.view(batch, n, heads, b).transpose(2, 3).reshape(batch, length, heads, 1)
     weight = torch.sigmoid(window_lse - shared_lse.transpose(1, 2).unsqueeze(-1))  # e^{L_w} / (e^{L_w} + e^{L_g})
