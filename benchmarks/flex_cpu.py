@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from longbird.bench.models import SIZES, build_model, forward_fn
+from longbird.bench.report import write_table
 from longbird.bench.sweep import cpu_model
-from longbird.files import write_file_atomically
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -67,9 +67,7 @@ def main():
     for row in rows:
         lines.append(f"| {row['model']} | {row['length']} | {row['blocked_median_seconds']:.3f} | "
                      f"{row['flex_median_seconds']:.3f} | {row['flex_speedup']:.2f}x | {row['flex_first_call_seconds']:.1f} |")
-    write_file_atomically(args.out / f"{args.name}.json", json.dumps(report, indent=2) + "\n")
-    write_file_atomically(args.out / f"{args.name}.md", "\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_table(report, lines, args.out, args.name)
 
 
 if __name__ == "__main__":

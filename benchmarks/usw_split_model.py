@@ -22,8 +22,8 @@ import torch
 
 import longbird.attention.littlebird as littlebird
 from longbird.bench.models import SIZES, build_model, forward_fn, matmul_throughput
+from longbird.bench.report import write_table
 from longbird.bench.sweep import cpu_model
-from longbird.files import write_file_atomically
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 SPLIT = littlebird.split_kernel_applies
@@ -81,9 +81,7 @@ def main() -> None:
     for row in rows:
         lines.append(f"| {row['size']} | {row['dtype']} | {row['length']} | {row['grouped_median_seconds']:.3f} | "
                      f"{row['split_median_seconds']:.3f} | {row['speedup']:.2f}x |")
-    write_file_atomically(args.out / f"{args.name}.json", json.dumps(report, indent=2) + "\n")
-    write_file_atomically(args.out / f"{args.name}.md", "\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_table(report, lines, args.out, args.name)
 
 
 if __name__ == "__main__":

@@ -84,3 +84,12 @@ def test_a_run_out_of_memory_is_recorded_as_a_skip_not_a_crash():
     rows = _measure({"fits": fits, "flaky": flaky}, repeats=2, device=torch.device("cpu"))
     assert rows["flaky"] == {"skipped": "out of GPU memory while timing"}
     assert rows["fits"]["median_seconds"] >= 0 and calls["fits"] == 4  # warm-up, 2 timed, 1 profiled
+
+
+def test_a_benchmark_table_is_written_as_json_and_markdown_side_by_side(tmp_path, capsys):
+    from longbird.bench.report import write_table
+
+    write_table({"rows": [{"a": 1}]}, ["| a |", "|---|", "| 1 |"], tmp_path, "table")
+    assert json.loads((tmp_path / "table.json").read_text()) == {"rows": [{"a": 1}]}
+    assert (tmp_path / "table.md").read_text() == "| a |\n|---|\n| 1 |\n"
+    assert "| 1 |" in capsys.readouterr().out

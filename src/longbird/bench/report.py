@@ -151,3 +151,11 @@ def write_report(report: dict, out_dir: Path, command: str, stem: str = "bench")
     paths = [write_file_atomically(out_dir / f"{stem}.json", json.dumps(report, indent=2) + "\n"),
              write_file_atomically(out_dir / f"{stem}.md", markdown(report, command))]
     return paths + plot(report, out_dir, stem)
+
+
+def write_table(report: dict, lines: list[str], out_dir: Path, name: str) -> None:
+    """A benchmark script's result: NAME.json (the report) and NAME.md (its markdown lines), each written atomically,
+    and the markdown printed."""
+    write_file_atomically(out_dir / f"{name}.json", json.dumps(report, indent=2) + "\n")
+    write_file_atomically(out_dir / f"{name}.md", "\n".join(lines) + "\n")
+    print("\n".join(lines))
