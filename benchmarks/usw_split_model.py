@@ -72,15 +72,15 @@ def main() -> None:
     rates = {name: matmul_throughput(dtype) / 1e12 for name, dtype in DTYPES.items()}
     report = {"command": command, "cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
               "matmul_tflops": rates, "rows": rows}
-    lines = [f"Command: `{command}`  ",
-             f"CPU: {report['cpu']}, {report['threads']} threads, torch {torch.__version__}; 4096x768x3072 matmul "
-             f"TFLOP/s fp32 {rates['fp32']:.3f}, bf16 {rates['bf16']:.3f}. LittleBird, random weights, batch 1, "
-             "inference, blocked backend; medians of calls alternating between the kernels in one process.", "",
-             "| size | dtype | tokens | grouped (before) s | split (now) s | speed-up |",
-             "|---|---|---:|---:|---:|---:|"]
-    for row in rows:
-        lines.append(f"| {row['size']} | {row['dtype']} | {row['length']} | {row['grouped_median_seconds']:.3f} | "
-                     f"{row['split_median_seconds']:.3f} | {row['speedup']:.2f}x |")
+    environment = (f"CPU: {report['cpu']}, {report['threads']} threads, torch {torch.__version__}; 4096x768x3072 "
+                   f"matmul TFLOP/s fp32 {rates['fp32']:.3f}, bf16 {rates['bf16']:.3f}. LittleBird, random weights, "
+                   "batch 1, inference, blocked backend; medians of calls alternating between the kernels in one "
+                   "process.")
+    table = [f"| {row['size']} | {row['dtype']} | {row['length']} | {row['grouped_median_seconds']:.3f} | "
+             f"{row['split_median_seconds']:.3f} | {row['speedup']:.2f}x |" for row in rows]
+    header = ["| size | dtype | tokens | grouped (before) s | split (now) s | speed-up |",
+              "|---|---|---:|---:|---:|---:|"]
+    lines = [f"Command: `{command}`  ", environment, "", *header, *table]
     write_table(report, lines, args.out, args.name)
 
 
