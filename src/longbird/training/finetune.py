@@ -27,7 +27,7 @@ from ..data.batching import PaddedBatches
 from ..data.features import QAFeature
 from ..precision import slow_bf16_warning
 from .padding_insertion import PaddingInsertion, sentence_end_token_ids
-from .processes import world_size
+from .processes import is_main_process, world_size
 from .resume import prepare_checkpoints, publish_checkpoint, resume_summary
 
 logger = logging.getLogger(__name__)
@@ -366,9 +366,11 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
     budget = CPUBudget(settings.cpu_minutes) if settings.cpu_minutes is not None else None
     if budget is not None:
         trainer.add_callback(budget)
+    finished = False
     try:
         # the checkpoint chosen above, not Trainer's `True` (the highest-numbered one, complete or not)
         result = trainer.train(resume_from_checkpoint=resume["checkpoint"] if resume else None)
+        finished = True
     except KeyboardInterrupt:
         if checkpoint_dir is not None:  # Ctrl-C: keep the model as it is and say where
             saved = Path(checkpoint_dir) / f"interrupted-step-{trainer.state.global_step}"
@@ -378,9 +380,15 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
         raise
     finally:
         if not keep:
-            shutil.rmtree(arguments.output_dir, ignore_errors=True)  # nothing is saved there (save_strategy="no")
-            with contextlib.suppress(OSError):
-                Path(arguments.output_dir).parent.rmdir()
+            # Under torchrun every process trains into the same scratch directory: after a finished run it goes once
+            # all processes are out of train() and only from the first (a process that removed it early made another
+            # fail writing there: "No such file or directory: .../.work/trainer", seen in CI).
+            if finished:
+                trainer.accelerator.wait_for_everyone()
+            if not finished or is_main_process():
+                shutil.rmtree(arguments.output_dir, ignore_errors=True)  # nothing is saved there (save_strategy="no")
+                with contextlib.suppress(OSError):
+                    Path(arguments.output_dir).parent.rmdir()
     return {**result.metrics, "log_history": trainer.state.log_history,
             "cpu_budget": None if budget is None else {"minutes": budget.minutes, **budget.used},
             "tokens_seen": int(trainer.state.num_input_tokens_seen),
