@@ -61,9 +61,7 @@ def usw_split_attention(query, key, value, layout, slopes, pack_key, pack_value,
     n = length // b
     s = 0 if pack_key is None else pack_key.shape[2]
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    compute = query.dtype if query.dtype in (torch.bfloat16, torch.float16) else torch.float32
-    if query.dtype == torch.float64:
-        compute = torch.float64
+    compute = _bias_dtype(query.dtype)
     shared_terms, window_terms = layout.split_terms(s, compute)
     weights = _bias_weights(slopes, pack_bias).neg().to(compute)  # (H, 5)
     window_bias = torch.matmul(weights, window_terms).to(query.dtype)  # (B, n, H, b·3b)
@@ -82,12 +80,16 @@ def usw_split_attention(query, key, value, layout, slopes, pack_key, pack_value,
     windowed = windowed.transpose(1, 2).reshape(batch, length, heads, dim)
     window_lse = window_lse.view(batch, n, heads, b).transpose(2, 3).reshape(batch, length, heads, 1)
     weight = torch.sigmoid(window_lse - shared_lse.transpose(1, 2).unsqueeze(-1))  # e^{L_w} / (e^{L_w} + e^{L_g})
-    shared = shared.transpose(1, 2)
-    if query.dtype in (torch.bfloat16, torch.float16):
-        out = torch.lerp(shared.float(), windowed.float(), weight).to(query.dtype)
-    else:
-        out = torch.lerp(shared, windowed, weight.to(query.dtype))
+    # merged in the log-sum-exps' dtype (fp32, fp64 for fp64): half-precision outputs are upcast, not the weight rounded
+    merged = weight.dtype
+    out = torch.lerp(shared.transpose(1, 2).to(merged), windowed.to(merged), weight).to(query.dtype)
     return out.transpose(1, 2)
+
+
+def _bias_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a bias product runs in: bf16/fp16 their own (fp32 accumulation inside the matmul; the bias ends in
+    that dtype anyway), fp32 and fp64 (tests) their own precision."""
+    return dtype if dtype in (torch.bfloat16, torch.float16) else torch.promote_types(dtype, torch.float32)
 
 
 def _bias_weights(slopes, pack_bias) -> torch.Tensor:
@@ -109,7 +111,7 @@ def usw_bias(layout, slopes, pack_bias, s: int, dtype: torch.dtype) -> torch.Ten
     # anyway, and writing it once instead of as fp32 and then converting took 40 % off the USW kernel at e5-small
     # size (benchmarks/results/usw_bias_dtype.md). The terms' rounding there (distances above 256 in bf16) is ~2^-9 of
     # the bias, as the final rounding already was. fp32 and fp64 inputs (tests) keep their own precision.
-    compute = dtype if dtype in (torch.bfloat16, torch.float16) else torch.promote_types(dtype, torch.float32)
+    compute = _bias_dtype(dtype)
     key = ("score-terms-as", s, compute)
     if key not in layout.derived:
         layout.derived[key] = layout.score_terms(s).to(compute)
