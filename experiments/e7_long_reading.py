@@ -56,6 +56,10 @@ Methods (ablation rows of issue 24; `--methods` picks):
 - littlebird-short-pi (round 7): LittleBird trained as sliding-512 is (512-token windows, stride 128, the same batch)
   with Padding Insertion (LittleBird §3.4), read whole at 4096; littlebird-short-pi-w512 reads the same model in
   512-token windows (no training of its own).
+- kobigbird-long-b128qn-cuts (round 8): -b128qn trained on 512-token cuts of its own long windows
+  (data/layout_cuts.py: the question block, then 384 consecutive tokens, each with its whole-article position id and
+  regional null), as many per question as sliding windows and batched as they are: a sliding window's cost, the long
+  reading's positions; read whole at 4096.
 - full-long: dense attention at 4096 (an upper reference on the CPU).
 
 Usage: python experiments/e7_long_reading.py --reader qa-model/kobigbird-e5-korquad [--cpu-minutes 60]
@@ -114,6 +118,7 @@ class Method(NamedTuple):
     untrained: bool = False  # read the conversion as it starts (0 CPU minutes: where the training budget starts from)
     reconverted: bool = False  # with trained_by: that row's trained model converted with this row's settings
     padding_insertion: bool = False  # train with Padding Insertion (LittleBird §3.4: gaps in the position ids)
+    cut: int | None = None  # train on cuts of this many tokens from the long windows (data/layout_cuts.py)
 
     @property
     def reading(self) -> tuple[int, int]:
@@ -172,6 +177,10 @@ METHODS = {
                                   padding_insertion=True),
     "littlebird-short-pi-w512": Method("littlebird", LONG, SOURCE_WINDOW, 128, {}, read_window=SOURCE_WINDOW,
                                        read_stride=128, trained_by="littlebird-short-pi", padding_insertion=True),
+    # round 8: round 4's long reader trained on 512-token cuts of its own long layout (the question block, then 384
+    # consecutive tokens with their whole-article positions and nulls; cuts overlapping by about 128 tokens, as the
+    # sliding windows): a sliding window's cost per question, the long reading's positions; read whole
+    "kobigbird-long-b128qn-cuts": Method("kobigbird", LONG, LONG, 1024, B128QN, cut=SOURCE_WINDOW),
     "littlebird-long-teacher": Method("littlebird", LONG, LONG, 1024, {}, teacher=True),
     "full-long": Method("full", LONG, LONG, 1024, COPY),
 }
@@ -226,7 +235,8 @@ def train_method(name: str, start: Path, train, run_dir: Path, args, reader: Pat
     method = METHODS[name]
     window, stride = method.window, method.stride
     # sliding windows share the token budget per update (--batch-tokens); whole articles come --long-batch-size at once
-    batch = max(1, round(args.batch_tokens / window)) if window < LONG else args.long_batch_size
+    tokens = method.cut or window
+    batch = max(1, round(args.batch_tokens / tokens)) if tokens < LONG else args.long_batch_size
     settings = FinetuneSettings(learning_rate=args.learning_rate, max_steps=args.max_steps, batch_size=batch,
                                 bf16=args.bf16, progress=True, logging_steps=10, group_by_length=True,
                                 lr_scheduler="constant", warmup_ratio=0.0, cpu_minutes=args.cpu_minutes,
@@ -234,7 +244,7 @@ def train_method(name: str, start: Path, train, run_dir: Path, args, reader: Pat
     metrics = finetune_qa(start, train, run_dir, data_format="korquad1-articles", window_length=window,
                           doc_stride=stride, negative_fraction=args.negative_fraction, settings=settings,
                           overwrite=True, teacher=reader if method.teacher else None,
-                          teacher_weight=args.teacher_weight)
+                          teacher_weight=args.teacher_weight, cut_windows=method.cut, cut_overlap=128)
     history = metrics["log_history"]
     return {"batch_size": batch, "cpu_budget": metrics["cpu_budget"], "tokens_seen": metrics["tokens_seen"],
             "training_windows": metrics["training_windows"], "windows": metrics["windows"],

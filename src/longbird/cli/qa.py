@@ -66,6 +66,11 @@ WarmupRatio = Annotated[float, typer.Option(help="Fraction of --max-steps (or of
                                                  "learning rate up from 0; give 0 with --cpu-minutes, which stops a "
                                                  "run long before --max-steps")]
 TeacherTemperature = Annotated[float, typer.Option(min=0.01, help="Temperature of the teacher's distributions")]
+CutWindows = Annotated[int | None, typer.Option(min=2, help="Train on windows of this many tokens cut from the long "
+                                                            "windows: the model's first block, then a span of "
+                                                            "tokens, each with its long-window position and null "
+                                                            "(a sliding window's cost, the long reading's layout)")]
+CutOverlap = Annotated[int, typer.Option(min=0, help="Tokens shared by neighbouring cuts (about; with --cut-windows)")]
 
 EvaluatedModel = Annotated[Path, typer.Option(help="Fine-tuned longbird QA or classification directory")]
 EvaluationData = Annotated[list[Path], typer.Option("--data", help="Evaluation data (repeatable for korquad2)")]
@@ -109,6 +114,7 @@ def finetune_qa(
     overwrite: Overwrite = False,
     teacher: Teacher = None, teacher_weight: TeacherWeight = 0.5, teacher_temperature: TeacherTemperature = 1.0,
     cpu_minutes: CPUMinutes = None, lr_scheduler: LRScheduler = "linear", warmup_ratio: WarmupRatio = 0.1,
+    cut_windows: CutWindows = None, cut_overlap: CutOverlap = 128,
 ):
     """Fine-tune extractive QA on long documents (Trainer; `accelerate launch` for several GPUs)."""
     settings = training_settings(locals())
@@ -118,7 +124,8 @@ def finetune_qa(
                   max_length=max_length, window_length=window_length, doc_stride=doc_stride, max_windows=max_windows,
                   negative_fraction=negative_fraction, max_examples=max_examples, settings=settings,
                   overwrite=overwrite, qa_head=qa_head, split=split, max_answer_tokens=max_answer_tokens,
-                  teacher=teacher, teacher_weight=teacher_weight, teacher_temperature=teacher_temperature)
+                  teacher=teacher, teacher_weight=teacher_weight, teacher_temperature=teacher_temperature,
+                  cut_windows=cut_windows, cut_overlap=cut_overlap)
     print_metrics(f"fine-tuned QA model saved to {out}", metrics)
 
 

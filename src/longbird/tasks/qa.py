@@ -14,6 +14,7 @@ from transformers import set_seed
 from ..checkpoints import check_tokenizer, load_on_device, load_task_model
 from ..data.html import add_tag_tokens
 from ..data.korquad import read_korquad_v1_articles, read_korquad_v2, read_squad_paragraphs, split_by_title
+from ..data.layout_cuts import LayoutCuts
 from ..data.null_regions import NullRegions
 from ..data.windows import PairTemplate, QAWindows
 from ..heads import LongBirdForQuestionAnswering
@@ -96,13 +97,16 @@ def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "
                 settings: FinetuneSettings | None = None, overwrite: bool = False, qa_head: str | None = None,
                 split: str | None = None, max_answer_tokens: int | None = None, teacher=None,
                 teacher_weight: float = 0.5, teacher_temperature: float = 1.0,
-                conversion: dict | None = None) -> dict:
+                conversion: dict | None = None, cut_windows: int | None = None, cut_overlap: int = 128) -> dict:
     """Fine-tune a QA model and save it (with its tokenizer, which gains the HTML tag tokens) to `out`.
     `window_length` (default: the model's maximum) is the feature window; `max_windows=1` trains on the first window
     only (truncation). With `teacher` (a fine-tuned short QA model directory) the loss mixes the gold labels with
     the teacher's span distributions read in sliding windows of its trained length (training/sliding_teacher.py),
     `teacher_weight` of the soft part at `teacher_temperature`. `conversion`: LongBirdConfig values for a source that
-    is converted (e.g. {"tape_phase": False}); ignored by a longbird directory, which keeps its own."""
+    is converted (e.g. {"tape_phase": False}); ignored by a longbird directory, which keeps its own.
+    `cut_windows`: train on windows of this many tokens cut from the long windows (the model's first block, then
+    consecutive tokens overlapping by about `cut_overlap`), each token with its long-window position and null
+    (data/layout_cuts.py); the negative draw applies to the cuts."""
     settings = settings or FinetuneSettings()
     out = Path(out)
     check_output(out, overwrite)
@@ -125,11 +129,19 @@ def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "
     add_tag_tokens(tokenizer, model)  # always, so the model can read HTML pages later (`longbird answer`)
     check_tokenizer(model, tokenizer)
     window_length = window_length or model.config.max_position_embeddings
-    # Built on demand: each document tokenized once, only the drawn windows kept as token ranges (data/windows.py).
-    items = QAWindows(tokenizer, rows, window_length, doc_stride, max_windows, negative_fraction, settings.seed,
+    if cut_windows is not None and teacher is not None:
+        raise ValueError("a sliding teacher reads whole long windows, not cuts of them: train with the teacher or "
+                         "with cut_windows, not both")
+    # Built on demand: each document tokenized once, only the drawn windows kept as token ranges (data/windows.py);
+    # with cuts the negative draw is the cuts' (data/layout_cuts.py), so every long window is kept here.
+    items = QAWindows(tokenizer, rows, window_length, doc_stride, max_windows,
+                      1.0 if cut_windows else negative_fraction, settings.seed,
                       token_types=model.config.type_vocab_size >= 2, with_question_tokens=teacher is not None,
                       max_question_tokens=question_limit(model, tokenizer, window_length),
                       null_regions=NullRegions.of(model.config, tokenizer))
+    if cut_windows is not None:
+        items = LayoutCuts(items, cut_windows, model.config.block_size, cut_overlap, negative_fraction,
+                           settings.seed)
     distillation = ({} if teacher is None else
                     sliding_teacher(teacher, tokenizer, items, settings, teacher_weight, teacher_temperature))
     metrics = train(model, tokenizer, items, out.parent / f".{out.name}.work", settings,
@@ -138,7 +150,8 @@ def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "
     summary = {"task": "qa", "data": data_record(train_data), "format": data_format, "split": split,
                "source_model": model_record(model_path, preset, max_length),
                "train_examples": len(rows), "windows": items.windows, "training_windows": len(items),
-               "window_length": window_length, "doc_stride": doc_stride, "settings": vars(settings), **distillation,
+               "window_length": window_length, "doc_stride": doc_stride, "cut_windows": cut_windows,
+               "cut_overlap": cut_overlap if cut_windows else None, "settings": vars(settings), **distillation,
                "processes": world_size(), **training_record(metrics)}
     write_trained_model(out, model, tokenizer, "longbird_finetune.json", summary, overwrite, settings,
                         (model_path, preset, max_length))

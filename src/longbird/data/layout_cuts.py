@@ -1,0 +1,135 @@
+"""Short training windows cut from a long reader's own layout (issue 24, E7 round 8).
+
+Why: a long reader trained on whole articles sees one question per pass over the article, so at an equal CPU budget
+a sliding 512-token reader is supervised on about 9 times as many questions (E7 rounds 1 and 5); and a sliding reader
+converted to a long one afterwards loses beyond 512 tokens what its training bought (round 6), because a token there
+is read with copied positions (TAPER `copy`) and regional nulls it never saw in training. A cut costs what a sliding
+window costs and shows every token as the long reading does.
+
+A long window (question, document tokens and, with `config.qa_null_every`, regional nulls: data/null_regions.py) of
+L tokens becomes windows of `length` tokens: its first `head` tokens (the global block: [CLS], the question and the
+first document tokens, which every token of the long window reads) followed by a span of `length - head` consecutive
+tokens. Every token keeps its long-window position id and its long-window null, so a cut reads its positions as the
+long reading does. With the round-4 long reader (block 128, the question block global, no random blocks) a token
+of a 384-token span sees in its cut about what block-sparse attention shows it in the whole article: the question
+block and its neighbourhood (there three 128-token blocks on the block grid, here the span, which starts on a null
+and so is not aligned with that grid; near the span's ends it sees less). A span
+starts inside the first region (whose null is [CLS], in the head) or at a null, so every token's null lies in its
+cut. Consecutive spans overlap by about `overlap` tokens: the next start is the allowed one nearest to the previous
+start + span - overlap (a null every 129 tokens lies within 64 of it). A long window of at most `length` tokens is
+one cut, the window itself.
+
+Labels: a cut holding the whole gold span is labelled with it; any other is a negative (target 0, the [CLS]; with
+regional nulls every region then targets its own null, heads.py `regional_start_loss`), kept with probability
+`negative_fraction`, drawn before anything is built.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from .windows import QAWindows
+
+
+def null_indices(document: tuple[int, int], after: int, every: int) -> np.ndarray:
+    """Where `NullRegions.insert` puts its nulls, computed without building the window: the indices after insertion
+    of the nulls of a window whose document tokens are `document` = [first, stop) before insertion (one before every
+    document token i >= `after` with (i - after) % every == 0; the k-th null moves k places)."""
+    first, stop = document
+    start = after + -(-max(0, first - after) // every) * every
+    before = np.arange(start, stop, every, dtype=np.int64)
+    return before + np.arange(len(before), dtype=np.int64)
+
+
+def span_starts(length: int, head: int, span: int, overlap: int, first_region: int, nulls: np.ndarray) -> list[int]:
+    """The first token of every cut's span in a long window of `length` tokens: allowed starts are head..
+    first_region-1 and the nulls; each next start is the allowed one nearest to the previous + span - overlap
+    (ties: the earlier), and always later than the previous; the last span reaches the end."""
+    allowed = np.concatenate([np.arange(head, min(first_region, length), dtype=np.int64), nulls])
+    starts = [head]
+    while starts[-1] + span < length:
+        later = allowed[allowed > starts[-1]]
+        if not len(later):
+            break
+        aim = starts[-1] + span - overlap
+        starts.append(int(later[np.argmin(np.abs(later - aim))]))
+    return starts
+
+
+class LayoutCuts:
+    """Training items of `length` tokens cut from the long windows of `windows` (a `QAWindows` built with
+    `negative_fraction=1.0`, its nulls in, if any): item i is {"input_ids", "attention_mask", "position_ids"
+    [, "region_nulls", "token_type_ids"], "start_positions", "end_positions"}, the long window's tokens at the cut's
+    indices with their long-window positions and nulls. `windows` counts the cuts before the negative draw."""
+
+    def __init__(self, windows: QAWindows, length: int, head: int, overlap: int, negative_fraction: float = 1.0,
+                 seed: int = 0):
+        if not 0 < head < length:
+            raise ValueError(f"a cut of {length} tokens cannot start with a head of {head} tokens: the head (the "
+                             "question block) must be shorter than the cut")
+        if not 0 <= overlap < length - head:
+            raise ValueError(f"cuts overlap by {overlap} tokens but hold only {length - head} after the head: use an "
+                             f"overlap in 0..{length - head - 1}")
+        self.long, self.length, self.head, self.span = windows, length, head, length - head
+        regions = windows.null_regions
+        template = windows.template
+        rng = random.Random(seed)
+        items, self.windows = [], 0
+        for index, (question, _, doc_start, doc_stop, first, last) in enumerate(windows.items.tolist()):
+            before = len(template.prefix) + len(windows.questions[question]) + len(template.middle)
+            size = before + doc_stop - doc_start + len(template.suffix)
+            nulls = np.zeros(0, dtype=np.int64)
+            first_region = size
+            if regions is not None:
+                nulls = null_indices((before, before + doc_stop - doc_start), regions.after, regions.every)
+                first_region = regions.after
+                size += len(nulls)
+                # a labelled token moves by the nulls before it (a null goes before the token it precedes)
+                first, last = (0, 0) if first == 0 else (first + int(np.sum(nulls - np.arange(len(nulls)) <= first)),
+                                                         last + int(np.sum(nulls - np.arange(len(nulls)) <= last)))
+            if size <= length:
+                self.windows += 1
+                if first or rng.random() < negative_fraction:
+                    items.append((index, -1, first, last, size))
+                continue
+            for start in span_starts(size, head, self.span, overlap, first_region, nulls):
+                self.windows += 1
+                # the gold span wholly in the head or in the span, never across the gap between them (the first
+                # cut, whose span starts at the head, has none)
+                in_span = (first >= start or start == head) and last < start + self.span
+                inside = first > 0 and (last < head or in_span)
+                if not inside and rng.random() >= negative_fraction:
+                    continue
+                cut_first, cut_last = ((_cut_index(first, head, start), _cut_index(last, head, start)) if inside
+                                       else (0, 0))
+                items.append((index, start, cut_first, cut_last, head + min(self.span, size - start)))
+        # per cut: (long window, span start or -1 for the whole window, start label, end label, tokens)
+        self.items = np.asarray(items, dtype=np.int64).reshape(-1, 5)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> dict:
+        long_index, start, first, last, _ = (int(x) for x in self.items[index])
+        item = self.long[long_index]
+        size = len(item["input_ids"])
+        item.setdefault("position_ids", list(range(size)))
+        if start < 0:
+            return item
+        keep = [*range(self.head), *range(start, min(start + self.span, size))]
+        cut = {key: [item[key][i] for i in keep] for key in ("input_ids", "attention_mask", "position_ids",
+                                                               "token_type_ids") if key in item}
+        if "region_nulls" in item:  # a token's null is in the head ([CLS]) or in the span (a span starts at a null)
+            cut["region_nulls"] = [_cut_index(item["region_nulls"][i], self.head, start) for i in keep]
+        return {**cut, "start_positions": first, "end_positions": last}
+
+    def lengths(self) -> list[int]:
+        """Tokens of every item (for length-grouped batches), without building the items."""
+        return self.items[:, 4].tolist()
+
+
+def _cut_index(index: int, head: int, start: int) -> int:
+    """Where long-window token `index` (in the head or in the span starting at `start`) lands in the cut."""
+    return index if index < head else head + index - start

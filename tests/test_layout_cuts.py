@@ -1,0 +1,139 @@
+"""Short windows cut from the long layout (data/layout_cuts.py): every cut is the long window's head plus a span of
+its tokens with their long-window positions and nulls, the cuts cover the long window, labels follow their tokens,
+and the negative draw keeps every labelled cut; on whole KorQuAD 1.0 articles with the Korean source's tokenizer."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import reading_tokenizer
+
+from longbird.data.korquad import read_korquad_v1_articles
+from longbird.data.layout_cuts import LayoutCuts, null_indices, span_starts
+from longbird.data.null_regions import NullRegions
+from longbird.data.windows import QAWindows
+from longbird.sources import e5_path
+
+KORQUAD = Path(__file__).resolve().parents[1] / "data" / "korquad"
+LONG, CUT, HEAD, OVERLAP = 2048, 512, 128, 128
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return reading_tokenizer(e5_path())
+
+
+@pytest.fixture(scope="module")
+def articles():
+    rows = read_korquad_v1_articles(KORQUAD / "KorQuAD_v1.0_dev.json")[0]
+    return [rows[i] for i in range(0, 400, 9)]  # 45 questions over several whole articles, some beyond 2K tokens
+
+
+@pytest.mark.parametrize("document,after,every", [((5, 40), 10, 7), ((12, 12), 10, 7), ((3, 9), 10, 7),
+                                                  ((20, 60), 10, 4), ((10, 11), 10, 1)])
+def test_null_indices_are_where_insertion_puts_the_nulls(document, after, every):
+    length = document[1] + 2
+    inserted = NullRegions(every, after, -1).insert(list(range(length)),
+                                                     [document[0] <= i < document[1] for i in range(length)])
+    assert null_indices(document, after, every).tolist() == inserted["nulls"]
+
+
+def test_span_starts_overlap_by_about_the_asked_tokens_and_reach_the_end():
+    nulls = null_indices((70, 3000), 512, 128)
+    starts = span_starts(3000 + len(nulls), HEAD, CUT - HEAD, OVERLAP, 512, nulls)
+    assert starts[0] == HEAD and starts[-1] + CUT - HEAD >= 3000 + len(nulls) > starts[-2] + CUT - HEAD
+    steps = np.diff(starts)
+    assert all(start < 512 or start in nulls for start in starts)  # in the first region or at a null
+    assert np.all(np.abs(steps - (CUT - HEAD - OVERLAP)) <= 64), steps  # nulls every 129 tokens: within 64
+
+
+@pytest.fixture(scope="module")
+def cuts(tokenizer, articles):
+    regions = NullRegions(128, 512, tokenizer.cls_token_id)
+    windows = QAWindows(tokenizer, articles, LONG, 512, null_regions=regions)
+    return windows, LayoutCuts(windows, CUT, HEAD, OVERLAP)
+
+
+def test_every_cut_is_the_head_and_a_span_of_its_long_window_with_their_positions_and_nulls(tokenizer, cuts):
+    windows, cut = cuts
+    assert len(cut) == cut.windows > len(windows)  # nothing drawn away at negative_fraction 1; articles > 512 cut
+    covered: dict[int, set[int]] = {}
+    for index in range(len(cut)):
+        long_index, start, first, last, _ = (int(x) for x in cut.items[index])
+        item, long = cut[index], windows[long_index]
+        if start < 0:  # a long window that fits one cut is the cut
+            assert len(long["input_ids"]) <= CUT and item["input_ids"] == long["input_ids"]
+            continue
+        keep = [*range(HEAD), *range(start, min(start + CUT - HEAD, len(long["input_ids"])))]
+        for key in ("input_ids", "position_ids", "attention_mask"):
+            assert item[key] == [long[key][i] for i in keep], key
+        assert len(item["input_ids"]) <= CUT
+        # every token's null is in the cut: the same token of the long window, a [CLS] at position 0
+        for token, null in enumerate(item["region_nulls"]):
+            assert keep[null] == long["region_nulls"][keep[token]]
+            assert item["input_ids"][null] == tokenizer.cls_token_id and item["position_ids"][null] == 0
+        # labels: the same tokens as the long window's label, or the [CLS] when the cut lacks the answer
+        if first:
+            assert (keep[first], keep[last]) == (long["start_positions"], long["end_positions"])
+        elif long["start_positions"]:
+            assert not {long["start_positions"], long["end_positions"]} <= set(keep[HEAD:]) or \
+                long["end_positions"] < HEAD
+        covered.setdefault(long_index, set()).update(keep)
+    for long_index, seen in covered.items():  # the cuts of a long window cover all of it
+        assert seen == set(range(len(windows[long_index]["input_ids"])))
+
+
+def test_every_answer_is_labelled_in_some_cut_and_the_negative_draw_keeps_those(cuts):
+    windows, cut = cuts
+    labelled = {int(i) for i, _, first, _, _ in cut.items if first}
+    answered = {i for i in range(len(windows)) if windows[i]["start_positions"]}
+    assert labelled == answered  # answers are short against a 384-token span with 128 tokens of overlap
+    positives = LayoutCuts(windows, CUT, HEAD, OVERLAP, negative_fraction=0.0)
+    assert positives.windows == cut.windows and len(positives) == int(np.count_nonzero(cut.items[:, 2]))
+    assert all(positives[i]["start_positions"] > 0 for i in range(len(positives)))
+    some = LayoutCuts(windows, CUT, HEAD, OVERLAP, negative_fraction=0.3, seed=1)
+    assert len(positives) < len(some) < len(cut)
+    assert some.lengths() == [len(some[i]["input_ids"]) for i in range(len(some))]
+
+
+def test_cuts_refuse_a_head_or_overlap_that_leaves_no_span(cuts):
+    windows, _ = cuts
+    with pytest.raises(ValueError, match=r"head .* must be shorter than the cut"):
+        LayoutCuts(windows, 128, 128, 0)
+    with pytest.raises(ValueError, match=r"overlap in 0\.\.383"):
+        LayoutCuts(windows, CUT, HEAD, 384)
+
+
+def test_finetune_qa_trains_on_cuts_with_long_positions_and_records_them(tmp_path, monkeypatch):
+    """finetune-qa --cut-windows: every training input is at most a cut long, some carry positions past the cut
+    (their long-window positions), the record names the cuts, and a teacher beside the cuts is refused."""
+    import json
+
+    from test_qa_cli import PAGES, write_tiny_source
+    from typer.testing import CliRunner
+
+    from longbird.cli import app
+    from longbird.heads import LongBirdForQuestionAnswering
+
+    seen = []
+    forward = LongBirdForQuestionAnswering.forward
+
+    def recorded(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, *args, **kwargs):
+        seen.append((input_ids.shape[1], None if position_ids is None else int(position_ids.max())))
+        return forward(self, input_ids, attention_mask, token_type_ids, position_ids, *args, **kwargs)
+
+    monkeypatch.setattr(LongBirdForQuestionAnswering, "forward", recorded)
+    runner = CliRunner()
+    source = write_tiny_source(tmp_path / "source")
+    common = ["--model", str(source), "--preset", "kobigbird", "--max-length", "256", "--train", str(PAGES[0]),
+              "--max-steps", "3", "--batch-size", "4", "--negative-fraction", "0.5"]
+    result = runner.invoke(app, ["finetune-qa", *common, "--out", str(tmp_path / "cut"), "--cut-windows", "96",
+                                 "--cut-overlap", "16"])
+    assert result.exit_code == 0, result.output
+    assert len(seen) == 3 and all(length <= 96 for length, _ in seen)
+    assert max(top for _, top in seen) >= 96  # long-window positions, not 0..95
+    record = json.loads((tmp_path / "cut" / "longbird_finetune.json").read_text())
+    assert record["cut_windows"] == 96 and record["cut_overlap"] == 16 and record["training_windows"] > 0
+    result = runner.invoke(app, ["finetune-qa", *common, "--out", str(tmp_path / "t"), "--cut-windows", "96",
+                                 "--teacher", str(tmp_path / "cut")])
+    assert result.exit_code == 1 and "cut_windows" in result.output
