@@ -350,7 +350,8 @@ def main() -> None:
                                     **trained, "window": window, "doc_stride": stride, "per_question": scores,
                                     "eval_cpu_seconds": eval_seconds, "eval_machine": results["machine"],
                                     "train_window": trainer.window, "train_doc_stride": trainer.stride,
-                                    "trained_by": trained_by, "padding_insertion": trainer.padding_insertion}
+                                    "trained_by": trained_by, "padding_insertion": trainer.padding_insertion,
+                                    "train_cut": trainer.cut}
         write_file_atomically(args.out / f"{args.name}_predictions" / f"{name}.json",
                               json.dumps(predictions, ensure_ascii=False, indent=1) + "\n")
         write_results(results, buckets, args.out, args.name)
@@ -438,6 +439,8 @@ def table(results: dict) -> list[str]:
         diff_cells = [f"{d['difference']:+.1f} ({d['low']:+.1f} to {d['high']:+.1f})" if d else "—" for d in diffs]
         budget = m["cpu_budget"]
         train_window = m.get("train_window", m["window"])  # rows run before the field existed train as they read
+        if m.get("train_cut"):
+            train_window = f"{m['train_cut']}-token cuts of {train_window}"
         shared = f" (model of {m['trained_by']})" if m.get("trained_by", name) != name else ""
         lines.append(f"| {name}{shared} | {train_window} / {m['window']} | "
                      f"{summary['all']['f1']:.1f} ({low:.1f}–{high:.1f}) | "
