@@ -47,6 +47,21 @@ def test_span_starts_overlap_by_about_the_asked_tokens_and_reach_the_end():
     assert np.all(np.abs(steps - (CUT - HEAD - OVERLAP)) <= 64), steps  # nulls every 129 tokens: within 64
 
 
+@pytest.mark.parametrize("overlap", [0, 16, 63, 64, 128, 383])
+def test_spans_leave_no_token_out_at_any_overlap(overlap):
+    length = 3000 + len(null_indices((70, 3000), 512, 128))
+    nulls = null_indices((70, 3000), 512, 128)
+    starts = span_starts(length, HEAD, CUT - HEAD, overlap, 512, nulls)
+    covered = set(range(HEAD)).union(*(range(start, min(start + CUT - HEAD, length)) for start in starts))
+    assert covered == set(range(length))
+
+
+def test_a_span_shorter_than_a_region_is_refused_with_the_fix():
+    nulls = null_indices((70, 3000), 512, 128)
+    with pytest.raises(ValueError, match=r"does not reach the next regional null.*use longer cuts"):
+        span_starts(3000 + len(nulls), HEAD, 100, 0, 512, nulls)
+
+
 @pytest.fixture(scope="module")
 def cuts(tokenizer, articles):
     regions = NullRegions(128, 512, tokenizer.cls_token_id)
@@ -72,15 +87,48 @@ def test_every_cut_is_the_head_and_a_span_of_its_long_window_with_their_position
         for token, null in enumerate(item["region_nulls"]):
             assert keep[null] == long["region_nulls"][keep[token]]
             assert item["input_ids"][null] == tokenizer.cls_token_id and item["position_ids"][null] == 0
-        # labels: the same tokens as the long window's label, or the [CLS] when the cut lacks the answer
+        # labels: the same tokens as the long window's label, exactly when the cut holds the whole answer (an answer
+        # starting in the head labels the first cut only, and the window's other cuts are left out)
+        answer = (long["start_positions"], long["end_positions"])
+        holds = answer[0] > 0 and (answer[0] >= start or start == HEAD) and answer[1] < start + CUT - HEAD
+        assert not (0 < answer[0] < HEAD and start != HEAD)
+        assert bool(first) == holds
         if first:
-            assert (keep[first], keep[last]) == (long["start_positions"], long["end_positions"])
-        elif long["start_positions"]:
-            assert not {long["start_positions"], long["end_positions"]} <= set(keep[HEAD:]) or \
-                long["end_positions"] < HEAD
+            assert (keep[first], keep[last]) == answer
         covered.setdefault(long_index, set()).update(keep)
     for long_index, seen in covered.items():  # the cuts of a long window cover all of it
-        assert seen == set(range(len(windows[long_index]["input_ids"])))
+        if not 0 < windows[long_index]["start_positions"] < HEAD:  # (one cut only for an answer in the head)
+            assert seen == set(range(len(windows[long_index]["input_ids"])))
+
+
+def test_the_start_loss_sees_every_region_of_a_cut(cuts):
+    """The regional start loss bounds the regions of a row by `NullRegions.max_regions` (no host read in a compiled
+    step): the bound holds for every cut, and a cut whose answer lies in a span region gets the same loss and a
+    gradient at the gold start as with the regions counted from the batch."""
+    import torch
+
+    from longbird.data.null_regions import is_null
+    from longbird.heads import regional_start_loss
+
+    _, cut = cuts
+    config = type("Config", (), {"qa_null_every": 128, "full_attention_max_length": 512})()
+    items = [cut[i] for i in range(len(cut))]
+    for item in items:
+        nulls = is_null(torch.tensor(item["region_nulls"]))
+        assert int(nulls.sum()) <= NullRegions.max_regions(config, len(item["input_ids"]))
+    spanned = [item for item in items if item["start_positions"] and item["region_nulls"][item["start_positions"]]]
+    assert spanned  # answers beyond the first region
+    item = spanned[0]
+    length = len(item["input_ids"])
+    logits = torch.randn(1, length, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    region_nulls = torch.tensor([item["region_nulls"]])
+    valid = torch.ones(1, length, dtype=torch.bool)
+    target = torch.tensor([item["start_positions"]])
+    bounded = regional_start_loss(logits, region_nulls, valid, target, NullRegions.max_regions(config, length))
+    counted = regional_start_loss(logits, region_nulls, valid, target)
+    torch.testing.assert_close(bounded, counted, rtol=0, atol=0)
+    (gradient,) = torch.autograd.grad(bounded, logits)
+    assert gradient[0, item["start_positions"]] < 0 and gradient[0, HEAD:].abs().sum() > 0
 
 
 def test_every_answer_is_labelled_in_some_cut_and_the_negative_draw_keeps_those(cuts):

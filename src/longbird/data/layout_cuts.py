@@ -21,7 +21,13 @@ one cut, the window itself.
 
 Labels: a cut holding the whole gold span is labelled with it; any other is a negative (target 0, the [CLS]; with
 regional nulls every region then targets its own null, heads.py `regional_start_loss`), kept with probability
-`negative_fraction`, drawn before anything is built.
+`negative_fraction`, drawn before anything is built. An answer that starts in the head would be in every cut of its
+window: it labels the first cut only, and the window's other cuts are left out (they are not negatives).
+
+What a cut does not reproduce: a cut of at most `full_attention_max_length` tokens is read with full attention, so
+its head's queries read the span; in the long reading of a `global_blocks="first-reads-source"` reader they read
+the first 512 tokens only. The head's states, which every token reads, are thus trained in another context than
+the one they are read in.
 """
 
 from __future__ import annotations
@@ -45,16 +51,20 @@ def null_indices(document: tuple[int, int], after: int, every: int) -> np.ndarra
 
 def span_starts(length: int, head: int, span: int, overlap: int, first_region: int, nulls: np.ndarray) -> list[int]:
     """The first token of every cut's span in a long window of `length` tokens: allowed starts are head..
-    first_region-1 and the nulls; each next start is the allowed one nearest to the previous + span - overlap
-    (ties: the earlier), and always later than the previous; the last span reaches the end."""
+    first_region-1 and the nulls; each next start is, among the allowed ones after the previous start and no later
+    than the previous span's end (so no token is skipped), the one nearest to the previous + span - overlap (ties:
+    the earlier); the last span reaches the end."""
     allowed = np.concatenate([np.arange(head, min(first_region, length), dtype=np.int64), nulls])
     starts = [head]
     while starts[-1] + span < length:
-        later = allowed[allowed > starts[-1]]
-        if not len(later):
-            break
-        aim = starts[-1] + span - overlap
-        starts.append(int(later[np.argmin(np.abs(later - aim))]))
+        previous = starts[-1]
+        reach = allowed[(allowed > previous) & (allowed <= previous + span)]
+        if not len(reach):
+            raise ValueError(f"a cut's span of {span} tokens does not reach the next regional null after token "
+                             f"{previous}: cut windows must hold the first block and more than one region "
+                             "(qa_null_every + 1 tokens); use longer cuts")
+        aim = previous + span - overlap
+        starts.append(int(reach[np.argmin(np.abs(reach - aim))]))
     return starts
 
 
@@ -78,6 +88,10 @@ class LayoutCuts:
         rng = random.Random(seed)
         items, self.windows = [], 0
         for index, (question, _, doc_start, doc_stop, first, last) in enumerate(windows.items.tolist()):
+            if len(template.prefix) + len(windows.questions[question]) > head:
+                raise ValueError(f"a question of {len(windows.questions[question])} tokens does not fit the first "
+                                 f"{head} tokens every cut keeps: cut the questions shorter (max_question_tokens) or "
+                                 "train on whole windows")
             before = len(template.prefix) + len(windows.questions[question]) + len(template.middle)
             size = before + doc_stop - doc_start + len(template.suffix)
             nulls = np.zeros(0, dtype=np.int64)
@@ -95,11 +109,12 @@ class LayoutCuts:
                     items.append((index, -1, first, last, size))
                 continue
             for start in span_starts(size, head, self.span, overlap, first_region, nulls):
+                if 0 < first < head and start != head:
+                    # an answer in the head is in every cut of its window: labelled in the first cut only (the
+                    # others would repeat one question many times), and the others are no negatives either
+                    continue
                 self.windows += 1
-                # the gold span wholly in the head or in the span, never across the gap between them (the first
-                # cut, whose span starts at the head, has none)
-                in_span = (first >= start or start == head) and last < start + self.span
-                inside = first > 0 and (last < head or in_span)
+                inside = first > 0 and (first >= start or start == head) and last < start + self.span
                 if not inside and rng.random() >= negative_fraction:
                     continue
                 cut_first, cut_last = ((_cut_index(first, head, start), _cut_index(last, head, start)) if inside

@@ -55,9 +55,12 @@ class NullRegions:
 
     @staticmethod
     def max_regions(config, length: int) -> int:
-        """The most regions a window of `length` tokens (nulls included) of a model with `config` holds: the first,
-        and one per inserted null (at most one per `qa_null_every` tokens past the first region)."""
-        return 1 + _nulls_within(length, config.full_attention_max_length, max(1, config.qa_null_every))
+        """The most regions a window of `length` tokens (nulls included) of a model with `config` holds: the first
+        ([CLS] at 0) and one per inserted null. Inserted nulls are `qa_null_every` + 1 tokens apart (a null, then its
+        region's tokens) and come after the [CLS], wherever the window starts: in a whole window past the first
+        region, in a cut of one (data/layout_cuts.py) right after its first block, so a bound that does not assume
+        where the first one sits holds for both."""
+        return 1 + _nulls_within(length, 1, max(1, config.qa_null_every) + 1)
 
     def count(self, length: int) -> int:
         """The most nulls a window of `length` tokens (before insertion) receives."""
