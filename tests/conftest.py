@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,6 +25,27 @@ def reading_tokenizer(path):
     tokenizer.model_max_length = 1 << 20
     add_tag_tokens(tokenizer)
     return tokenizer
+
+
+KORQUAD = Path(__file__).resolve().parents[1] / "data" / "korquad"
+
+
+def korquad1_dev_questions(step: int):
+    """Every `step`-th of the first 400 KorQuAD 1.0 dev questions, each with its whole article as its context."""
+    from longbird.data.korquad import read_korquad_v1_articles
+
+    rows = read_korquad_v1_articles(KORQUAD / "KorQuAD_v1.0_dev.json")[0]
+    return [rows[i] for i in range(0, 400, step)]
+
+
+@pytest.fixture(scope="session")
+def korean_tokenizer():
+    """The Korean source's (multilingual-e5-small) tokenizer as the QA pipeline reads with it."""
+    from longbird.sources import e5_path
+
+    return reading_tokenizer(e5_path())
+
+
 BLOCK = 8
 AWKWARD_LENGTHS = (9, 63, 64, 65, 113, 256)
 VOCAB = 99

@@ -2,31 +2,20 @@
 its tokens with their long-window positions and nulls, the cuts cover the long window, labels follow their tokens,
 and the negative draw keeps every labelled cut; on whole KorQuAD 1.0 articles with the Korean source's tokenizer."""
 
-from pathlib import Path
-
 import numpy as np
 import pytest
-from conftest import reading_tokenizer
+from conftest import korquad1_dev_questions
 
-from longbird.data.korquad import read_korquad_v1_articles
 from longbird.data.layout_cuts import LayoutCuts, null_indices, span_starts
 from longbird.data.null_regions import NullRegions
 from longbird.data.windows import QAWindows
-from longbird.sources import e5_path
 
-KORQUAD = Path(__file__).resolve().parents[1] / "data" / "korquad"
 LONG, CUT, HEAD, OVERLAP = 2048, 512, 128, 128
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    return reading_tokenizer(e5_path())
-
-
-@pytest.fixture(scope="module")
 def articles():
-    rows = read_korquad_v1_articles(KORQUAD / "KorQuAD_v1.0_dev.json")[0]
-    return [rows[i] for i in range(0, 400, 9)]  # 45 questions over several whole articles, some beyond 2K tokens
+    return korquad1_dev_questions(9)  # 45 questions over several whole articles, some beyond 2K tokens
 
 
 @pytest.mark.parametrize("document,after,every", [((5, 40), 10, 7), ((12, 12), 10, 7), ((3, 9), 10, 7),
@@ -63,13 +52,14 @@ def test_a_span_shorter_than_a_region_is_refused_with_the_fix():
 
 
 @pytest.fixture(scope="module")
-def cuts(tokenizer, articles):
-    regions = NullRegions(128, 512, tokenizer.cls_token_id)
-    windows = QAWindows(tokenizer, articles, LONG, 512, null_regions=regions)
+def cuts(korean_tokenizer, articles):
+    regions = NullRegions(128, 512, korean_tokenizer.cls_token_id)
+    windows = QAWindows(korean_tokenizer, articles, LONG, 512, null_regions=regions)
     return windows, LayoutCuts(windows, CUT, HEAD, OVERLAP)
 
 
-def test_every_cut_is_the_head_and_a_span_of_its_long_window_with_their_positions_and_nulls(tokenizer, cuts):
+def test_every_cut_is_the_head_and_a_span_of_its_long_window_with_their_positions_and_nulls(korean_tokenizer,
+                                                                                            cuts):
     windows, cut = cuts
     assert len(cut) == cut.windows > len(windows)  # nothing drawn away at negative_fraction 1; articles > 512 cut
     covered: dict[int, set[int]] = {}
@@ -86,7 +76,7 @@ def test_every_cut_is_the_head_and_a_span_of_its_long_window_with_their_position
         # every token's null is in the cut: the same token of the long window, a [CLS] at position 0
         for token, null in enumerate(item["region_nulls"]):
             assert keep[null] == long["region_nulls"][keep[token]]
-            assert item["input_ids"][null] == tokenizer.cls_token_id and item["position_ids"][null] == 0
+            assert item["input_ids"][null] == korean_tokenizer.cls_token_id and item["position_ids"][null] == 0
         # labels: the same tokens as the long window's label, exactly when the cut holds the whole answer (an answer
         # starting in the head labels the first cut only, and the window's other cuts are left out)
         answer = (long["start_positions"], long["end_positions"])

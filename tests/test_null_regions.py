@@ -2,16 +2,13 @@
 tokens, lazy training items equal to the eager features, the per-region start loss against a loop of plain
 cross-entropies (values and gradients), and decoding that scores a span against its own region's null."""
 
-from pathlib import Path
-
 import pytest
 import torch
-from conftest import BLOCK, make_source, reading_tokenizer
+from conftest import BLOCK, korquad1_dev_questions, make_source, reading_tokenizer
 
 import longbird
 from longbird.data.features import QAFeature, features_for_rows
 from longbird.data.html import preprocess_html
-from longbird.data.korquad import read_korquad_v1_articles
 from longbird.data.null_regions import NullRegions
 from longbird.data.windows import QAWindows
 from longbird.heads import IGNORE_INDEX, LongBirdQuestionAnsweringOutput, regional_start_loss
@@ -19,7 +16,6 @@ from longbird.qa import merge_windows, predict_rows, score_windows
 from longbird.sources import e5_path
 from longbird.training.finetune import qa_training_items
 
-KORQUAD = Path(__file__).resolve().parents[1] / "data" / "korquad"
 NULL = 2
 
 
@@ -30,8 +26,7 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def articles():
-    rows = read_korquad_v1_articles(KORQUAD / "KorQuAD_v1.0_dev.json")[0]
-    return [rows[i] for i in range(0, 400, 13)]  # 31 questions over several whole articles
+    return korquad1_dev_questions(13)  # 31 questions over several whole articles
 
 
 def test_nulls_go_before_every_region_of_the_document_past_the_first_tokens():
