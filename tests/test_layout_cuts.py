@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from conftest import korquad1_dev_questions
 
-from longbird.data.layout_cuts import LayoutCuts, null_indices, span_starts
+from longbird.data.layout_cuts import LayoutCuts, span_starts
 from longbird.data.null_regions import NullRegions
 from longbird.data.windows import QAWindows
 
@@ -22,13 +22,13 @@ def articles():
                                                   ((20, 60), 10, 4), ((10, 11), 10, 1)])
 def test_null_indices_are_where_insertion_puts_the_nulls(document, after, every):
     length = document[1] + 2
-    inserted = NullRegions(every, after, -1).insert(list(range(length)),
-                                                     [document[0] <= i < document[1] for i in range(length)])
-    assert null_indices(document, after, every).tolist() == inserted["nulls"]
+    regions = NullRegions(every, after, -1)
+    inserted = regions.insert(list(range(length)), [document[0] <= i < document[1] for i in range(length)])
+    assert regions.null_indices(document).tolist() == inserted["nulls"]
 
 
 def test_span_starts_overlap_by_about_the_asked_tokens_and_reach_the_end():
-    nulls = null_indices((70, 3000), 512, 128)
+    nulls = NullRegions(128, 512, -1).null_indices((70, 3000))
     starts = span_starts(3000 + len(nulls), HEAD, CUT - HEAD, OVERLAP, 512, nulls)
     assert starts[0] == HEAD and starts[-1] + CUT - HEAD >= 3000 + len(nulls) > starts[-2] + CUT - HEAD
     steps = np.diff(starts)
@@ -38,15 +38,15 @@ def test_span_starts_overlap_by_about_the_asked_tokens_and_reach_the_end():
 
 @pytest.mark.parametrize("overlap", [0, 16, 63, 64, 128, 383])
 def test_spans_leave_no_token_out_at_any_overlap(overlap):
-    length = 3000 + len(null_indices((70, 3000), 512, 128))
-    nulls = null_indices((70, 3000), 512, 128)
+    nulls = NullRegions(128, 512, -1).null_indices((70, 3000))
+    length = 3000 + len(nulls)
     starts = span_starts(length, HEAD, CUT - HEAD, overlap, 512, nulls)
     covered = set(range(HEAD)).union(*(range(start, min(start + CUT - HEAD, length)) for start in starts))
     assert covered == set(range(length))
 
 
 def test_a_span_shorter_than_a_region_is_refused_with_the_fix():
-    nulls = null_indices((70, 3000), 512, 128)
+    nulls = NullRegions(128, 512, -1).null_indices((70, 3000))
     with pytest.raises(ValueError, match=r"does not reach the next regional null.*use longer cuts"):
         span_starts(3000 + len(nulls), HEAD, 100, 0, 512, nulls)
 

@@ -39,16 +39,6 @@ import numpy as np
 from .windows import QAWindows
 
 
-def null_indices(document: tuple[int, int], after: int, every: int) -> np.ndarray:
-    """Where `NullRegions.insert` puts its nulls, computed without building the window: the indices after insertion
-    of the nulls of a window whose document tokens are `document` = [first, stop) before insertion (one before every
-    document token i >= `after` with (i - after) % every == 0; the k-th null moves k places)."""
-    first, stop = document
-    start = after + -(-max(0, first - after) // every) * every
-    before = np.arange(start, stop, every, dtype=np.int64)
-    return before + np.arange(len(before), dtype=np.int64)
-
-
 def span_starts(length: int, head: int, span: int, overlap: int, first_region: int, nulls: np.ndarray) -> list[int]:
     """The first token of every cut's span in a long window of `length` tokens: allowed starts are head..
     first_region-1 and the nulls; each next start is, among the allowed ones after the previous start and no later
@@ -88,21 +78,24 @@ class LayoutCuts:
         rng = random.Random(seed)
         items, self.windows = [], 0
         for index, (question, _, doc_start, doc_stop, first, last) in enumerate(windows.items.tolist()):
-            if len(template.prefix) + len(windows.questions[question]) > head:
+            question_end = len(template.prefix) + len(windows.questions[question])
+            if question_end > head:
                 raise ValueError(f"a question of {len(windows.questions[question])} tokens does not fit the first "
                                  f"{head} tokens every cut keeps: cut the questions shorter (max_question_tokens) or "
                                  "train on whole windows")
-            before = len(template.prefix) + len(windows.questions[question]) + len(template.middle)
+            before = question_end + len(template.middle)
             size = before + doc_stop - doc_start + len(template.suffix)
             nulls = np.zeros(0, dtype=np.int64)
             first_region = size
             if regions is not None:
-                nulls = null_indices((before, before + doc_stop - doc_start), regions.after, regions.every)
+                nulls = regions.null_indices((before, before + doc_stop - doc_start))
                 first_region = regions.after
                 size += len(nulls)
-                # a labelled token moves by the nulls before it (a null goes before the token it precedes)
-                first, last = (0, 0) if first == 0 else (first + int(np.sum(nulls - np.arange(len(nulls)) <= first)),
-                                                         last + int(np.sum(nulls - np.arange(len(nulls)) <= last)))
+                # a labelled token moves by the nulls inserted before it or right before it (`preceded`: the token
+                # each null goes before, indexed before insertion)
+                preceded = nulls - np.arange(len(nulls))
+                if first:
+                    first, last = (int(i + np.searchsorted(preceded, i, side="right")) for i in (first, last))
             if size <= length:
                 self.windows += 1
                 if first or rng.random() < negative_fraction:

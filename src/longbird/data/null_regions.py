@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -65,6 +66,15 @@ class NullRegions:
     def count(self, length: int) -> int:
         """The most nulls a window of `length` tokens (before insertion) receives."""
         return _nulls_within(length, self.after, self.every)
+
+    def null_indices(self, document: tuple[int, int]) -> np.ndarray:
+        """Where `insert` puts the nulls, computed without building the window: their indices after insertion in a
+        window whose document tokens are `document` = [first, stop) before insertion (one before every document token
+        i >= `after` with (i - after) % every == 0; the k-th null moves k places)."""
+        first, stop = document
+        start = self.after + -(-max(0, first - self.after) // self.every) * self.every
+        preceded = np.arange(start, stop, self.every, dtype=np.int64)
+        return preceded + np.arange(len(preceded), dtype=np.int64)
 
     def room(self, max_length: int) -> int:
         """The longest window (before insertion) that still fits `max_length` tokens once its nulls are in."""
