@@ -46,9 +46,8 @@ lint: install
 # the checkpoints kept every 150 steps (F1 against training windows seen).
 QA_MODEL ?= qa-model/kobigbird-e5-korquad
 # bf16 autocast only where the CPU multiplies bf16 (AVX-512 bf16 or AMX; longbird/precision.py): on an AVX2-only CPU
-# bf16 is emulated and about 75x slower, so the recipe runs in fp32 there (not measured with 600 steps: at the fp32 rate
-# of benchmarks/results/qa_training_throughput_avx2.md, 500 real tokens/s, its 3.1M training tokens take about 104
-# minutes, well over the 60-minute budget). Deferred (?=), so it is
+# bf16 is emulated and about 75x slower, so the recipe runs in fp32 there: about 104 minutes of training, well over the
+# 60-minute budget (estimated from measured throughput, not a full run: docs/qa.md). Deferred (?=), so it is
 # asked after `install`; set QA_BF16=--bf16 or QA_BF16= to choose.
 QA_BF16 ?= $(shell $(PY) -c "from longbird.precision import native_bf16; print('--bf16' if native_bf16('cpu') else '')")
 qa-model: install
