@@ -93,3 +93,47 @@ def test_a_benchmark_table_is_written_as_json_and_markdown_side_by_side(tmp_path
     assert json.loads((tmp_path / "table.json").read_text()) == {"rows": [{"a": 1}]}
     assert (tmp_path / "table.md").read_text() == "| a |\n|---|\n| 1 |\n"
     assert "| 1 |" in capsys.readouterr().out
+
+
+def test_bench_times_compiled_presets_beside_eager_and_reports_a_failed_compile(monkeypatch):
+    """`--compile MODE` adds "PRESET+compile[:MODE]" rows for longbird presets only, each compiled whole
+    (fullgraph, static shapes), with its first call (the compile) apart; a compile that fails is a skip with its
+    reason. The compiler is swapped for Dynamo's eager backend (and a failing one): the plumbing, not Inductor."""
+    import pytest
+    import torch
+
+    from longbird.bench import sweep
+    from longbird.bench.report import markdown
+
+    real_compile, options_seen = torch.compile, []
+
+    class FailsToCompile(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, **inputs):
+            raise RuntimeError("CppCompileError: C++ compile error\n<pages of generated code>")
+
+    def compile_for_test(model, **options):
+        options_seen.append(options)
+        if options["mode"] == "reduce-overhead":
+            return FailsToCompile(model)
+        return real_compile(model, backend="eager", fullgraph=options["fullgraph"], dynamic=options["dynamic"])
+
+    monkeypatch.setattr(torch, "compile", compile_for_test)
+    settings = sweep.SweepSettings(models=["littlebird", "sdpa-roberta"], lengths=[128], modes=["forward"],
+                                   sizes=["smoke"], repeats=1, compile_modes=["default", "reduce-overhead"])
+    report = sweep.run_sweep(settings)
+    rows = {row["model"]: row for row in report["rows"]}
+    assert set(rows) == {"littlebird", "sdpa-roberta", "littlebird+compile", "littlebird+compile:reduce-overhead"}
+    assert options_seen == [dict(fullgraph=True, dynamic=False, mode="default"),
+                            dict(fullgraph=True, dynamic=False, mode="reduce-overhead")]
+    compiled = rows["littlebird+compile"]
+    assert compiled["median_seconds"] > 0 and compiled["first_call_seconds"] > 0 and compiled["length"] == 128
+    assert rows["littlebird+compile:reduce-overhead"]["skipped"] == (
+        "compile failed: RuntimeError: CppCompileError: C++ compile error")
+    text = markdown(report, "longbird bench --compile default")
+    assert "| littlebird+compile | " in text and "Compiled against eager" in text
+    with pytest.raises(ValueError, match="compile mode must be one of"):
+        sweep.SweepSettings(compile_modes=["fast"])

@@ -6,6 +6,8 @@
 #   batch   base size, the largest batch that fits, 4K and 16K, forward+backward
 #   memory  base littlebird training step with gradient checkpointing, 4K-32K (memory growth)
 #   large   bf16 sweep, large size (24 layers, 1024 hidden), batch 1, 1K-32K
+#   compiled  bf16, base size, batch 1, 512-8K forward: eager against torch.compile(fullgraph) in default and
+#             reduce-overhead (CUDA graphs) mode, per preset (littlebird, kobigbird, tape)
 set -uo pipefail
 step=$1
 shift
@@ -26,6 +28,9 @@ case $step in
   memory) longbird bench "${common[@]}" --model littlebird --model kobigbird --mode forward+backward \
             --gradient-checkpointing --length 4096 --length 8192 --length 16384 --length 32768 --repeats 3 \
             --name bench_gpu_checkpointing ;;
+  compiled) longbird bench "${common[@]}" --model littlebird --model kobigbird --model tape --length 512 \
+              --length 2048 --length 8192 --mode forward --compile default --compile reduce-overhead --repeats 10 \
+              --name bench_gpu_compiled ;;
   large) longbird bench "${common[@]}" --size large "${models[@]}" "${lengths[@]}" --repeats 3 --name bench_gpu_large ;;
-  *) echo "unknown step $step (tests, base, batch, memory, large)"; exit 2 ;;
+  *) echo "unknown step $step (tests, base, batch, memory, large, compiled)"; exit 2 ;;
 esac

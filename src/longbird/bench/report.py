@@ -22,7 +22,12 @@ def fitted_exponent(points: list[tuple[int, float]], from_length: int = 4096) ->
 
 
 GROUP_KEYS = ("size", "batch_setting", "dtype", "mode")
-LONGBIRD = ("littlebird", "kobigbird", "full")
+LONGBIRD = ("littlebird", "kobigbird", "full", "tape")
+
+
+def _longbird(model: str) -> bool:
+    """A longbird preset, eager or compiled ("kobigbird+compile:reduce-overhead")."""
+    return model.split("+")[0] in LONGBIRD
 
 
 def _group(row) -> tuple:
@@ -86,8 +91,8 @@ def markdown(report: dict, command: str) -> str:
 def _ratios(rows, lengths) -> list[str]:
     """Per longbird model: throughput (tokens/s) ratio over each baseline, and the linear layers' share of matmul."""
     index = {(row["model"], row["length"]): row for row in rows if "skipped" not in row}
-    ours = [model for model in LONGBIRD if any(model == m for m, _ in index)]
-    others = list(dict.fromkeys(m for m, _ in index if m not in LONGBIRD))
+    ours = [model for model in dict.fromkeys(m for m, _ in index) if _longbird(model)]
+    others = list(dict.fromkeys(m for m, _ in index if not _longbird(m)))
     if not ours:
         return []
     lines = ["Speed-up (tokens/s ratio) and linear-layer FLOP rate as a fraction of the measured matmul rate:", "",
@@ -105,6 +110,25 @@ def _ratios(rows, lengths) -> list[str]:
                  if (model, length) in index and "linear_fraction_of_matmul" in index[(model, length)] else ""
                  for length in lengths]
         lines.append(f"| {model} | matmul rate | " + " | ".join(cells) + " |")
+    return lines + _compiled_ratios(rows, index, lengths)
+
+
+def _compiled_ratios(rows, index, lengths) -> list[str]:
+    """Per compiled variant: eager time / compiled time (above 1: compiling pays) and its first call (the compile)."""
+    compiled = [model for model in dict.fromkeys(m for m, _ in index) if "+compile" in model]
+    if not compiled:
+        return []
+    lines = ["", "Compiled against eager (eager median / compiled median; first call = compilation + one call, s):", "",
+             "| compiled model | " + " | ".join(str(length) for length in lengths) + " |",
+             "|---|" + "---:|" * len(lengths)]
+    for model in compiled:
+        eager = model.split("+")[0]
+        cells = []
+        for length in lengths:
+            a, b = index.get((model, length)), index.get((eager, length))
+            cells.append(f"{b['median_seconds'] / a['median_seconds']:.2f}x (first {a['first_call_seconds']:.0f} s)"
+                         if a and b and "first_call_seconds" in a else "")
+        lines.append(f"| {model} | " + " | ".join(cells) + " |")
     return lines
 
 

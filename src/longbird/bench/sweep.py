@@ -24,6 +24,9 @@ from .models import SIZES, build_model, forward_fn, linear_flops, matmul_through
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MODES = ("forward", "forward+backward")
+# torch.compile modes a sweep can add beside eager: "reduce-overhead" records CUDA graphs (removes the host's kernel
+# launches, the GPU's batch-1 bottleneck); on a CPU it compiles like "default".
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 
 
 @dataclass
@@ -41,6 +44,9 @@ class SweepSettings:
     batches: list[str] = field(default_factory=lambda: ["1"])
     max_batch: int = 64
     gradient_checkpointing: bool = False
+    # Each longbird preset also runs as torch.compile(model, fullgraph=True, dynamic=False, mode=MODE), named
+    # "PRESET+compile" ("PRESET+compile:MODE" for a mode other than default), timed alternately with eager.
+    compile_modes: list[str] = field(default_factory=list)
 
     def __post_init__(self):
         for mode in self.modes:
@@ -52,6 +58,9 @@ class SweepSettings:
         for size in self.sizes:
             if size not in SIZES:
                 raise ValueError(f"size must be one of {tuple(SIZES)}; got {size!r}")
+        for compile_mode in self.compile_modes:
+            if compile_mode not in COMPILE_MODES:
+                raise ValueError(f"compile mode must be one of {COMPILE_MODES}; got {compile_mode!r}")
         for batch in self.batches:
             if batch != "max" and not (str(batch).isdigit() and int(batch) >= 1):
                 raise ValueError(f"batch must be a positive number or 'max'; got {batch!r}")
@@ -96,13 +105,42 @@ def run_sweep(settings: SweepSettings, progress: Callable[[str], None] = lambda 
             for mode in settings.modes:
                 models = {name: _prepared(build_model(name, max_length, architecture), device, DTYPES[dtype_name],
                                           mode, settings) for name in settings.models}
+                models |= _compiled_variants(models, settings.compile_modes)
                 for batch in settings.batches:
                     _sweep_lengths(models, settings, architecture, dict(size=size, dtype=dtype_name, mode=mode,
                                                                         batch_setting=str(batch)),
                                    report, progress, checkpoint)
                 del models
+                if settings.compile_modes:
+                    torch._dynamo.reset()  # the next group's models are new objects: their graphs start afresh
                 _release(device)
     return report
+
+
+def compiled_name(name: str, mode: str) -> str:
+    return f"{name}+compile" + ("" if mode == "default" else f":{mode}")
+
+
+def _compiled_variants(models: dict, compile_modes: list[str]) -> dict:
+    """The longbird presets among `models`, each compiled whole (one graph: fullgraph=True) in every mode, sharing
+    the eager model's weights. Static shapes: every length is its own graph (and CUDA graph), as a server that pads
+    to a few lengths would run it."""
+    from .models import PRESET_SETTINGS
+
+    if not compile_modes:
+        return {}
+    # Every compiled variant and length is a separate entry on the same forward code: allow them all (the default
+    # limit of 8 would silently fall back to eager beyond it).
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
+    torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4096)
+    variants = {}
+    for mode in compile_modes:
+        for name, model in models.items():
+            if name in PRESET_SETTINGS:
+                compiled = torch.compile(model, fullgraph=True, dynamic=False, mode=mode)
+                compiled.compile_may_fail = True  # a failed compile is a result (a skip with its reason), not a crash
+                variants[compiled_name(name, mode)] = compiled
+    return variants
 
 
 def _prepared(model, device, dtype, mode, settings):
@@ -133,6 +171,7 @@ def _sweep_lengths(models, settings, architecture, key, report, progress, checkp
                 continue
             batches[name] = batch
             active[name] = forward_fn(model, length, backward, batch, architecture)
+            active[name].compile_may_fail = getattr(model, "compile_may_fail", False)
         progress(f"{key['size']} batch {key['batch_setting']} {key['dtype']} {key['mode']} {length}: "
                  f"{', '.join(active) or 'all skipped'}")
         for name, row in _measure(active, settings.repeats, device,
@@ -246,14 +285,18 @@ def _measure(runs: dict[str, Callable], repeats: int, device: torch.device, inte
         return rows
     rows: dict[str, dict] = {}
     times: dict[str, list[float]] = {}
+    first_calls: dict[str, float] = {}
     for name, run in runs.items():
         try:
-            run()  # warm-up (and compilation, where a backend compiles)
+            first_calls[name] = _timed(run, device)  # warm-up (and compilation, where a backend compiles)
             times[name] = []
-        except (torch.OutOfMemoryError, RuntimeError) as error:
-            if not _out_of_memory(error):
+        except Exception as error:
+            if _out_of_memory(error):
+                rows[name] = {"skipped": "out of GPU memory"}
+            elif getattr(run, "compile_may_fail", False):
+                rows[name] = {"skipped": f"compile failed: {type(error).__name__}: {_first_line(error)}"}
+            else:
                 raise
-            rows[name] = {"skipped": "out of GPU memory"}
             _drop_gradients(runs, device)
     for _ in range(repeats):
         for name in list(times):
@@ -273,10 +316,16 @@ def _measure(runs: dict[str, Callable], repeats: int, device: torch.device, inte
         else:
             (peak, _), absolute = peak_allocated_bytes(runs[name]), None
         rows[name] = {"median_seconds": statistics.median(samples), "min_seconds": min(samples),
-                      "peak_mib": peak / 2**20}
+                      "first_call_seconds": first_calls[name], "peak_mib": peak / 2**20}
         if absolute is not None:
             rows[name]["peak_total_mib"] = absolute / 2**20
     return rows
+
+
+def _first_line(error: Exception) -> str:
+    """The first non-empty line of an error (Inductor's carry pages of generated code after it)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0][:300] if lines else ""
 
 
 def _drop_gradients(runs, device) -> None:

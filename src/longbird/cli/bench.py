@@ -24,6 +24,10 @@ Out = Annotated[Path, typer.Option(help="Directory for JSON, markdown and PNG pl
 Smoke = Annotated[bool, typer.Option(help="Quick check, under a minute: tiny model (2 layers, 128 hidden), lengths 512 "
                                           "and 1024, one timed call (unless --length/--repeats are given)")]
 Name = Annotated[str, typer.Option(help="File stem of the results (default: bench, or bench_smoke with --smoke)")]
+Compile = Annotated[list[str], typer.Option(
+    "--compile", help="Also time each longbird preset through torch.compile(model, fullgraph=True) in this mode "
+                      "(default, reduce-overhead: CUDA graphs, max-autotune; repeat the option), alternating with "
+                      "eager; a failed compile is reported as a skip")]
 Overwrite = Annotated[bool, typer.Option(help="Replace earlier results of the same name in OUT")]
 
 
@@ -33,7 +37,7 @@ def bench(ctx: typer.Context,
           dtypes: Dtypes = ("fp32",), sizes: Sizes = ("base",), batches: Batches = ("1",), max_batch: MaxBatch = 64,
           device: Device = "auto", gradient_checkpointing: Checkpointing = False, repeats: Repeats = 3,
           max_seconds: MaxSeconds = 60.0, max_memory_gib: MaxMemory = 16.0, out: Out = Path("benchmarks/results"),
-          smoke: Smoke = False, name: Name = "", overwrite: Overwrite = False):
+          smoke: Smoke = False, name: Name = "", compile_modes: Compile = (), overwrite: Overwrite = False):
     """Latency and peak memory vs length for longbird presets and transformers baselines, with plots."""
     import sys
 
@@ -47,7 +51,7 @@ def bench(ctx: typer.Context,
                              repeats=repeats, max_seconds=max_seconds, max_memory_gib=max_memory_gib,
                              device=resolve_device(device), sizes=["smoke"] if smoke else list(sizes),
                              batches=list(batches), max_batch=max_batch,
-                             gradient_checkpointing=gradient_checkpointing)
+                             gradient_checkpointing=gradient_checkpointing, compile_modes=list(compile_modes))
     stem = name or ("bench_smoke" if smoke else "bench")
     report = _sweep(settings, out=out, stem=stem, overwrite=overwrite)
     command = "longbird " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "longbird bench"
