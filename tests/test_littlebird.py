@@ -131,6 +131,35 @@ def test_usw_inference_kernel_in_half_precision_stays_within_its_roundings_of_th
     assert len(calls) == 1 and split.dtype == dtype and difference <= 5 * unit * scale
 
 
+def test_grouped_usw_inference_takes_any_sdpa_output_layout_and_wider_values(monkeypatch):
+    """On an H100, SDPA returned the grouped kernel's (B, H·n, b, d_v) output in another memory layout when the values
+    are wider than the keys (TAPE), and a `.view` of it failed. Here SDPA's result is handed back non-contiguous
+    ((B, b, H·n, d_v) in memory), values wider than keys: the output still equals the dense oracle."""
+    import torch.nn.functional as F
+
+    import longbird.attention.littlebird as littlebird
+    import longbird.attention.usw_inference as usw_inference
+
+    sdpa = F.scaled_dot_product_attention
+
+    def sdpa_with_another_layout(*args, **kwargs):
+        out = sdpa(*args, **kwargs)
+        return out.transpose(1, 2).contiguous().transpose(1, 2)
+
+    monkeypatch.setattr(usw_inference.F, "scaled_dot_product_attention", sdpa_with_another_layout)
+    monkeypatch.setattr(littlebird, "split_kernel_applies", lambda *a: False)  # the grouped kernel
+    bias = _bias()
+    q, k, _, pk, _, key_mask, positions = _usw_inputs(64, 4, torch.float32, False, 7)
+    generator = torch.Generator().manual_seed(8)
+    v, pv = torch.randn(2, 4, 64, 12, generator=generator), torch.randn(2, 4, 4, 12, generator=generator)
+    with torch.no_grad():
+        out = usw_attention(q, k, v, usw_layout(key_mask, positions, BLOCK, bias), bias, pk, pv)
+        ref = usw_attention_reference(q, k, v, key_mask, positions, bias, BLOCK, pk, pv)
+    real = key_mask[:, None, :, None]
+    assert out.shape == (2, 4, 64, 12)
+    torch.testing.assert_close(out * real, ref * real, atol=2e-6, rtol=1e-5)
+
+
 @pytest.mark.parametrize("pack", [0, 4])
 @pytest.mark.parametrize("heads_at_a_time", ["all", "one"])
 def test_usw_hand_written_backward_passes_gradcheck(pack, heads_at_a_time, monkeypatch):

@@ -133,4 +133,7 @@ def grouped_usw_inference(query, keys, values, layout, slopes, pack_bias, s: int
         query.reshape(batch, heads * n, b, dim), keys.view(batch, heads * n, keys_per_block, dim),
         values.view(batch, heads * n, keys_per_block, value_dim),
         attn_mask=bias.view(batch, heads * n, b, keys_per_block), scale=scale)
-    return out.view(batch, heads, length, value_dim)
+    # reshape, not view: SDPA's CUDA kernels may return a layout other than (B, H·n, b, d_v) contiguous (seen on an
+    # H100 when d_v != d, as TAPE's values carry position states: "view size is not compatible"); a contiguous
+    # output is still reshaped without a copy.
+    return out.reshape(batch, heads, length, value_dim)
