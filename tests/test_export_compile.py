@@ -101,6 +101,24 @@ def test_torch_compile_fullgraph_has_no_graph_break_and_equals_eager(preset):
     assert (compiled - eager)[real].abs().max() <= 1e-5
 
 
+def test_torch_compile_of_kobigbird_does_not_take_the_export_path_where_dynamo_says_exporting(monkeypatch):
+    """Dynamo before torch 2.13 answered torch.compiler.is_exporting() with True inside any torch.compile trace; on
+    torch 2.11 (an H100) a compiled kobigbird then took the export path, traced the eager plan and failed. Emulated
+    here by an is_exporting that always says True: longbird reads torch.export's own flag instead, so the compiled
+    graph still runs the per-row plan op and equals eager."""
+    model = _model("kobigbird")
+    input_ids, attention_mask = make_batch(200, batch=2)
+    with torch.no_grad():
+        eager = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled = torch.compile(model, fullgraph=True)(input_ids=input_ids,
+                                                       attention_mask=attention_mask).last_hidden_state
+    real = attention_mask.bool()
+    assert (compiled - eager)[real].abs().max() <= 1e-5  # as in the fullgraph test above
+
+
 @pytest.fixture
 def cold_plan_caches():
     """No length has run in this process: what a model loaded from disk in a fresh process sees. The plan caches are

@@ -20,16 +20,27 @@ def is_tracing() -> bool:
     """True while torch.export, torch.compile (dynamo) or torch.jit (the legacy ONNX exporter) traces the model."""
     if torch.jit.is_tracing() or torch.compiler.is_compiling():
         return True
-    if getattr(torch.compiler, "is_exporting", lambda: False)():
+    if exporting():
         return True
     return fake_mode_active()
 
 
+def exporting() -> bool:
+    """True under torch.export only. Reads the flag torch.export sets instead of calling torch.compiler.is_exporting():
+    Dynamo before torch 2.13 answered that call with True inside every torch.compile trace (fixed in 2.13, which reads
+    the same flag), so on torch 2.11 a compiled kobigbird took the export path and failed (H100, 2026-11-27:
+    "Unsupported: torch.* op returned non-Tensor"). A module global is read by Dynamo as a guarded constant."""
+    flag = getattr(torch.compiler, "_is_exporting_flag", None)
+    if flag is not None:
+        return bool(flag)
+    return getattr(torch.compiler, "is_exporting", lambda: False)()
+
+
 def graph_cannot_branch_on_data() -> bool:
     """True under torch.export (the dynamo ONNX exporter uses it) and torch.jit tracing, where reading tensor values
-    (the rows' real lengths) fails or freezes them into the graph. torch.compile is not included: dynamo breaks the
-    graph there and runs that bit eagerly, so compiled models keep the per-row plan."""
-    return torch.jit.is_tracing() or getattr(torch.compiler, "is_exporting", lambda: False)()
+    (the rows' real lengths) fails or freezes them into the graph. torch.compile is not included: there the per-row
+    plan runs inside one opaque op per layer (dispatch.PlanInGraph)."""
+    return torch.jit.is_tracing() or exporting()
 
 
 def fake_mode_active() -> bool:
