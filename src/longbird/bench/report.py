@@ -30,6 +30,12 @@ def _longbird(model: str) -> bool:
     return model.split("+")[0] in LONGBIRD
 
 
+def memory_measured(report: dict, row: dict) -> bool:
+    """False for CUDA-graph runs (compiled with mode="reduce-overhead" on a GPU): their memory comes from the graphs'
+    private pool, recorded at capture, which the per-call peak counter never sees (it reads 0)."""
+    return not (report.get("device") == "cuda" and row["model"].endswith(":reduce-overhead"))
+
+
 def _group(row) -> tuple:
     return tuple(str(row.get(key, default)) for key, default in zip(GROUP_KEYS, ("base", "1", "", "")))
 
@@ -75,12 +81,15 @@ def markdown(report: dict, command: str) -> str:
                 elif "skipped" in row:
                     cells.append("skipped")
                 else:
-                    cell = f"{1000 * row['median_seconds']:.1f} / {row['peak_mib']:.0f}"
+                    memory = f"{row['peak_mib']:.0f}" if memory_measured(report, row) else "–"
+                    cell = f"{1000 * row['median_seconds']:.1f} / {memory}"
                     cells.append(cell + (f" [{row['batch']}]" if batch == "max" else ""))
             points = series.get((*group, model), [])
             time_exp = fitted_exponent([(r["length"], r["median_seconds"] / r.get("batch", 1)) for r in points])
-            memory_exp = fitted_exponent([(r["length"], r["peak_mib"] / r.get("batch", 1)) for r in points])
-            exponent = "" if time_exp is None else f"{time_exp:.2f}, {memory_exp:.2f}"
+            memory_exp = fitted_exponent([(r["length"], r["peak_mib"] / r.get("batch", 1)) for r in points
+                                          if memory_measured(report, r)])
+            exponent = "" if time_exp is None else (f"{time_exp:.2f}, "
+                                                    + ("–" if memory_exp is None else f"{memory_exp:.2f}"))
             lines.append(f"| {model} | " + " | ".join(cells) + f" | {exponent} |")
         skips = {row["model"]: row["skipped"] for row in rows if "skipped" in row}
         lines += [""] + [f"- {model} skipped from some length on: {reason}" for model, reason in skips.items()] + [""]
@@ -151,7 +160,9 @@ def plot(report: dict, out_dir: Path, stem: str = "bench") -> list[Path]:
             rows = sorted(rows, key=lambda row: row["length"])
             lengths = [row["length"] for row in rows]
             axes[0].plot(lengths, [row["median_seconds"] for row in rows], marker="o", label=key[4])
-            axes[1].plot(lengths, [row["peak_mib"] for row in rows], marker="o", label=key[4])
+            measured = [row for row in rows if memory_measured(report, row)]
+            axes[1].plot([row["length"] for row in measured], [row["peak_mib"] for row in measured], marker="o",
+                         label=key[4])
         for axis, label in zip(axes, ("median latency (s)", "peak tensor memory (MiB)")):
             axis.set_xscale("log", base=2)
             axis.set_yscale("log")
