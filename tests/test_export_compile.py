@@ -119,6 +119,19 @@ def test_torch_compile_of_kobigbird_does_not_take_the_export_path_where_dynamo_s
     assert (compiled - eager)[real].abs().max() <= 1e-5  # as in the fullgraph test above
 
 
+def test_the_per_row_plan_op_is_marked_unsafe_for_cuda_graph_capture():
+    """The op reads each row's length (a host synchronisation on a GPU), which a CUDA graph capture cannot hold: the
+    tag makes torch.compile(mode="reduce-overhead") graph the model around it instead of failing in capture."""
+    from torch._inductor.utils import is_cudagraph_unsafe_fx_node
+
+    import longbird.dispatch  # noqa: F401  (registers the ops)
+
+    for op in (torch.ops.longbird.bigbird_rows.default, torch.ops.longbird.bigbird_rows_backward.default):
+        assert torch.Tag.cudagraph_unsafe in op.tags
+        node = torch.fx.Graph().call_function(op, ())
+        assert is_cudagraph_unsafe_fx_node(node)
+
+
 @pytest.fixture
 def cold_plan_caches():
     """No length has run in this process: what a model loaded from disk in a fresh process sees. The plan caches are

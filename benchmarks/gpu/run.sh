@@ -8,10 +8,21 @@
 #   large   bf16 sweep, large size (24 layers, 1024 hidden), batch 1, 1K-32K
 #   compiled  bf16, base size, batch 1, 512-8K forward: eager against torch.compile(fullgraph) in default and
 #             reduce-overhead (CUDA graphs) mode, per preset (littlebird, kobigbird, tape)
+#   session OUT  what a short GPU lease (15 minutes, start included) should run first, in this order, each step with a
+#             time limit and its log in OUT: the TAPE CUDA cases, the compiled sweep, then the whole CUDA suite
 set -uo pipefail
 step=$1
 shift
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+if [ "$step" = session ]; then
+  out=${1:?usage: benchmarks/gpu/run.sh session OUT}
+  mkdir -p "$out"
+  here=$(dirname "$0")
+  timeout 90 "$here/run.sh" tests -k tape -v -rf 2>&1 | tee "$out/cuda_tests_tape.log" | tail -15
+  timeout 330 "$here/run.sh" compiled "$out" 2>&1 | tee "$out/compiled.log" | tail -45
+  timeout 240 "$here/run.sh" tests -k "not tape" -rf 2>&1 | tee "$out/cuda_tests.log" | tail -15
+  exit 0
+fi
 if [ "$step" = tests ]; then
   exec python3 -m pytest -q -m cuda -p no:cacheprovider --durations=10 tests/test_devices.py "$@"
 fi

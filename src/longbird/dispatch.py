@@ -21,6 +21,7 @@ Shapes as in `longbird.attention` (B batch, H heads, l length, d head size, b bl
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import threading
@@ -248,7 +249,14 @@ def _plan_arguments(plan: PlanInGraph) -> tuple:
             plan.first_block_reach, plan.last_global, plan.chunk_blocks)
 
 
-@torch.library.custom_op("longbird::bigbird_rows", mutates_args=())
+# The plan inside reads each row's length, a host synchronisation on a GPU, which a CUDA graph capture cannot hold:
+# tagged, torch.compile(mode="reduce-overhead") graphs the rest of the model around the op (Inductor's graph
+# partitions) or runs without CUDA graphs, instead of failing in capture. Older torch has no tag (or no `tags=`).
+_CUDAGRAPH_UNSAFE = ({"tags": (torch.Tag.cudagraph_unsafe,)} if hasattr(torch.Tag, "cudagraph_unsafe") and "tags" in
+                     inspect.signature(torch.library.custom_op).parameters else {})
+
+
+@torch.library.custom_op("longbird::bigbird_rows", mutates_args=(), **_CUDAGRAPH_UNSAFE)
 def _bigbird_rows_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor, layer: int,
                      block_size: int, full_max_length: int, num_random_blocks: int, seed: int,
                      random_blocks: str, first_block_reach: int, last_global: bool, chunk_blocks: int) -> torch.Tensor:
@@ -264,7 +272,7 @@ def _(query, key, value, key_mask, layer, block_size, full_max_length, num_rando
     return query.new_empty((*query.shape[:-1], value.shape[-1]))
 
 
-@torch.library.custom_op("longbird::bigbird_rows_backward", mutates_args=())
+@torch.library.custom_op("longbird::bigbird_rows_backward", mutates_args=(), **_CUDAGRAPH_UNSAFE)
 def _bigbird_rows_backward_op(grad: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                               key_mask: torch.Tensor, layer: int, block_size: int, full_max_length: int,
                               num_random_blocks: int, seed: int, random_blocks: str, first_block_reach: int,
