@@ -16,6 +16,24 @@ from transformers import (
 SOURCE_LENGTH = 64  # L of the tiny sources
 
 
+def _share_the_cores_among_xdist_workers():
+    """Under pytest-xdist (`make test` runs one worker per core: docs/tests.md) each worker takes its share of the
+    cores: torch's default (every core in every worker) oversubscribes the machine, and OpenMP threads that spin-wait
+    on a busy core make every worker slower than one alone. The processes a test starts inherit the same share
+    (OMP_NUM_THREADS): a subprocess that resumes a training run must sum in the same order as the in-process run it is
+    compared with (test_checkpoints.py compares weights to 1e-6, and 1 against 2 threads differed by 2.7e-4)."""
+    import os
+
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+
+
+_share_the_cores_among_xdist_workers()
+
+
 def reading_tokenizer(path):
     """A saved tokenizer as the QA pipeline reads with it: no length cap of its own (windows cut the text) and the
     HTML tag tokens added."""
