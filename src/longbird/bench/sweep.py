@@ -187,6 +187,8 @@ def _sweep_lengths(models, settings, architecture, key, report, progress, checkp
                        / row["median_seconds"], linear_tflops_achieved=achieved,
                        linear_fraction_of_matmul=achieved / report["matmul_tflops"][key["dtype"]])
             backend = _sparse_backend(models[name], length, backward, device)
+            if backend and backend != "full (SDPA)" and getattr(models[name], "compile_may_fail", False):
+                backend = "blocked"  # a traced model takes the blocked kernels whatever eager takes (dispatch.py)
             if backend:
                 row["attention_backend"] = backend
             report["rows"].append(row)
