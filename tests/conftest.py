@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -22,8 +23,6 @@ def _share_the_cores_among_xdist_workers():
     on a busy core make every worker slower than one alone. The processes a test starts inherit the same share
     (OMP_NUM_THREADS): a subprocess that resumes a training run must sum in the same order as the in-process run it is
     compared with (test_checkpoints.py compares weights to 1e-6, and 1 against 2 threads differed by 2.7e-4)."""
-    import os
-
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         threads = max(1, (os.cpu_count() or 1) // workers)

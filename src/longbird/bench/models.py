@@ -25,6 +25,16 @@ PRESET_SETTINGS = {
 BASELINES = ("hf-bigbird", "hf-longformer", "sdpa-roberta")
 
 
+def compiled_name(name: str, mode: str) -> str:
+    """A preset run through torch.compile: "kobigbird+compile", "kobigbird+compile:reduce-overhead"."""
+    return f"{name}+compile" + ("" if mode == "default" else f":{mode}")
+
+
+def eager_name(name: str) -> str:
+    """The eager model a (possibly compiled) benchmark model name belongs to."""
+    return name.split("+")[0]
+
+
 def build_model(name: str, max_length: int, base: dict | None = None) -> torch.nn.Module:
     """A random-init encoder by name: a longbird preset or one of BASELINES."""
     base = dict(BASE if base is None else base)

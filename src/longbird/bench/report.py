@@ -8,6 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from ..files import save_figure_atomically, write_file_atomically
+from .models import PRESET_SETTINGS, eager_name
 
 
 def fitted_exponent(points: list[tuple[int, float]], from_length: int = 4096) -> float | None:
@@ -22,12 +23,11 @@ def fitted_exponent(points: list[tuple[int, float]], from_length: int = 4096) ->
 
 
 GROUP_KEYS = ("size", "batch_setting", "dtype", "mode")
-LONGBIRD = ("littlebird", "kobigbird", "full", "tape")
 
 
 def _longbird(model: str) -> bool:
     """A longbird preset, eager or compiled ("kobigbird+compile:reduce-overhead")."""
-    return model.split("+")[0] in LONGBIRD
+    return eager_name(model) in PRESET_SETTINGS
 
 
 def memory_measured(report: dict, row: dict) -> bool:
@@ -131,7 +131,7 @@ def _compiled_ratios(rows, index, lengths) -> list[str]:
              "| compiled model | " + " | ".join(str(length) for length in lengths) + " |",
              "|---|" + "---:|" * len(lengths)]
     for model in compiled:
-        eager = model.split("+")[0]
+        eager = eager_name(model)
         cells = []
         for length in lengths:
             a, b = index.get((model, length)), index.get((eager, length))

@@ -20,7 +20,16 @@ from pathlib import Path
 import torch
 
 from .memory import peak_allocated_bytes, peak_cuda_bytes
-from .models import SIZES, build_model, forward_fn, linear_flops, matmul_throughput, synchronize
+from .models import (
+    PRESET_SETTINGS,
+    SIZES,
+    build_model,
+    compiled_name,
+    forward_fn,
+    linear_flops,
+    matmul_throughput,
+    synchronize,
+)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MODES = ("forward", "forward+backward")
@@ -117,16 +126,10 @@ def run_sweep(settings: SweepSettings, progress: Callable[[str], None] = lambda 
     return report
 
 
-def compiled_name(name: str, mode: str) -> str:
-    return f"{name}+compile" + ("" if mode == "default" else f":{mode}")
-
-
 def _compiled_variants(models: dict, compile_modes: list[str]) -> dict:
     """The longbird presets among `models`, each compiled whole (one graph: fullgraph=True) in every mode, sharing
     the eager model's weights. Static shapes: every length is its own graph (and CUDA graph), as a server that pads
     to a few lengths would run it."""
-    from .models import PRESET_SETTINGS
-
     if not compile_modes:
         return {}
     # Every compiled variant and length is a separate entry on the same forward code: allow them all (the default
@@ -171,7 +174,6 @@ def _sweep_lengths(models, settings, architecture, key, report, progress, checkp
                 continue
             batches[name] = batch
             active[name] = forward_fn(model, length, backward, batch, architecture)
-            active[name].compile_may_fail = getattr(model, "compile_may_fail", False)
         progress(f"{key['size']} batch {key['batch_setting']} {key['dtype']} {key['mode']} {length}: "
                  f"{', '.join(active) or 'all skipped'}")
         for name, row in _measure(active, settings.repeats, device,
@@ -295,7 +297,7 @@ def _measure(runs: dict[str, Callable], repeats: int, device: torch.device, inte
         except Exception as error:
             if _out_of_memory(error):
                 rows[name] = {"skipped": "out of GPU memory"}
-            elif getattr(run, "compile_may_fail", False):
+            elif getattr(getattr(run, "model", None), "compile_may_fail", False):
                 rows[name] = {"skipped": f"compile failed: {type(error).__name__}: {_first_line(error)}"}
             else:
                 raise
