@@ -45,13 +45,19 @@ def main():
                         help="Sparse attention backend (LONGBIRD_ATTENTION_BACKEND); default: the model's own choice")
     parser.add_argument("--compile", action="store_true",
                         help="Also time the forward through torch.compile(model, fullgraph=True), alternating")
+    parser.add_argument("--row-plan", choices=["device", "op"], default=None,
+                        help="Where a compiled kobigbird makes its per-row plan (LONGBIRD_ROW_PLAN); default: the "
+                             "device's own choice (dispatch.compiled_row_plan)")
     parser.add_argument("--name", default="floor")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args()
     if args.backend:
         os.environ["LONGBIRD_ATTENTION_BACKEND"] = args.backend
+    if args.row_plan:
+        os.environ["LONGBIRD_ROW_PLAN"] = args.row_plan
     command = "python benchmarks/floor.py " + " ".join(sys.argv[1:])
     report = {"command": command, "code": code_version(), "backend": args.backend or "auto",
+              "row_plan": args.row_plan or "default",
               "cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
               "matmul_tflops": {name: matmul_throughput(DTYPES[name]) / 1e12 for name in args.dtype},
               "rows": [], "profiles": []}
@@ -101,7 +107,9 @@ def code_version() -> str:
 def markdown(report: dict) -> str:
     tflops = ", ".join(f"{name} {value:.3f}" for name, value in report["matmul_tflops"].items())
     lines = [f"Command: `{report['command']}`  ", f"Code: {report.get('code', '?')}; sparse attention backend: "
-             f"{report.get('backend', 'auto')}  ",
+             f"{report.get('backend', 'auto')}"
+             + (f"; compiled per-row plan: {report['row_plan']}" if report.get("row_plan", "default") != "default"
+                else "") + "  ",
              f"CPU: {report['cpu']}, {report['threads']} threads, torch {report['torch']}; 4096x768x3072 matmul "
              f"TFLOP/s: {tflops}. Batch 1, random weights, 12 layers; medians of alternating forward / replay calls.",
              ""]

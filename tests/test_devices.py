@@ -316,3 +316,29 @@ def test_tape_model_equals_reference_implementation(device, attention):
 @pytest.mark.parametrize("dtype_name", ["bf16", "fp16"])
 def test_tape_half_precision_within_cosine_0999_of_fp32(device, attention, dtype_name):
     _assert_half_precision_within_cosine_0999(_tape_converted(attention).to(device).eval(), device, dtype_name)
+
+
+@pytest.mark.cuda
+@CUDA
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_compiled_kobigbird_makes_its_row_plan_on_the_gpu_and_equals_eager(mode):
+    """On CUDA a compiled kobigbird makes its per-row plan on the device (`dispatch.compiled_row_plan`, no host read),
+    so CUDA graphs (`reduce-overhead`) can hold the whole forward: a batch of a sparse row, a shorter sparse row and a
+    full one equals eager on every real token, on the first call and on a replay with other ids. (On the CPU the same
+    plan is checked in tests/test_device_rows.py.)"""
+    from longbird import dispatch
+
+    assert dispatch.compiled_row_plan(torch.device("cuda")) == "device"
+    model = _converted("kobigbird", backend="blocked").to("cuda").eval()
+    input_ids, attention_mask = _batch(333, "cuda", batch=3)
+    attention_mask[2, 2 * BLOCK - 3:] = 0  # a row short enough for full attention
+    real = attention_mask.bool()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, dynamic=False, mode=mode)
+    for seed in (0, 1):
+        ids = torch.randint(5, 99, input_ids.shape, generator=torch.Generator().manual_seed(seed)).to("cuda")
+        ids[~real] = 0
+        with torch.no_grad():
+            eager = model(input_ids=ids, attention_mask=attention_mask).last_hidden_state
+            ours = compiled(input_ids=ids, attention_mask=attention_mask).last_hidden_state.clone()
+        _assert_close(ours, eager, 1e-5, real, what=f"call {seed}")

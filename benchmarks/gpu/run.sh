@@ -8,8 +8,12 @@
 #   large   bf16 sweep, large size (24 layers, 1024 hidden), batch 1, 1K-32K
 #   compiled  bf16, base size, batch 1, 512-8K forward: eager against torch.compile(fullgraph) in default and
 #             reduce-overhead (CUDA graphs) mode, per preset (littlebird, kobigbird, tape)
+#   rowplan   bf16, base size, batch 1, kobigbird at 2K and 8K forward, eager against torch.compile in default and
+#             reduce-overhead mode, with the per-row plan in the op (LONGBIRD_ROW_PLAN=op, a host read per layer) and
+#             made on the device (=device, the GPU default since 2026-11-27, not yet measured on a GPU)
 #   session OUT  what a short GPU lease (15 minutes, start included) should run first, in this order, each step with a
-#             time limit and its log in OUT: the TAPE CUDA cases, the compiled sweep, then the whole CUDA suite
+#             time limit and its log in OUT: the device row plan's and TAPE's CUDA cases, the row-plan comparison,
+#             then the whole CUDA suite
 set -uo pipefail
 step=$1
 shift
@@ -18,9 +22,9 @@ if [ "$step" = session ]; then
   out=${1:?usage: benchmarks/gpu/run.sh session OUT}
   mkdir -p "$out"
   here=$(dirname "$0")
-  timeout 90 "$here/run.sh" tests -k tape -v -rf 2>&1 | tee "$out/cuda_tests_tape.log" | tail -15
-  timeout 330 "$here/run.sh" compiled "$out" 2>&1 | tee "$out/compiled.log" | tail -45
-  timeout 240 "$here/run.sh" tests -k "not tape" -rf 2>&1 | tee "$out/cuda_tests.log" | tail -15
+  timeout 150 "$here/run.sh" tests -k "row_plan or tape" -v -rf 2>&1 | tee "$out/cuda_tests_first.log" | tail -15
+  timeout 300 "$here/run.sh" rowplan "$out" 2>&1 | tee "$out/rowplan.log" | tail -45
+  timeout 200 "$here/run.sh" tests -k "not row_plan and not tape" -rf 2>&1 | tee "$out/cuda_tests.log" | tail -15
   exit 0
 fi
 if [ "$step" = tests ]; then
@@ -42,6 +46,10 @@ case $step in
   compiled) longbird bench "${common[@]}" --model littlebird --model kobigbird --model tape --length 512 \
               --length 2048 --length 8192 --mode forward --compile default --compile reduce-overhead --repeats 10 \
               --name bench_gpu_compiled ;;
+  rowplan) for plan in op device; do
+             LONGBIRD_ROW_PLAN=$plan longbird bench "${common[@]}" --model kobigbird --length 2048 --length 8192 \
+               --mode forward --compile default --compile reduce-overhead --repeats 10 --name "bench_gpu_rowplan_$plan"
+           done ;;
   large) longbird bench "${common[@]}" --size large "${models[@]}" "${lengths[@]}" --repeats 3 --name bench_gpu_large ;;
-  *) echo "unknown step $step (tests, base, batch, memory, large, compiled)"; exit 2 ;;
+  *) echo "unknown step $step (tests, base, batch, memory, large, compiled, rowplan)"; exit 2 ;;
 esac

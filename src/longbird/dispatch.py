@@ -39,6 +39,7 @@ from .attention import (
     usw_attention_reference,
     usw_layout,
 )
+from .attention.device_rows import bigbird_rows_on_device
 from .attention.flex import bigbird_flex_attention, usw_flex_attention
 from .attention.littlebird import BiALiBiSlopes, USWLayout
 from .attention.patterns import BigBirdPattern, bigbird_pattern
@@ -205,6 +206,11 @@ class PlanInGraph:
     first_block_reach: int = 0
     last_global: bool = True
     chunk_blocks: int = 0
+    max_length: int = 0  # the model's longest input (max_position_embeddings): bounds the device plan's tables
+
+    @property
+    def max_blocks(self) -> int:
+        return self.max_length // self.block_size
 
 
 _OP_WORKSPACES = threading.local()
@@ -309,12 +315,32 @@ def _rows_backward(ctx, grad):
 _bigbird_rows_op.register_autograd(_rows_backward, setup_context=_rows_setup_context)
 
 
+ROW_PLANS = ("device", "op")
+
+
+def compiled_row_plan(device: torch.device) -> str:
+    """Where a compiled graph makes BigBird's per-row plan: "device" (`attention.device_rows`: from each row's length
+    on the device, no host synchronisation, so a CUDA graph holds the whole forward) or "op" (the
+    `longbird::bigbird_rows` op, which reads the lengths on the host and runs the eager blocked kernels).
+    `LONGBIRD_ROW_PLAN` chooses; by default "op" on CPU, where it measured faster in inference (e5-small fp32 at 4K,
+    AVX2: 2.65 against 3.15 s per forward; docs/benchmarks.md, "BigBird's per-row plan in a compiled graph") and
+    there is no synchronisation to avoid, and "device" elsewhere."""
+    choice = os.environ.get("LONGBIRD_ROW_PLAN", "").strip().lower()
+    if choice and choice not in ROW_PLANS:
+        raise ValueError(f"LONGBIRD_ROW_PLAN must be one of {ROW_PLANS} (or unset); got {choice!r}")
+    return choice or ("op" if device.type == "cpu" else "device")
+
+
 def bigbird_rows(query, key, value, key_mask, plan: PlanInGraph, dropout_p: float = 0.0) -> torch.Tensor:
-    """BigBird attention of one layer with the per-row plan made inside one opaque op (`PlanInGraph`): the compiled
-    encoder's path. Attention dropout would be drawn again by the recomputing backward, so it is refused here."""
+    """BigBird attention of one layer with each row's own plan made inside the compiled graph (`PlanInGraph`): the
+    compiled encoder's path, on the device or in one opaque op (`compiled_row_plan`). The op's backward draws
+    attention dropout again when it recomputes the attention, so it refuses dropout; the device plan takes it."""
+    if compiled_row_plan(query.device) == "device":
+        return bigbird_rows_on_device(query, key, value, key_mask, plan, dropout_p)
     if dropout_p:
-        raise ValueError("torch.compile of a kobigbird model in training needs attention_probs_dropout_prob = 0 (the "
-                         "default after conversion): the compiled per-row plan recomputes attention in backward")
+        raise ValueError("torch.compile of a kobigbird model in training on CPU needs attention_probs_dropout_prob = 0 "
+                         "(the default after conversion): the compiled per-row op recomputes attention in backward; "
+                         "or set LONGBIRD_ROW_PLAN=device, whose plan is made on the device and takes dropout")
     return _bigbird_rows_op(query, key, value, key_mask, *_plan_arguments(plan))
 
 

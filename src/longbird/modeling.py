@@ -131,7 +131,8 @@ class LongBirdEncoder(nn.Module):
             plan = None
             if in_graph:
                 plan = PlanInGraph(index, config.block_size, config.full_attention_threshold, config.num_random_blocks,
-                                   config.random_seed, config.random_blocks, *pattern_arguments)
+                                   config.random_seed, config.random_blocks, *pattern_arguments,
+                                   config.max_position_embeddings)
             elif sparse:
                 # Drawn outside any trace from (seed, layer, n): an exported graph holds it as a constant.
                 plan = (groups, [bigbird_pattern(int(group.num_blocks), config.block_size,

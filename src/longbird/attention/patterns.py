@@ -87,7 +87,7 @@ class BigBirdPattern:
         past the end or a global block, which is read once as such): w = 3 (left, own, right) for a sliding window,
         w = `chunk_blocks` (the chunk, in order) for source chunks."""
         n = self.num_blocks
-        window = _local_window(torch.arange(1, self.middle_end), self.chunk_blocks)
+        window = local_window(torch.arange(1, self.middle_end), self.chunk_blocks)
         valid = (window > 0) & (window < (n - 1 if self.last_global else n))
         return window.clamp(max=n - 1), valid
 
@@ -144,7 +144,7 @@ class BigBirdPattern:
         return self.block_counts().repeat_interleave(b, dim=1).repeat_interleave(b, dim=2)
 
 
-def _local_window(middle: torch.Tensor, chunk_blocks: int) -> torch.Tensor:
+def local_window(middle: torch.Tensor, chunk_blocks: int) -> torch.Tensor:
     """(m, w) key-block indices of the local window of each query block in `middle` (unclamped: past the ends too):
     {i-1, i, i+1} for BigBird's sliding window, i's chunk of `chunk_blocks` blocks tiled from block 1 otherwise."""
     if chunk_blocks:
@@ -206,7 +206,7 @@ def _draw_pattern(n: int, block_size: int, num_heads: int, r: int, seed: int, la
     generator = torch.Generator().manual_seed(_plan_seed(seed, layer, n))
     keys = torch.rand(num_heads, middle, n, generator=generator)
     cols = torch.arange(n)[None, :]
-    in_window = (_local_window(torch.arange(1, end), chunk_blocks)[:, :, None] == cols[:, None, :]).any(1)
+    in_window = (local_window(torch.arange(1, end), chunk_blocks)[:, :, None] == cols[:, None, :]).any(1)
     excluded = (cols == 0) | ((cols == n - 1) & last_global) | in_window  # global + window blocks
     keys = keys.masked_fill(excluded, float("inf"))
     take = min(r, n)

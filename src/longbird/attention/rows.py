@@ -30,11 +30,17 @@ class RowGroup:
         return self.num_blocks > 0
 
 
-def real_lengths(key_mask: torch.Tensor) -> list[int]:
-    """Per row, the index of its last real token + 1 (0 for a row with no real token)."""
+def real_lengths_on_device(key_mask: torch.Tensor) -> torch.Tensor:
+    """(B,) long: per row the index of its last real token + 1 (0 for a row with no real token), on the mask's
+    device (no host synchronisation: the compiled graph's plan, `device_rows`, reads it there)."""
     length = key_mask.shape[1]
     last = length - key_mask.flip(-1).to(torch.int8).argmax(-1)
-    return torch.where(key_mask.any(-1), last, 0).tolist()
+    return torch.where(key_mask.any(-1), last, 0)
+
+
+def real_lengths(key_mask: torch.Tensor) -> list[int]:
+    """Per row, the index of its last real token + 1 (0 for a row with no real token), read on the host."""
+    return real_lengths_on_device(key_mask).tolist()
 
 
 def plan_batch(length: int, block_size: int, full_max_length: int) -> list[RowGroup]:
