@@ -15,7 +15,9 @@ def test_fitted_exponent_recovers_power_laws():
     assert fitted_exponent([(1024, 1.0), (2048, 2.0)]) is None  # nothing at or above 4K
 
 
-def test_bench_smoke_writes_json_markdown_and_plots(tmp_path):
+def test_bench_smoke_writes_json_markdown_and_plots(tmp_path, monkeypatch):
+    monkeypatch.setenv("LONGBIRD_ROW_PLAN", "op")  # recorded with the command: it changes what a compiled model runs
+    monkeypatch.setenv("LONGBIRD_API_KEY", "secret")  # and a secret is not
     result = CliRunner().invoke(app, ["bench", "--smoke", "--length", "128", "--length", "256", "--repeats", "1",
                                       "--model", "littlebird", "--model", "kobigbird", "--model", "sdpa-roberta",
                                       "--out", str(tmp_path)])
@@ -33,7 +35,8 @@ def test_bench_smoke_writes_json_markdown_and_plots(tmp_path):
     for row in measured:
         assert math.isclose(row["tokens_per_second"], row["length"] / row["median_seconds"])
     markdown = (tmp_path / "bench_smoke.md").read_text()
-    assert "| littlebird |" in markdown and "Command: `longbird bench" in markdown
+    assert "| littlebird |" in markdown and "Command: `LONGBIRD_ROW_PLAN=op longbird bench" in markdown
+    assert "secret" not in markdown and "secret" not in json.dumps(report)
     for mode in ("forward", "forward_backward"):
         assert (tmp_path / f"bench_smoke_smoke_b1_fp32_{mode}.png").stat().st_size > 1000
 

@@ -104,7 +104,7 @@ class LongBirdEncoder(nn.Module):
         if config.attention == "littlebird":
             return self._forward_littlebird(hidden_states, key_mask, position_ids, use_reference, output_hidden_states)
         # Per row: full or sparse, its block count, its last global block and its random plan (attention/rows.py).
-        in_graph = False  # the per-row plan is made by each layer's longbird::bigbird_rows op (torch.compile)
+        in_graph = False  # torch.compile: each layer makes the per-row plan in the graph (dispatch.bigbird_rows)
         if config.attention != "bigbird":
             groups = [RowGroup(None, length, 0)]
         elif graph_cannot_branch_on_data():  # export/jit cannot read row lengths: one decision from the input length

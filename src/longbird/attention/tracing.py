@@ -39,7 +39,7 @@ def exporting() -> bool:
 def graph_cannot_branch_on_data() -> bool:
     """True under torch.export (the dynamo ONNX exporter uses it) and torch.jit tracing, where reading tensor values
     (the rows' real lengths) fails or freezes them into the graph. torch.compile is not included: there the per-row
-    plan runs inside one opaque op per layer (dispatch.PlanInGraph)."""
+    plan is made in the graph (dispatch.PlanInGraph: on the device, or inside one opaque op per layer)."""
     return torch.jit.is_tracing() or exporting()
 
 

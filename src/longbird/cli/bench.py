@@ -39,6 +39,7 @@ def bench(ctx: typer.Context,
           max_seconds: MaxSeconds = 60.0, max_memory_gib: MaxMemory = 16.0, out: Out = Path("benchmarks/results"),
           smoke: Smoke = False, name: Name = "", compile_modes: Compile = (), overwrite: Overwrite = False):
     """Latency and peak memory vs length for longbird presets and transformers baselines, with plots."""
+    import os
     import sys
 
     from ..bench.report import markdown, write_report
@@ -55,6 +56,11 @@ def bench(ctx: typer.Context,
     stem = name or ("bench_smoke" if smoke else "bench")
     report = _sweep(settings, out=out, stem=stem, overwrite=overwrite)
     command = "longbird " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "longbird bench"
+    # the environment variables that change what runs (the sparse kernel, the compiled row plan) are part of the
+    # command; no other (LONGBIRD_API_KEY is a secret)
+    chosen = [f"{key}={os.environ[key]}" for key in ("LONGBIRD_ATTENTION_BACKEND", "LONGBIRD_ROW_PLAN")
+              if os.environ.get(key)]
+    command = " ".join([*chosen, command])
     # out positionally: write_report names it out_dir
     paths = write_report(report, out, command=command, stem=stem)
     console.print(markdown(report=report | {"command": command}, command=command))
