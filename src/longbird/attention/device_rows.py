@@ -46,21 +46,22 @@ def _table_of_layer(layer: int):
     return torch.compiler.assume_constant_result(table)
 
 
-_TABLE_OF_LAYER = tuple(_table_of_layer(layer) for layer in range(256))
+_TABLE_OF_LAYER = tuple(_table_of_layer(layer) for layer in range(256))  # a deeper model reuses one: Dynamo's error
 
 
-@lru_cache(maxsize=48)
+@lru_cache(maxsize=96)  # the layers of a few models
 def _drawn_random_table(max_blocks: int, block_size: int, num_heads: int, full_max_length: int,
                         num_random_blocks: int, seed: int, layer: int, random_blocks: str, first_block_reach: int,
                         last_global: bool, chunk_blocks: int, device: str) -> torch.Tensor:
-    """(M + 1, H, M - 1, r) int32 for up to M blocks (the model's longest input): row n holds, at slot j - 1 of middle
-    query block j, the random key blocks of `bigbird_pattern(n, ...)` (-1 where the pattern has none, and in the rows
-    of every n no sparse row can have). A plan depends on n alone, not on the batch's padded length, so one table
-    serves every length, static or dynamic (a compiled graph's length may be symbolic; n_i never is needed on the
-    host). At 8,192 tokens in blocks of 64, 12 heads and 3 random blocks: 2.4 MB per layer."""
+    """(M + 1, H, M - 1, r) int16 for rows of up to M blocks: row n holds, at slot j - 1 of middle query block j, the
+    random key blocks of `bigbird_pattern(n, ...)` (-1 where the pattern has none, and in the rows of every n no
+    sparse row can have). A plan depends on n alone, not on the batch's padded length, so the table for the model's
+    longest input serves every length, also a graph compiled with dynamic shapes, whose length is symbolic, and the
+    graphs of all lengths share it (at 8,192 tokens in blocks of 64, 12 heads and 3 random blocks: 1.2 MB per layer;
+    it grows as M², 19 MB per layer at 32K)."""
     r = num_random_blocks
     with outside_the_trace():
-        table = torch.full((max_blocks + 1, num_heads, max(max_blocks - 1, 0), r), -1, dtype=torch.int32)
+        table = torch.full((max_blocks + 1, num_heads, max(max_blocks - 1, 0), r), -1, dtype=torch.int16)
         smallest_sparse = full_max_length // block_size + 1  # n_i of the shortest row with l_i > F
         for n in range(max(smallest_sparse, 2), max_blocks + 1):
             # the uncached draw: these patterns would only crowd the eager plan's cache
