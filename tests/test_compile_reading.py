@@ -11,7 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 import longbird
-from conftest import BLOCK, make_batch, make_source
+from conftest import BLOCK, make_source
 from longbird.cli import app as cli
 from longbird.compilation import compile_encoder
 from longbird.data.korquad import read_korquad_v2
@@ -52,47 +52,10 @@ def test_compile_encoder_keeps_the_state_dict(preset):
     assert list(model.state_dict()) == keys  # saves as a plain model: no "_orig_mod." prefix
 
 
-def _without_dropout(model):
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-        if hasattr(module, "dropout_p"):
-            module.dropout_p = 0.0
-    return model
-
-
-@pytest.mark.parametrize("preset", ["kobigbird", "littlebird", "tape"])
-def test_compiled_training_step_gives_the_eager_gradients(preset):
-    """What `finetune-* --compile` relies on (Trainer's torch_compile): forward and backward through Inductor, as one
-    graph, give the eager loss and gradients, the hand-written LittleBird backward and BigBird's per-row plan (an op
-    whose backward recomputes the layer's attention) included."""
-    torch.manual_seed(0)
-    model = _without_dropout(longbird.convert(make_source("bert"), preset=preset, max_length=256,
-                                              block_size=BLOCK).train())
-    input_ids, attention_mask = make_batch(200, batch=2)  # sparse for kobigbird, a padded row
-    real = attention_mask.bool()
-
-    def step(run):
-        model.zero_grad(set_to_none=True)
-        out = run(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        loss = (out[real] ** 2).mean()
-        loss.backward()
-        return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-
-    eager_loss, eager = step(model)
-    compiled_loss, compiled = step(torch.compile(model, fullgraph=True))
-    assert compiled_loss == pytest.approx(eager_loss.item(), rel=1e-5)
-    scale = max(grad.abs().max().item() for grad in eager.values())
-    for name, grad in eager.items():
-        # fp32 sums reordered by Inductor: errors ~ the gradient scale x 1e-6; 1e-5 of the largest gradient bounds them
-        # (a gradient that is exactly 0 in theory, such as a key bias under softmax, is rounding noise in both)
-        assert (compiled[name] - grad).abs().max().item() <= 1e-5 * scale + 1e-4 * grad.abs().max().item(), name
-
-
 def test_finetune_qa_compile_trains_and_saves_a_plain_model(tiny_source, tmp_path):
     """`finetune-qa --compile` (Trainer's torch_compile): it trains, and what it saves is the plain model (no
     torch.compile wrapper prefix in the weights), which loads for reading. That the compiled steps compute the eager
-    loss and gradients is the test above (with dropout off; here dropout runs inside the compiled graph)."""
+    loss and gradients is test_compile_training.py (with dropout off; here dropout runs inside the compiled graph)."""
     from safetensors import safe_open
 
     out = tmp_path / "compiled"
