@@ -44,16 +44,6 @@ def _plan(name, layer=3):
     return PlanInGraph(layer, block, threshold, random, 7, plan, reach, last_global, chunk, max_length=256)
 
 
-def _eager_plan(query, key, value, key_mask, plan):
-    """The encoder's eager per-row plan (row groups read on the host, blocked kernels), differentiable."""
-    groups = dispatch.plan_rows(key_mask, plan.block_size, plan.full_max_length)
-    patterns = [dispatch.bigbird_pattern(group.num_blocks, plan.block_size, query.shape[1], plan.num_random_blocks,
-                                         plan.seed, plan.layer, plan.random_blocks, plan.first_block_reach,
-                                         plan.last_global, plan.chunk_blocks) if group.sparse else None
-                for group in groups]
-    return dispatch.bigbird(query, key, value, key_mask, groups, patterns, dispatch.SparseBackend("blocked", "test"))
-
-
 def _real(x, key_mask):
     return x.transpose(1, 2)[key_mask]  # (real tokens, H, d)
 
@@ -73,7 +63,7 @@ def test_device_plan_equals_the_eager_per_row_plan_with_its_gradients(pattern):
         inputs = [x.clone().requires_grad_() for x in (query, key, value)]
         ours = bigbird_rows_on_device(*inputs, key_mask, plan)
         inputs_eager = [x.clone().requires_grad_() for x in (query, key, value)]
-        eager = _eager_plan(*inputs_eager, key_mask, plan)
+        eager = dispatch._rows_eagerly(*inputs_eager, key_mask, plan)
         assert (_real(ours, key_mask) - _real(eager, key_mask)).abs().max() <= TOLERANCE, lengths
         # padding blocks past a row's end are 0, as the eager plan leaves them
         blocks = -(-torch.tensor(lengths) // plan.block_size) * plan.block_size
@@ -101,7 +91,7 @@ def test_compiled_device_plan_is_one_graph_without_host_reads_or_opaque_ops():
     compiled = torch.compile(bigbird_rows_on_device, backend=capture, fullgraph=True, dynamic=False)
     with torch.no_grad():
         ours = compiled(query, key, value, key_mask, plan)
-        eager = _eager_plan(query, key, value, key_mask, plan)
+        eager = dispatch._rows_eagerly(query, key, value, key_mask, plan)
     assert (_real(ours, key_mask) - _real(eager, key_mask)).abs().max() <= TOLERANCE
     (graph,) = graphs
     calls = [(node.op, str(node.target)) for node in graph.graph.nodes if node.op.startswith("call_")]
@@ -122,7 +112,7 @@ def test_compiled_with_dynamic_shapes_one_graph_serves_other_lengths():
         query, key, value, key_mask = _inputs(lengths, plan.block_size)
         with torch.no_grad():
             ours = compiled(query, key, value, key_mask)
-            eager = _eager_plan(query, key, value, key_mask, plan)
+            eager = dispatch._rows_eagerly(query, key, value, key_mask, plan)
         assert (_real(ours, key_mask) - _real(eager, key_mask)).abs().max() <= TOLERANCE, lengths
 
 

@@ -16,8 +16,8 @@ the device, with the eager plan's decisions (Zaheer et al. 2020 §2, ITC, for th
 
 So every real token's output equals the eager plan's up to the order of summation. The cost for a batch of equal
 rows is the blocked kernel's (`bigbird.py`: the same gathered key blocks, one SDPA call), plus the per-row tables.
-The random blocks of every possible n_i come from one table per (layer, N), drawn outside any trace by
-`bigbird_pattern` itself (a graph holds it as a constant).
+The random blocks of every possible n_i come from one table per layer for the model's longest input, drawn outside
+any trace by `bigbird_pattern`'s own draw (a graph holds it as a constant).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def _drawn_random_table(max_blocks: int, block_size: int, num_heads: int, full_m
         return table.to(device)
 
 
-def _middle_key_blocks(blocks, full, plan, heads: int, n_max: int, device):
+def _middle_key_blocks(blocks, full, full_blocks: int, plan, heads: int, n_max: int, device):
     """Per row, head and middle query block j = 1..N-1 (slot j - 1): the key blocks it reads (B, H, N-1, K) long,
     which of them count (bool, same shape), and which query blocks lie outside the row's middle ((B, 1, N-1, 1):
     its last global block under ITC, its padding blocks). A sparse row's columns come in the eager kernel's order:
@@ -101,7 +101,6 @@ def _middle_key_blocks(blocks, full, plan, heads: int, n_max: int, device):
         drawn = table[blocks][:, :, :n_max - 1].long()  # (B, H, N-1, r)
         columns = torch.cat([columns, drawn.clamp(min=0)], -1)
         valid = torch.cat([valid, drawn >= 0], -1)
-    full_blocks = -(-threshold // b)
     width = max(columns.shape[-1], full_blocks)
     slot = torch.arange(width, device=device)
     full_columns = slot.clamp(max=full_blocks - 1)
@@ -134,7 +133,7 @@ def bigbird_rows_on_device(query: torch.Tensor, key: torch.Tensor, value: torch.
     full = lengths <= threshold
     full_blocks = -(-threshold // b)  # a full row's real keys lie in its first ceil(F / b) blocks
     last_block = blocks - 1
-    columns, valid, outside = _middle_key_blocks(blocks, full, plan, heads, n_max, device)
+    columns, valid, outside = _middle_key_blocks(blocks, full, full_blocks, plan, heads, n_max, device)
     width = columns.shape[-1]
     first_slot = torch.arange(width, device=device) == 0
 
