@@ -61,7 +61,7 @@ def test_finetune_qa_compile_trains_and_saves_a_plain_model(tiny_source, tmp_pat
     out = tmp_path / "compiled"
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    result = CliRunner().invoke(cli, ["finetune-qa", "--model", str(tiny_source), "--preset", "littlebird",
+    result = CliRunner().invoke(cli, ["finetune-qa", "--model", str(tiny_source), "--preset", "kobigbird",
                                       "--max-length", "256", "--train", str(PAGES[0]), "--out", str(out),
                                       "--max-steps", "2", "--batch-size", "2", "--logging-steps", "1",
                                       "--negative-fraction", "0.5", "--compile"])

@@ -122,7 +122,7 @@ def test_the_random_table_is_every_block_counts_own_plan():
     from longbird.attention.patterns import bigbird_pattern
 
     table = _drawn_random_table(32, BLOCK, HEADS, 32, 3, 7, 2, "seeded", 0, True, 0, "cpu")
-    assert table.shape == (33, HEADS, 31, 3)
+    assert table.shape == (33, HEADS, 32, 3)  # a spare slot: M - 1 middle blocks never fill the dimension
     assert (table[:5] == -1).all()  # n <= F / b: full rows, no random blocks
     for n in (5, 17, 32):
         drawn = bigbird_pattern(n, BLOCK, HEADS, 3, 7, 2, "seeded", 0, True, 0).random_blocks

@@ -192,7 +192,7 @@ def test_onnx_of_kobigbird_fresh_from_disk_equals_pytorch(tmp_path, cold_plan_ca
 
 
 # Dynamic sequence lengths: full attention takes any length, littlebird any block multiple (its blocks are fixed-size
-# windows); kobigbird only within full attention, since above it each block count has its own random plan.
+# windows); kobigbird a range within full attention or one wholly above it (below).
 DYNAMIC = {"full": Dim("seq", max=256), "littlebird": BLOCK * Dim("blocks", max=256 // BLOCK)}
 
 
@@ -244,12 +244,72 @@ def test_kobigbird_exports_a_dynamic_length_within_full_attention():
 
 
 @pytest.mark.parametrize("example_length", [48, 200])  # full or sparse at the example: the range reaches past L
-def test_kobigbird_dynamic_length_over_the_sparse_path_is_a_clear_error(example_length):
+def test_kobigbird_dynamic_length_across_the_threshold_is_a_clear_error(example_length):
     model = _model("kobigbird")
     input_ids, _ = make_batch(example_length, batch=1, padded_rows=0)
-    with pytest.raises(ValueError, match=r"random blocks are drawn per block count.*Export at a fixed length"):
+    with pytest.raises(ValueError, match=r"wholly at or below its full-attention threshold \(64 tokens\) or wholly "
+                                         r"above it.*min=72"):
         torch.export.export(model, (), {"input_ids": input_ids},
                             dynamic_shapes={"input_ids": {1: BLOCK * Dim("blocks", max=256 // BLOCK)}})
+
+
+# Above the threshold: every sparse length a block multiple, any batch size; one graph for all of them.
+SPARSE_BATCH = Dim("batch", max=8)
+SPARSE_SEQ = BLOCK * Dim("blocks", min=SOURCE_LENGTH // BLOCK + 1, max=256 // BLOCK)
+SPARSE_SHAPES = {"input_ids": {0: SPARSE_BATCH, 1: SPARSE_SEQ}, "attention_mask": {0: SPARSE_BATCH, 1: SPARSE_SEQ}}
+# (length, rows, of which padded): an equal-length batch at the range's ends, padded batches whose short rows are
+# sparse, at the threshold, and below it (read with full attention alone)
+SPARSE_BATCHES = [(SOURCE_LENGTH + BLOCK, 1, 0), (256, 2, 0), (200, 3, 2), (136, 4, 3)]
+
+
+def _kobigbird_batch(length, rows, padded):
+    input_ids, mask = make_batch(length, batch=rows, padded_rows=padded, seed=rows)
+    if rows == 4:  # a row at the full-attention threshold and one far below it
+        mask[1, SOURCE_LENGTH:], mask[2, 10:] = 0, 0
+    return input_ids, mask
+
+
+def _each_row_alone(model, input_ids, mask):
+    """What eager longbird computes for every row of the batch read on its own, unpadded."""
+    with torch.no_grad():
+        return [model(input_ids=input_ids[row:row + 1, :int(mask[row].sum())]).last_hidden_state[0]
+                for row in range(len(input_ids))]
+
+
+def test_kobigbird_exports_one_graph_for_every_sparse_length_and_reads_each_row_as_alone(cold_plan_caches):
+    """torch.export makes BigBird's per-row plan on the device (attention/device_rows.py): the random blocks of every
+    block count are one constant table per layer, so one graph serves every sparse length and batch size, and a row
+    of a padded batch is read as eager reads it alone (its own block count, last global block and random blocks).
+    Before, an exported graph held one plan for its example length and applied it to every row of the batch."""
+    model = _model("kobigbird")
+    input_ids, mask = _kobigbird_batch(200, 3, 2)
+    exported = torch.export.export(model, (), {"input_ids": input_ids, "attention_mask": mask},
+                                   dynamic_shapes=SPARSE_SHAPES)
+    assert _random_ops(exported.graph_module) == []
+    assert not [node for node in exported.graph_module.graph.nodes if "longbird" in str(node.target)]
+    for length, rows, padded in SPARSE_BATCHES:
+        input_ids, mask = _kobigbird_batch(length, rows, padded)
+        with torch.no_grad():
+            out = exported.module()(input_ids=input_ids, attention_mask=mask)[0]
+        for row, alone in enumerate(_each_row_alone(model, input_ids, mask)):
+            # the same products summed in another grouping (masked key blocks add exact zeros): fp32 rounding
+            torch.testing.assert_close(out[row, :len(alone)], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_onnx_of_kobigbird_runs_every_sparse_length_and_reads_each_row_as_alone(tmp_path):
+    pytest.importorskip("onnxscript", reason="ONNX export needs the onnx extra: pip install longbird[onnx]")
+    onnxruntime = pytest.importorskip("onnxruntime", reason="needs the onnx extra: pip install longbird[onnx]")
+    model = _model("kobigbird")
+    input_ids, mask = _kobigbird_batch(200, 3, 2)
+    path = tmp_path / "kobigbird.onnx"
+    torch.onnx.export(model, (input_ids, mask), path, input_names=["input_ids", "attention_mask"],
+                      output_names=["last_hidden_state"], dynamo=True, dynamic_shapes=SPARSE_SHAPES)
+    session = onnxruntime.InferenceSession(str(path))
+    for length, rows, padded in SPARSE_BATCHES:
+        input_ids, mask = _kobigbird_batch(length, rows, padded)
+        (out, *_) = session.run(None, {"input_ids": input_ids.numpy(), "attention_mask": mask.numpy()})
+        for row, alone in enumerate(_each_row_alone(model, input_ids, mask)):
+            assert abs(out[row, :len(alone)] - alone.numpy()).max() <= 1e-5
 
 
 def test_compiled_kobigbird_reuses_its_gather_buffers_without_stale_results():

@@ -44,7 +44,7 @@ from .attention.flex import bigbird_flex_attention, usw_flex_attention
 from .attention.littlebird import BiALiBiSlopes, USWLayout
 from .attention.patterns import BigBirdPattern, bigbird_pattern
 from .attention.rows import RowGroup, cut_to_group, place_group, plan_rows
-from .attention.tracing import is_tracing
+from .attention.tracing import exporting, is_tracing
 
 BACKENDS = ("auto", "blocked", "flex")
 # From benchmarks/results/flex_cpu.md and flex_cpu_fp32_*_rerun.md (`python benchmarks/flex_cpu.py`): compiled flex
@@ -332,10 +332,12 @@ def compiled_row_plan(device: torch.device) -> str:
 
 
 def bigbird_rows(query, key, value, key_mask, plan: PlanInGraph, dropout_p: float = 0.0) -> torch.Tensor:
-    """BigBird attention of one layer with each row's own plan made inside the compiled graph (`PlanInGraph`): the
-    compiled encoder's path, on the device or in one opaque op (`compiled_row_plan`). The op's backward draws
-    attention dropout again when it recomputes the attention, so it refuses dropout; the device plan takes it."""
-    if compiled_row_plan(query.device) == "device":
+    """BigBird attention of one layer with each row's own plan made inside the compiled or exported graph
+    (`PlanInGraph`). torch.compile: on the device or in one opaque op (`compiled_row_plan`). torch.export (and the
+    ONNX exporter built on it): always on the device, so the graph is plain ATen ops that ONNX Runtime runs, and one
+    graph serves every sparse length. The op's backward draws attention dropout again when it recomputes the
+    attention, so it refuses dropout; the device plan takes it."""
+    if exporting() or compiled_row_plan(query.device) == "device":
         return bigbird_rows_on_device(query, key, value, key_mask, plan, dropout_p)
     if dropout_p:
         raise ValueError("torch.compile of a kobigbird model in training on CPU needs attention_probs_dropout_prob = 0 "

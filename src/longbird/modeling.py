@@ -104,14 +104,16 @@ class LongBirdEncoder(nn.Module):
         if config.attention == "littlebird":
             return self._forward_littlebird(hidden_states, key_mask, position_ids, use_reference, output_hidden_states)
         # Per row: full or sparse, its block count, its last global block and its random plan (attention/rows.py).
-        in_graph = False  # torch.compile: each layer makes the per-row plan in the graph (dispatch.bigbird_rows)
+        in_graph = False  # compile/export: each layer makes the per-row plan in the graph (dispatch.bigbird_rows)
         if config.attention != "bigbird":
             groups = [RowGroup(None, length, 0)]
-        elif graph_cannot_branch_on_data():  # export/jit cannot read row lengths: one decision from the input length
+        elif torch.jit.is_tracing() or (use_reference and graph_cannot_branch_on_data()):
+            # the legacy ONNX exporter (and the dense oracle under export) cannot read row lengths: one decision
             groups = plan_batch(length, config.block_size, config.full_attention_threshold)
-        elif torch.compiler.is_compiling() and not use_reference:
-            # A graph cannot read the rows' lengths either, but it can hold an op that does: from the input length
-            # alone, pad to the block multiple the longest sparse row would need (padding is masked and stripped).
+        elif (torch.compiler.is_compiling() or graph_cannot_branch_on_data()) and not use_reference:
+            # torch.compile and torch.export cannot read the rows' lengths either, but the graph can make each row's
+            # plan (on the device, or in an op that reads them): from the input length alone, pad to the block
+            # multiple the longest sparse row would need (padding is masked and stripped).
             groups = plan_batch(length, config.block_size, config.full_attention_threshold)
             in_graph = groups[0].sparse
         else:

@@ -53,7 +53,7 @@ _TABLE_OF_LAYER = tuple(_table_of_layer(layer) for layer in range(256))  # a dee
 def _drawn_random_table(max_blocks: int, block_size: int, num_heads: int, full_max_length: int,
                         num_random_blocks: int, seed: int, layer: int, random_blocks: str, first_block_reach: int,
                         last_global: bool, chunk_blocks: int, device: str) -> torch.Tensor:
-    """(M + 1, H, M - 1, r) int16 for rows of up to M blocks: row n holds, at slot j - 1 of middle query block j, the
+    """(M + 1, H, M, r) int16 for rows of up to M blocks: row n holds, at slot j - 1 of middle query block j, the
     random key blocks of `bigbird_pattern(n, ...)` (-1 where the pattern has none, and in the rows of every n no
     sparse row can have). A plan depends on n alone, not on the batch's padded length, so the table for the model's
     longest input serves every length, also a graph compiled with dynamic shapes, whose length is symbolic, and the
@@ -61,7 +61,9 @@ def _drawn_random_table(max_blocks: int, block_size: int, num_heads: int, full_m
     it grows as M², 19 MB per layer at 32K)."""
     r = num_random_blocks
     with outside_the_trace():
-        table = torch.full((max_blocks + 1, num_heads, max(max_blocks - 1, 0), r), -1, dtype=torch.int16)
+        # one slot more than the M - 1 middle blocks: a graph's slice [:N - 1] then never takes the whole dimension,
+        # which torch.export would otherwise guard on (an exported range up to M blocks failed at N = M)
+        table = torch.full((max_blocks + 1, num_heads, max_blocks, r), -1, dtype=torch.int16)
         smallest_sparse = full_max_length // block_size + 1  # n_i of the shortest row with l_i > F
         for n in range(max(smallest_sparse, 2), max_blocks + 1):
             # the uncached draw: these patterns would only crowd the eager plan's cache
@@ -109,10 +111,11 @@ def _middle_key_blocks(blocks, full, full_blocks: int, plan, heads: int, n_max: 
     valid = F.pad(valid, (0, width - valid.shape[-1]), value=False)
     is_full = full[:, None, None, None]
     columns = torch.where(is_full, full_columns, columns)
-    valid = torch.where(is_full, full_valid[:, None, None, :], valid)
+    # bool selections as logic, not torch.where: ONNX Runtime has no Where over bool values (exports, docs/export.md)
+    valid = (is_full & full_valid[:, None, None, :]) | (~is_full & valid)
     middle_end = torch.where(full | (not plan.last_global), blocks, last_block)  # one past the row's last middle block
     outside = (middle[None, :] >= middle_end[:, None])[:, None, :, None]
-    return torch.where(outside, 0, columns), torch.where(outside, slot == 0, valid), outside
+    return torch.where(outside, 0, columns), (outside & (slot == 0)) | (~outside & valid), outside
 
 
 def bigbird_rows_on_device(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor,

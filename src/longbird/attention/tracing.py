@@ -3,10 +3,11 @@
 Two rules. Values that depend only on Python ints (block patterns, block indices) are computed outside the trace
 (`outside_the_trace`): real tensors that are not recorded as graph ops. A tensor made under FakeTensorMode and kept in
 an lru_cache would make every later model in the process return FakeTensors, and a random plan drawn while being
-recorded would be redrawn by the exported graph on every call. And a traced graph cannot branch on tensor data, so the
-per-row attention plan (which reads each row's real length from the mask) falls back to one decision for the whole
-batch from its length. An exported dynamic sequence length is accepted only where one graph can serve every length
-(`check_dynamic_length`).
+recorded would be redrawn by the exported graph on every call. And a traced graph cannot branch on tensor data, so
+BigBird's per-row attention plan (which reads each row's real length from the mask) is made in the graph instead:
+on the device under torch.export and torch.compile (`device_rows`; torch.compile on CPU uses an opaque op by
+default), while a torch.jit trace (the legacy ONNX exporter) takes one decision for the whole batch from its length.
+An exported dynamic sequence length is accepted only where one graph can serve every length (`check_dynamic_length`).
 """
 
 from __future__ import annotations
@@ -99,17 +100,21 @@ def check_dynamic_length(length, block_size: int, attention: str, full_max_lengt
     silently holds one length (or a page of guards).
 
     full: any length. littlebird: multiples of block_size (`block_size * Dim("blocks", ...)`; torch.export checks
-    that itself, as a guard on the length). bigbird: only within full attention (lengths <= full_max_length).
-    Above it each length has its own block count n and BigBird's random blocks are drawn per (layer, n) (Zaheer et
-    al. 2020, §2), a constant of the graph: the sparse path is exported one length at a time.
+    that itself, as a guard on the length). bigbird: a range within full attention (lengths <= full_max_length), or
+    one wholly above it in multiples of block_size: there each row's plan is made in the graph on the device
+    (`device_rows`), with the random blocks of every block count in one table per layer, so one graph serves every
+    sparse length. A range across the threshold would need both paths in one graph (a branch on the length).
     """
     if not (graph_cannot_branch_on_data() and is_dynamic(length)):
         return  # torch.compile is left alone: dynamo guards on the length and recompiles per block count itself
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-    if attention == "bigbird" and not statically_known_true(length <= full_max_length):
+    if attention != "bigbird" or statically_known_true(length <= full_max_length):
+        return
+    if not statically_known_true(length > full_max_length):
         raise ValueError(
-            f"BigBird (kobigbird) sparse attention (above {full_max_length} tokens) cannot be exported with a dynamic "
-            "sequence length: its random blocks are drawn per block count, so every length is its own graph. Export "
-            "at a fixed length (no dynamic_shapes / dynamic_axes on the sequence axis), or bound the dynamic length at "
-            f"max={full_max_length}, where attention is full")
+            f"A dynamic sequence length of a kobigbird model must lie wholly at or below its full-attention threshold "
+            f"({full_max_length} tokens) or wholly above it (there in multiples of block_size {block_size}): give the "
+            f"range min={full_max_length + block_size} (with seq = {block_size} * Dim('blocks', min="
+            f"{full_max_length // block_size + 1}, ...)) or max={full_max_length}, and export a second graph for the "
+            "other side")
