@@ -52,12 +52,21 @@ def convert_to_directory(source, out: str | Path, *, preset: str = "kobigbird", 
         write_directory_atomically(out, write, overwrite=overwrite)
     return model, tokenizer is not None
 
+def saved_model_class(config: dict):
+    """The longbird class a saved directory holds (its config's first `architectures` entry; the encoder alone when
+    none is recorded): its head with the weights it was saved with."""
+    from . import heads
+    from .modeling import LongBirdModel
+
+    architecture = (config.get("architectures") or ["LongBirdModel"])[0]
+    return getattr(heads, architecture, LongBirdModel)
+
+
 def reconvert_directory(model_dir, out: str | Path, *, preset: str = "kobigbird", max_length: int = 4096,
                         overwrite: bool = False, **overrides: Any):
     """A saved kobigbird/full longbird model (any head) with another sparse pattern or positions beyond its source
     length (`conversion.reconvert`), saved to `out` with its tokenizer and, for a fine-tuned model, its training record
     (the weights are the ones it trained; the record notes the reconversion). `preset` must be the model's own."""
-    from . import heads
     from .config import PRESETS
     from .conversion import reconvert
 
@@ -70,11 +79,8 @@ def reconvert_directory(model_dir, out: str | Path, *, preset: str = "kobigbird"
                          f"{config.get('position')!r}: it can be reconverted only within its own preset "
                          f"({own or 'none: only kobigbird and full models'}), not to {preset!r}; convert its short "
                          "source with the new preset instead")
-    architecture = (config.get("architectures") or ["LongBirdModel"])[0]
-    model_class = getattr(heads, architecture, None)
-    if model_class is None:
-        from .modeling import LongBirdModel as model_class
-    model = reconvert(model_class.from_pretrained(path), max_position_embeddings=max_length, **overrides)
+    model = reconvert(saved_model_class(config).from_pretrained(path), max_position_embeddings=max_length,
+                      **overrides)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     tokenizer.model_max_length = max_length
     records = {name: json.loads((path / name).read_text(encoding="utf-8"))

@@ -1,9 +1,12 @@
-"""BigBird+TAPER longbird model -> plain `transformers` BigBird checkpoint (how KoBigBird-large was released)."""
+"""A saved longbird model in another format: a plain `transformers` BigBird checkpoint (`hf-bigbird`, how
+KoBigBird-large was released; the kobigbird and full presets) or an ONNX graph (`onnx`, every preset and head)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -14,7 +17,7 @@ from .files import write_directory_atomically
 from .heads import LongBirdForMaskedLM
 from .modeling import LongBirdModel, LongBirdPreTrainedModel
 
-EXPORT_FORMATS = ("hf-bigbird",)
+EXPORT_FORMATS = ("hf-bigbird", "onnx")
 logger = logging.getLogger("longbird.export")
 
 
@@ -25,8 +28,8 @@ def to_bigbird_config(config: LongBirdConfig) -> BigBirdConfig:
         raise ValueError(f"hf-bigbird export needs absolute positions and bigbird or full attention (the kobigbird and "
                          f"full presets); this model has position={config.position!r}, "
                          f"attention={config.attention!r}. Use the model as a longbird directory (Auto classes), or "
-                         "export its graph with torch.export or torch.onnx.export (docs/export.md, 'torch.export, "
-                         "ONNX, torch.compile')")
+                         "export its graph: `longbird export --format onnx`, torch.export or torch.onnx.export "
+                         "(docs/export.md)")
     if config.embedding_size != config.hidden_size:
         raise ValueError(
             f"hf-bigbird has no embedding projection: embedding_size ({config.embedding_size}) != hidden_size "
@@ -94,6 +97,8 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, format: str = "
     """Load a saved longbird model from `model_dir` and write a `format` checkpoint (plus tokenizer) to `out`."""
     if format not in EXPORT_FORMATS:
         raise ValueError(f"unknown export format {format!r}; choose one of {EXPORT_FORMATS}")
+    if format == "onnx":
+        return export_onnx(model_dir, out, overwrite=overwrite)
     config = LongBirdConfig.from_pretrained(model_dir)
     if config.attention == "bigbird" and config.random_blocks != "transformers":
         logger.warning(
@@ -131,3 +136,111 @@ def _load_tokenizer(source: Path):
         return AutoTokenizer.from_pretrained(source, local_files_only=True)
     except (OSError, ValueError, KeyError):
         return None
+
+
+ONNX_RECORD = "longbird_onnx.json"
+ONNX_INPUTS = ("input_ids", "attention_mask")
+
+
+@dataclass(frozen=True)
+class OnnxLengths:
+    """The sequence lengths one exported graph takes: multiples of `multiple` from `shortest` to `longest`. A shorter
+    input, or one between two multiples, is right-padded with attention_mask 0 (padding is read as padding, each row
+    as itself: docs/export.md). What `attention/tracing.py: check_dynamic_length` lets one graph serve."""
+
+    shortest: int
+    longest: int
+    multiple: int
+
+    def dim(self):
+        from torch.export import Dim
+
+        if self.multiple == 1:
+            return Dim("seq", min=self.shortest, max=self.longest)
+        return self.multiple * Dim("blocks", min=self.shortest // self.multiple, max=self.longest // self.multiple)
+
+
+def onnx_lengths(config: LongBirdConfig) -> OnnxLengths:
+    """littlebird: block multiples; kobigbird: block multiples above its full-attention threshold, where each row's
+    plan is made in the graph and shorter rows are read with full attention as alone (a graph cannot hold both
+    sides of the threshold); full attention (full, tape, kobigbird no longer than its threshold): any length."""
+    longest, block = config.max_position_embeddings, config.block_size
+    if config.attention == "littlebird":
+        return OnnxLengths(2 * block, longest // block * block, block)
+    if config.attention == "bigbird" and longest > config.full_attention_threshold:
+        return OnnxLengths((config.full_attention_threshold // block + 1) * block, longest // block * block, block)
+    return OnnxLengths(2, longest, 1)  # torch.export specialises sizes 0 and 1
+
+
+def export_onnx(model_dir: str | os.PathLike, out: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Write `out/model.onnx` (torch.onnx.export's dynamo exporter) of the saved model with its head, with a dynamic
+    batch and sequence length (`onnx_lengths`), its tokenizer and config, and `longbird_onnx.json`: inputs, outputs,
+    the lengths the graph takes and ONNX Runtime's difference from PyTorch on an example batch."""
+    from .checkpoints import is_tape_peft, load_task_model, saved_model_class
+    from .sources import resolve_model_directory
+
+    try:
+        import onnxscript  # noqa: F401  (torch.onnx's exporter needs it)
+    except ImportError as error:
+        raise ImportError('ONNX export needs onnxscript (and onnxruntime to check the graph): pip install '
+                          '"longbird[onnx]"') from error
+    path = resolve_model_directory(model_dir)
+    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    if config.get("model_type") != "longbird" and not is_tape_peft(path):
+        raise ValueError(f"{path} is not a longbird model (model_type {config.get('model_type')!r}); convert it "
+                         "first (`longbird convert`)")
+    model_class = saved_model_class(config)
+    # a PEFT directory holds what TAPE trained and where its base is (load_task_model rebuilds it)
+    model = load_task_model(path, model_class)[0] if is_tape_peft(path) else model_class.from_pretrained(path)
+    model = model.float().eval()
+    tokenizer = _load_tokenizer(path)
+    lengths = onnx_lengths(model.config)
+    example = _example_batch(model.config, lengths)
+    with torch.no_grad():
+        expected = model(**example)
+    outputs = [name for name, value in expected.items() if isinstance(value, torch.Tensor)]
+    batch, seq = _batch_dim(), lengths.dim()
+    shapes = {name: {0: batch, 1: seq} for name in ONNX_INPUTS}
+
+    def write(directory: Path) -> None:
+        graph = directory / "model.onnx"
+        torch.onnx.export(model, tuple(example[name] for name in ONNX_INPUTS), graph, dynamo=True,
+                          input_names=list(ONNX_INPUTS), output_names=outputs, dynamic_shapes=shapes)
+        record = {"model": str(path), "architecture": type(model).__name__, "inputs": list(ONNX_INPUTS),
+                  "outputs": outputs, "lengths": asdict(lengths), "torch": torch.__version__,
+                  "check": _onnxruntime_check(graph, example, expected, outputs)}
+        model.config.save_pretrained(directory)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(directory)
+        (directory / ONNX_RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+
+    return write_directory_atomically(out, write, overwrite=overwrite)
+
+
+def _batch_dim():
+    from torch.export import Dim
+
+    return Dim("batch", max=1024)
+
+
+def _example_batch(config: LongBirdConfig, lengths: OnnxLengths) -> dict:
+    """Two rows at the shortest length past the first multiple (sparse for kobigbird), the second one padded."""
+    length = min(lengths.longest, lengths.shortest + lengths.multiple)
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(5, config.vocab_size, (2, length), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, length // 2:] = 0
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
+def _onnxruntime_check(graph: Path, example: dict, expected, outputs: list[str]) -> dict:
+    """ONNX Runtime's largest difference from PyTorch per output on the example batch (None without onnxruntime)."""
+    try:
+        import onnxruntime
+    except ImportError:
+        return {"onnxruntime": None}
+    session = onnxruntime.InferenceSession(str(graph))
+    got = session.run(outputs, {name: example[name].numpy() for name in ONNX_INPUTS})
+    differences = {name: float(abs(value - expected[name].numpy()).max()) for name, value in zip(outputs, got)}
+    return {"onnxruntime": onnxruntime.__version__, "batch": list(example["input_ids"].shape),
+            "max_abs_difference": differences}

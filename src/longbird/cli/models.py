@@ -1,5 +1,6 @@
 """Commands about a model itself: `convert`, `export`, `env`, `demo`."""
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -34,13 +35,25 @@ def convert(source: Source = None, preset: Preset = "kobigbird",
 
 
 def export(model_dir: Annotated[Path, typer.Argument(help="A saved longbird model directory")],
-           format: Annotated[str, typer.Option("--format", help="Export format")] = "hf-bigbird",
+           format: Annotated[str, typer.Option(
+               "--format", help="hf-bigbird: a transformers BigBird checkpoint (kobigbird, full); onnx: model.onnx "
+                                "with its head, dynamic batch and length (every preset; needs longbird[onnx])")
+           ] = "hf-bigbird",
            out: Out = ..., overwrite: Overwrite = False):
-    """Export a BigBird+TAPER model to a plain transformers checkpoint."""
+    """Export a longbird model: a plain transformers BigBird checkpoint or an ONNX graph."""
+    from ..export import ONNX_RECORD
     from ..export import export as export_model
 
     with console.status(f"exporting {model_dir} as {format}"):
         export_model(model_dir=model_dir, out=out, format=format, overwrite=overwrite)
+    if format == "onnx":
+        record = json.loads((Path(out) / ONNX_RECORD).read_text(encoding="utf-8"))
+        lengths = record["lengths"]
+        console.print(f"[green]wrote[/] {out}/model.onnx: inputs {', '.join(record['inputs'])} of any batch size and "
+                      f"{lengths['shortest']}-{lengths['longest']} tokens"
+                      + (f" in multiples of {lengths['multiple']}" if lengths["multiple"] > 1 else "")
+                      + " (pad with attention_mask 0); outputs " + ", ".join(record["outputs"]))
+        return
     console.print(f"[green]wrote[/] {format} checkpoint to {out}")
 
 

@@ -1,0 +1,95 @@
+"""`longbird export --format onnx`: one ONNX graph per saved model, with its head, a dynamic batch and a dynamic
+length, whose rows ONNX Runtime reads as PyTorch reads each of them alone (docs/export.md)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import longbird
+from conftest import make_source
+from longbird.cli import app as cli
+from longbird.export import export_onnx
+from longbird.heads import LongBirdForQuestionAnswering
+from test_qa_cli import tiny_qa, tiny_source  # noqa: F401  (fixtures)
+
+onnxruntime = pytest.importorskip("onnxruntime", reason="needs the onnx extra: pip install longbird[onnx]")
+pytest.importorskip("onnxscript", reason="ONNX export needs the onnx extra: pip install longbird[onnx]")
+
+
+def _padded_batch(lengths, width, vocab, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(5, vocab, (len(lengths), width), generator=generator)
+    mask = torch.zeros_like(input_ids)
+    for row, length in enumerate(lengths):
+        mask[row, :length] = 1
+        input_ids[row, length:] = 0
+    return input_ids, mask
+
+
+def test_a_qa_model_exports_one_graph_that_reads_every_row_as_pytorch_reads_it_alone(tiny_qa, tmp_path):
+    out = tmp_path / "onnx"
+    result = CliRunner().invoke(cli, ["export", str(tiny_qa), "--format", "onnx", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    model = LongBirdForQuestionAnswering.from_pretrained(tiny_qa).eval()
+    config = model.config
+    record = json.loads((out / "longbird_onnx.json").read_text())
+    block = config.block_size
+    # kobigbird: block multiples above the full-attention threshold, up to the longest input
+    assert record["lengths"] == {"shortest": (config.full_attention_threshold // block + 1) * block,
+                                 "longest": config.max_position_embeddings, "multiple": block}
+    assert record["architecture"] == "LongBirdForQuestionAnswering"
+    assert record["outputs"][:2] == ["start_logits", "end_logits"]
+    assert max(record["check"]["max_abs_difference"].values()) <= 1e-5
+    assert (out / "tokenizer.json").is_file() or (out / "vocab.txt").is_file()
+    session = onnxruntime.InferenceSession(str(out / "model.onnx"))
+    longest, shortest = record["lengths"]["longest"], record["lengths"]["shortest"]
+    # rows longer than the threshold (sparse: their own block counts), at it and below it (full attention), in batches
+    # of the longest length and of the shortest one the graph takes
+    threshold = config.full_attention_threshold
+    for lengths, width in (([longest, longest - block - 5, threshold, 9], longest), ([shortest - 3, 20], shortest)):
+        input_ids, mask = _padded_batch(lengths, width, config.vocab_size)
+        start, end = session.run(["start_logits", "end_logits"],
+                                 {"input_ids": input_ids.numpy(), "attention_mask": mask.numpy()})
+        for row, length in enumerate(lengths):
+            with torch.no_grad():
+                alone = model(input_ids=input_ids[row:row + 1, :length])
+            # unit-scale fp32 logits of the same products summed in another order: ~1e-6
+            torch.testing.assert_close(torch.from_numpy(start[row, :length]), alone.start_logits[0], atol=1e-5,
+                                       rtol=1e-5)
+            torch.testing.assert_close(torch.from_numpy(end[row, :length]), alone.end_logits[0], atol=1e-5,
+                                       rtol=1e-5)
+
+
+@pytest.mark.parametrize("preset", ["littlebird", "tape"])
+def test_other_presets_export_with_their_own_lengths(preset, tmp_path):
+    model = longbird.convert(make_source("bert"), preset=preset, max_length=256).eval()
+    model.save_pretrained(tmp_path / preset)
+    out = export_onnx(tmp_path / preset, tmp_path / "onnx")
+    record = json.loads((out / "longbird_onnx.json").read_text())
+    block = model.config.block_size
+    expected = {"shortest": 2 * block, "longest": 256, "multiple": block} if preset == "littlebird" else \
+        {"shortest": 2, "longest": 256, "multiple": 1}
+    assert record["lengths"] == expected and record["outputs"][0] == "last_hidden_state"
+    session = onnxruntime.InferenceSession(str(out / "model.onnx"))
+    lengths = [256, 100] if preset == "littlebird" else [150, 7]
+    input_ids, mask = _padded_batch(lengths, lengths[0], model.config.vocab_size, seed=1)
+    (hidden,) = session.run(["last_hidden_state"], {"input_ids": input_ids.numpy(), "attention_mask": mask.numpy()})
+    with torch.no_grad():
+        eager = model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+    real = mask.bool()
+    assert abs(hidden[real.numpy()] - eager[real].numpy()).max() <= 1e-5
+
+
+def test_onnx_export_says_what_is_missing(tmp_path, monkeypatch):
+    make_source("bert").save_pretrained(tmp_path / "bert")
+    with pytest.raises(ValueError, match="is not a longbird model .*longbird convert"):
+        export_onnx(tmp_path / "bert", tmp_path / "onnx")
+    monkeypatch.setitem(sys.modules, "onnxscript", None)  # as if the onnx extra were not installed
+    with pytest.raises(ImportError, match=r'pip install "longbird\[onnx\]"'):
+        export_onnx(tmp_path / "bert", tmp_path / "onnx")
+    assert not (tmp_path / "onnx").exists()
