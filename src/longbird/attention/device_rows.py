@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from .patterns import bigbird_pattern, local_window
 from .rows import real_lengths_on_device
-from .tracing import outside_the_trace
+from .tracing import exporting, outside_the_trace
 
 
 def _table_of_layer(layer: int):
@@ -118,6 +118,17 @@ def _middle_key_blocks(blocks, full, full_blocks: int, plan, heads: int, n_max: 
     return torch.where(outside, 0, columns), (outside & (slot == 0)) | (~outside & valid), outside
 
 
+def _exported_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """SDPA's mask: the bool mask itself, except under torch.export, where it becomes the additive 0 / -inf mask. The
+    ONNX exporter writes SDPA with a bool mask as a Where over the whole score tensor plus a NaN guard after the
+    softmax (IsNaN, Where): 29 % of ONNX Runtime's kernel time at 2K tokens (e5-small, docs/export.md); an additive
+    mask is one Add. Every query this plan keeps reads at least one key, so no softmax row is all -inf; the rows that
+    read none (an empty row's blocks) are dropped by `torch.where`, which does not carry their NaN."""
+    if not exporting():
+        return mask  # bool: faster than an additive float mask in SDPA's CPU kernels
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, float("-inf"))
+
+
 def bigbird_rows_on_device(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor,
                            plan, dropout_p: float = 0.0) -> torch.Tensor:
     """One BigBird layer with each row's own plan, chosen on the device. query/key (B, H, L, d), value (B, H, L, d_v),
@@ -150,7 +161,7 @@ def bigbird_rows_on_device(query: torch.Tensor, key: torch.Tensor, value: torch.
     middle_out = F.scaled_dot_product_attention(
         query.reshape(batch, heads, n_max, b, dim)[:, :, 1:].reshape(batch, slots, b, dim),
         key_blocks.reshape(batch, slots, width * b, dim), value_blocks.reshape(batch, slots, width * b, value_dim),
-        attn_mask=mask.reshape(batch, slots, 1, width * b), dropout_p=dropout_p,
+        attn_mask=_exported_mask(mask.reshape(batch, slots, 1, width * b), query.dtype), dropout_p=dropout_p,
     ).reshape(batch, heads, n_max - 1, b, value_dim)
 
     # Block 0: every key (ITC) or its first `first_block_reach` blocks; a full row's first ceil(F / b) blocks.
@@ -159,13 +170,15 @@ def bigbird_rows_on_device(query: torch.Tensor, key: torch.Tensor, value: torch.
     read = max(prefix, min(full_blocks * b, length))
     first_mask = key_mask[:, :read] & ((torch.arange(read, device=device) < prefix)[None] | full[:, None])
     first_out = F.scaled_dot_product_attention(query[:, :, :b], key[:, :, :read], value[:, :, :read],
-                                               attn_mask=first_mask[:, None, None, :], dropout_p=dropout_p)
+                                               attn_mask=_exported_mask(first_mask[:, None, None, :], query.dtype),
+                                               dropout_p=dropout_p)
     out = torch.cat([first_out[:, :, None], middle_out], dim=2)  # (B, H, N, b, d_v)
     block_index = torch.arange(n_max, device=device)[None, :]
     if plan.last_global:  # a sparse row's last block n_i - 1 reads every real key
         last_query = query.reshape(batch, heads, n_max, b, dim)[torch.arange(batch, device=device), :,
                                                                  last_block.clamp(min=0)]  # (B, H, b, d)
-        last_out = F.scaled_dot_product_attention(last_query, key, value, attn_mask=key_mask[:, None, None, :],
+        last_out = F.scaled_dot_product_attention(last_query, key, value,
+                                                  attn_mask=_exported_mask(key_mask[:, None, None, :], query.dtype),
                                                   dropout_p=dropout_p)
         is_last = ((block_index == last_block[:, None]) & ~full[:, None])[:, None, :, None, None]
         out = torch.where(is_last, last_out[:, :, None], out)
