@@ -96,3 +96,14 @@ def test_onnx_export_says_what_is_missing(tmp_path, monkeypatch):
     with pytest.raises(ImportError, match=r'pip install "longbird\[onnx\]"'):
         export_onnx(tmp_path / "bert", tmp_path / "onnx")
     assert not (tmp_path / "onnx").exists()
+
+
+def test_a_graph_that_onnx_runtime_reads_otherwise_is_refused_and_nothing_is_written(tmp_path, monkeypatch):
+    model = longbird.convert(make_source("bert"), preset="full", max_length=128).eval()
+    model.save_pretrained(tmp_path / "full")
+    run = onnxruntime.InferenceSession.run
+    monkeypatch.setattr(onnxruntime.InferenceSession, "run",
+                        lambda self, names, feed: [value + 1e-2 for value in run(self, names, feed)])
+    with pytest.raises(RuntimeError, match="last_hidden_state differs from PyTorch's by 0.01.*nothing was written"):
+        export_onnx(tmp_path / "full", tmp_path / "onnx")
+    assert not (tmp_path / "onnx").exists()
