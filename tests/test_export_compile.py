@@ -296,22 +296,6 @@ def test_kobigbird_exports_one_graph_for_every_sparse_length_and_reads_each_row_
             torch.testing.assert_close(out[row, :len(alone)], alone, atol=1e-5, rtol=1e-5)
 
 
-def test_onnx_of_kobigbird_runs_every_sparse_length_and_reads_each_row_as_alone(tmp_path):
-    pytest.importorskip("onnxscript", reason="ONNX export needs the onnx extra: pip install longbird[onnx]")
-    onnxruntime = pytest.importorskip("onnxruntime", reason="needs the onnx extra: pip install longbird[onnx]")
-    model = _model("kobigbird")
-    input_ids, mask = _kobigbird_batch(200, 3, 2)
-    path = tmp_path / "kobigbird.onnx"
-    torch.onnx.export(model, (input_ids, mask), path, input_names=["input_ids", "attention_mask"],
-                      output_names=["last_hidden_state"], dynamo=True, dynamic_shapes=SPARSE_SHAPES)
-    session = onnxruntime.InferenceSession(str(path))
-    for length, rows, padded in SPARSE_BATCHES:
-        input_ids, mask = _kobigbird_batch(length, rows, padded)
-        (out, *_) = session.run(None, {"input_ids": input_ids.numpy(), "attention_mask": mask.numpy()})
-        for row, alone in enumerate(_each_row_alone(model, input_ids, mask)):
-            assert abs(out[row, :len(alone)] - alone.numpy()).max() <= 1e-5
-
-
 def test_compiled_kobigbird_reuses_its_gather_buffers_without_stale_results():
     """The compiled per-row op keeps its gather buffers per thread between calls (dispatch._op_workspace): calls of
     the same shape with other inputs, and of another shape in between, still equal eager, and the buffers stay

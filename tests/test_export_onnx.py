@@ -68,7 +68,8 @@ def test_a_qa_model_exports_one_graph_that_reads_every_row_as_pytorch_reads_it_a
                                        rtol=1e-5)
 
 
-@pytest.mark.parametrize("preset", ["littlebird", "tape"])
+# littlebird's dynamic ONNX graph: tests/test_export_compile.py (the same exporter call)
+@pytest.mark.parametrize("preset", ["tape"])
 def test_other_presets_export_with_their_own_lengths(preset, tmp_path):
     model = longbird.convert(make_source("bert"), preset=preset, max_length=256).eval()
     model.save_pretrained(tmp_path / preset)
