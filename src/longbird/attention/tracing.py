@@ -116,5 +116,5 @@ def check_dynamic_length(length, block_size: int, attention: str, full_max_lengt
             f"A dynamic sequence length of a kobigbird model must lie wholly at or below its full-attention threshold "
             f"({full_max_length} tokens) or wholly above it (there in multiples of block_size {block_size}): give the "
             f"range min={full_max_length + block_size} (with seq = {block_size} * Dim('blocks', min="
-            f"{full_max_length // block_size + 1}, ...)) or max={full_max_length}, and export a second graph for the "
-            "other side")
+            f"{full_max_length // block_size + 1}, ...)) and pad shorter inputs up to it with attention_mask 0 "
+            f"(each row is still read as alone), or max={full_max_length}")
