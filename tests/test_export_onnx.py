@@ -68,19 +68,16 @@ def test_a_qa_model_exports_one_graph_that_reads_every_row_as_pytorch_reads_it_a
                                        rtol=1e-5)
 
 
-# littlebird's dynamic ONNX graph: tests/test_export_compile.py (the same exporter call)
-@pytest.mark.parametrize("preset", ["tape"])
-def test_other_presets_export_with_their_own_lengths(preset, tmp_path):
-    model = longbird.convert(make_source("bert"), preset=preset, max_length=256).eval()
-    model.save_pretrained(tmp_path / preset)
-    out = export_onnx(tmp_path / preset, tmp_path / "onnx")
+def test_a_tape_encoder_exports_with_its_own_lengths(tmp_path):
+    """(littlebird's dynamic ONNX graph: tests/test_export_compile.py, the same exporter call)"""
+    model = longbird.convert(make_source("bert"), preset="tape", max_length=256).eval()
+    model.save_pretrained(tmp_path / "tape")
+    out = export_onnx(tmp_path / "tape", tmp_path / "onnx")
     record = json.loads((out / "longbird_onnx.json").read_text())
-    block = model.config.block_size
-    expected = {"shortest": 2 * block, "longest": 256, "multiple": block} if preset == "littlebird" else \
-        {"shortest": 2, "longest": 256, "multiple": 1}
-    assert record["lengths"] == expected and record["outputs"][0] == "last_hidden_state"
+    assert record["lengths"] == {"shortest": 2, "longest": 256, "multiple": 1}
+    assert record["outputs"][0] == "last_hidden_state"
     session = onnxruntime.InferenceSession(str(out / "model.onnx"))
-    lengths = [256, 100] if preset == "littlebird" else [150, 7]
+    lengths = [150, 7]
     input_ids, mask = _padded_batch(lengths, lengths[0], model.config.vocab_size, seed=1)
     (hidden,) = session.run(["last_hidden_state"], {"input_ids": input_ids.numpy(), "attention_mask": mask.numpy()})
     with torch.no_grad():

@@ -12,10 +12,12 @@ from pathlib import Path
 import torch
 from transformers import BigBirdConfig, BigBirdForMaskedLM, BigBirdModel
 
+from .checkpoints import is_tape_peft, load_task_model, saved_model_class
 from .config import LongBirdConfig
 from .files import write_directory_atomically
 from .heads import LongBirdForMaskedLM
 from .modeling import LongBirdModel, LongBirdPreTrainedModel
+from .sources import resolve_model_directory
 
 EXPORT_FORMATS = ("hf-bigbird", "onnx")
 logger = logging.getLogger("longbird.export")
@@ -152,12 +154,16 @@ class OnnxLengths:
     longest: int
     multiple: int
 
-    def dim(self):
+    def dynamic_shapes(self) -> dict:
+        """torch.export's `dynamic_shapes` for ONNX_INPUTS: any batch size, these lengths."""
         from torch.export import Dim
 
         if self.multiple == 1:
-            return Dim("seq", min=self.shortest, max=self.longest)
-        return self.multiple * Dim("blocks", min=self.shortest // self.multiple, max=self.longest // self.multiple)
+            seq = Dim("seq", min=self.shortest, max=self.longest)
+        else:
+            seq = self.multiple * Dim("blocks", min=self.shortest // self.multiple, max=self.longest // self.multiple)
+        batch = Dim("batch", max=1024)
+        return {name: {0: batch, 1: seq} for name in ONNX_INPUTS}
 
 
 def onnx_lengths(config: LongBirdConfig) -> OnnxLengths:
@@ -176,9 +182,6 @@ def export_onnx(model_dir: str | os.PathLike, out: str | os.PathLike, overwrite:
     """Write `out/model.onnx` (torch.onnx.export's dynamo exporter) of the saved model with its head, with a dynamic
     batch and sequence length (`onnx_lengths`), its tokenizer and config, and `longbird_onnx.json`: inputs, outputs,
     the lengths the graph takes and ONNX Runtime's difference from PyTorch on an example batch."""
-    from .checkpoints import is_tape_peft, load_task_model, saved_model_class
-    from .sources import resolve_model_directory
-
     try:
         import onnxscript  # noqa: F401  (torch.onnx's exporter needs it)
     except ImportError as error:
@@ -186,12 +189,13 @@ def export_onnx(model_dir: str | os.PathLike, out: str | os.PathLike, overwrite:
                           '"longbird[onnx]"') from error
     path = resolve_model_directory(model_dir)
     config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    if config.get("model_type") != "longbird" and not is_tape_peft(path):
+    peft = is_tape_peft(path)
+    if config.get("model_type") != "longbird" and not peft:
         raise ValueError(f"{path} is not a longbird model (model_type {config.get('model_type')!r}); convert it "
                          "first (`longbird convert`)")
     model_class = saved_model_class(config)
     # a PEFT directory holds what TAPE trained and where its base is (load_task_model rebuilds it)
-    model = load_task_model(path, model_class)[0] if is_tape_peft(path) else model_class.from_pretrained(path)
+    model = load_task_model(path, model_class)[0] if peft else model_class.from_pretrained(path)
     model = model.float().eval()
     tokenizer = _load_tokenizer(path)
     lengths = onnx_lengths(model.config)
@@ -199,13 +203,12 @@ def export_onnx(model_dir: str | os.PathLike, out: str | os.PathLike, overwrite:
     with torch.no_grad():
         expected = model(**example)
     outputs = [name for name, value in expected.items() if isinstance(value, torch.Tensor)]
-    batch, seq = _batch_dim(), lengths.dim()
-    shapes = {name: {0: batch, 1: seq} for name in ONNX_INPUTS}
 
     def write(directory: Path) -> None:
         graph = directory / "model.onnx"
         torch.onnx.export(model, tuple(example[name] for name in ONNX_INPUTS), graph, dynamo=True,
-                          input_names=list(ONNX_INPUTS), output_names=outputs, dynamic_shapes=shapes)
+                          input_names=list(ONNX_INPUTS), output_names=outputs,
+                          dynamic_shapes=lengths.dynamic_shapes())
         record = {"model": str(path), "architecture": type(model).__name__, "inputs": list(ONNX_INPUTS),
                   "outputs": outputs, "lengths": asdict(lengths), "torch": torch.__version__,
                   "check": _onnxruntime_check(graph, example, expected, outputs)}
@@ -215,12 +218,6 @@ def export_onnx(model_dir: str | os.PathLike, out: str | os.PathLike, overwrite:
         (directory / ONNX_RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
 
     return write_directory_atomically(out, write, overwrite=overwrite)
-
-
-def _batch_dim():
-    from torch.export import Dim
-
-    return Dim("batch", max=1024)
 
 
 def _example_batch(config: LongBirdConfig, lengths: OnnxLengths) -> dict:
