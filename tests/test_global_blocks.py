@@ -2,7 +2,7 @@
 the first full_attention_max_length tokens, and there is no last global block. The blocked kernel, the flex path and
 the compiled per-row op compute the dense reference with that pattern; rows stay batch-independent; configurations the
 pattern cannot serve are refused with the fix. `torch.compile(fullgraph=True)` of such a model is in
-tests/test_export_compile.py (preset "kobigbird-first-reads-source")."""
+tests/test_compile_graph.py (preset "kobigbird-first-reads-source")."""
 
 from __future__ import annotations
 

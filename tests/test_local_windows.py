@@ -3,7 +3,7 @@ c = source length / block - 1 blocks, and every block reads block 0 and its whol
 The blocked kernel, the flex path and the model compute the dense reference with that pattern; without random blocks
 the first source-length tokens of a long input are exactly the source's window (every layer); rows stay
 batch-independent; the patterns this cannot serve are refused with the fix. `torch.compile(fullgraph=True)` of such
-a model is in tests/test_export_compile.py (preset "kobigbird-source-chunks")."""
+a model is in tests/test_compile_graph.py (preset "kobigbird-source-chunks")."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 The encoder is the part worth compiling: its layers are what Inductor fuses (the attention kernels' elementwise work,
 LayerNorm, GELU); the task heads decode a few candidates. `nn.Module.compile` compiles the module's call in place, so
 the model keeps its class, config and state-dict keys (a compiled model still saves as a plain one).
-The layers of every preset compile to one graph (tests/test_export_compile.py, fullgraph); BigBird's per-row plan,
+The layers of every preset compile to one graph (tests/test_compile_graph.py, fullgraph); BigBird's per-row plan,
 which reads each row's real length, is made in the graph (`dispatch.PlanInGraph`: on the device, no host read, by
 default on GPUs; inside one opaque op per layer on CPU). The model's input
 checks read token-type and position values (a clear error instead of an index error), so with those inputs given the
