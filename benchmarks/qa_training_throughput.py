@@ -1,12 +1,14 @@
-"""Training throughput of the QA recipe (`make qa-model`) with random batches against length-grouped batches.
+"""Training throughput of the QA recipe (`make qa-model`) with random batches against length-grouped batches, and
+(`--compile`) length-grouped batches through torch.compile (`finetune-qa --compile`).
 
 The recipe's set-up: multilingual-e5-small converted to a 4096-token kobigbird model, KorQuAD 1.0 training paragraphs
 of the by-article split at 512-token windows, batch 16, word embeddings frozen, learning rate 1e-4, fp32 (bf16 where
 the CPU multiplies it natively, as `make qa-model` chooses). Each sampling strategy trains the same fresh model for
-`--steps` optimiser steps in its own process (the two alternate, `--rounds` times); a step's time comes from
-Trainer's own runtime, and its tokens are counted from the batches it trained (real tokens, and tokens including
-padding). The first step (allocator warm-up) is left out by timing steps 2..N against a 1-step run.
-Usage: python benchmarks/qa_training_throughput.py [--steps 8] [--rounds 1]
+`--steps` optimiser steps in its own process (the strategies alternate, `--rounds` times); a step's time is the wall
+time between the ends of two optimiser steps (a Trainer callback), and its tokens are counted from the batch it trained
+(real tokens, and tokens including padding). The first step (allocator warm-up) is left out; compiled, the first two
+(the first batch shape compiles, the second recompiles with a dynamic length).
+Usage: python benchmarks/qa_training_throughput.py [--steps 8] [--rounds 1] [--compile]
 Writes benchmarks/results/qa_training_throughput.md (and .json).
 """
 
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from longbird.bench.models import matmul_throughput
 from longbird.bench.sweep import cpu_model
 from longbird.files import write_file_atomically
 from longbird.precision import native_bf16
@@ -41,39 +44,42 @@ from longbird.checkpoints import load_task_model
 from longbird.heads import LongBirdForQuestionAnswering
 from longbird.tasks.qa import read_qa_data
 from longbird.training.finetune import FinetuneSettings, train
+from transformers import TrainerCallback
 strategy, steps, bf16, data = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
+compiled = strategy.endswith("+compile")
 rows, _ = read_qa_data(data, "korquad1", "train")
 torch.manual_seed(0)
 model, tokenizer = load_task_model("multilingual-e5-small", LongBirdForQuestionAnswering, "kobigbird", 4096)
 add_tag_tokens(tokenizer, model)
 items = QAWindows(tokenizer, rows, 512, seed=0, token_types=model.config.type_vocab_size >= 2)
-seen = {"real": 0, "padded": 0}
+seen = {"real": [], "padded": [], "step_ends": []}  # per batch, in training order (the loader may fetch one ahead)
 pad = PaddedBatches(tokenizer.pad_token_id)
 def counting(batch_items):
     batch = pad(batch_items)
-    seen["real"] += int(batch["attention_mask"].sum()); seen["padded"] += batch["input_ids"].numel()
+    seen["real"].append(int(batch["attention_mask"].sum())); seen["padded"].append(batch["input_ids"].numel())
     return batch
+class StepClock(TrainerCallback):
+    def on_train_begin(self, args, state, control, **kwargs):
+        seen["began"] = time.perf_counter()
+    def on_step_end(self, args, state, control, **kwargs):
+        seen["step_ends"].append(time.perf_counter())
 settings = FinetuneSettings(learning_rate=1e-4, max_steps=steps, batch_size=16, seed=0, bf16=bf16, progress=False,
-                            group_by_length=strategy == "group_by_length", logging_steps=steps)
+                            group_by_length=strategy.startswith("group_by_length"), logging_steps=steps,
+                            compile=compiled)
 with tempfile.TemporaryDirectory() as scratch:
-    metrics = train(model, tokenizer, items, Path(scratch), settings, collator=counting)
-print(json.dumps({"strategy": strategy, "steps": steps, "seconds": metrics["train_runtime"], **seen}))
+    train(model, tokenizer, items, Path(scratch), settings, collator=counting,
+          trainer_kwargs={"callbacks": [StepClock()]})
+print(json.dumps({"strategy": strategy, "steps": steps, **seen}))
 """
 
 
-def matmul_rates() -> str:
-    """The machine's measured 4096×768×3072 matmul rate, fp32 and bf16 (machines differ several-fold)."""
-    a, b = torch.randn(4096, 768), torch.randn(768, 3072)
-    rates = []
-    for dtype in (torch.float32, torch.bfloat16):
-        x, y = a.to(dtype), b.to(dtype)
-        for _ in range(2):
-            x @ y
-        started, repeats = time.perf_counter(), 5
-        for _ in range(repeats):
-            x @ y
-        rates.append(2 * 4096 * 768 * 3072 * repeats / (time.perf_counter() - started) / 1e12)
-    return f"4096×768×3072 matmul {rates[0]:.3f} TFLOP/s fp32, {rates[1]:.3f} bf16"
+def matmul_rates(bf16_native: bool) -> str:
+    """The machine's measured matmul rate, fp32 and bf16 (machines differ several-fold); where bf16 is emulated
+    (about 100x slower) a smaller bf16 product keeps the measurement short, as in E7."""
+    fp32 = matmul_throughput(torch.float32) / 1e12
+    bf16 = matmul_throughput(torch.bfloat16, size=None if bf16_native else (512, 768, 768), repeats=3) / 1e12
+    return (f"4096×768×3072 matmul {fp32:.3f} TFLOP/s fp32, "
+            f"{'4096×768×3072' if bf16_native else '512×768×768'} {bf16:.3f} bf16")
 
 
 def run(strategy: str, steps: int, bf16: bool) -> dict:
@@ -84,44 +90,63 @@ def run(strategy: str, steps: int, bf16: bool) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def timed(strategy: str, steps: int, bf16: bool) -> dict:
+    """One fresh run of `steps` steps; the steps after the warm-up ones timed (end of step w to end of step N)."""
+    warmup = 2 if strategy.endswith("+compile") else 1
+    if steps <= warmup:
+        raise SystemExit(f"--steps must exceed the {warmup} warm-up step(s) of {strategy}")
+    out = run(strategy, steps, bf16)
+    ends = out["step_ends"]
+    return {"strategy": strategy, "steps_timed": steps - warmup, "seconds": ends[steps - 1] - ends[warmup - 1],
+            "real": sum(out["real"][warmup:steps]), "padded": sum(out["padded"][warmup:steps]),
+            "warmup_seconds": ends[warmup - 1] - out["began"], "step_seconds": [
+                later - earlier for earlier, later in zip([out["began"], *ends], ends)]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--compile", action="store_true",
+                        help="add length-grouped batches through torch.compile (finetune-qa --compile)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "qa_training_throughput.md")
     args = parser.parse_args()
     bf16 = native_bf16("cpu")
-    rates = matmul_rates()
-    rows = []
-    for _ in range(args.rounds):
-        for strategy in ("random", "group_by_length"):
-            first, full = run(strategy, 1, bf16), run(strategy, args.steps, bf16)
-            # steps 2..N: the full run minus a 1-step run with the same first batch (same seed and sampler)
-            rows.append({"strategy": strategy, "steps_timed": args.steps - 1,
-                         "seconds": full["seconds"] - first["seconds"], "real": full["real"] - first["real"],
-                         "padded": full["padded"] - first["padded"]})
-    table = ["| sampling | steps timed | s per step | real tokens / s | padded tokens / s | real / padded |",
-             "|---|---|---|---|---|---|"]
+    rates = matmul_rates(bf16)
+    strategies = ("random", "group_by_length") + (("group_by_length+compile",) if args.compile else ())
+    rows = [timed(strategy, args.steps, bf16) for _ in range(args.rounds) for strategy in strategies]
+    table = ["| sampling | steps timed | s per step | median step (s) | real tokens / s | padded tokens / s | "
+             "real / padded |", "|---|---|---|---|---|---|---|"]
     summary = {}
-    for strategy in ("random", "group_by_length"):
+    for strategy in strategies:
         mine = [r for r in rows if r["strategy"] == strategy]
         seconds = statistics.median(r["seconds"] / r["steps_timed"] for r in mine)
         real = statistics.median(r["real"] / r["seconds"] for r in mine)
         padded = statistics.median(r["padded"] / r["seconds"] for r in mine)
         share = sum(r["real"] for r in mine) / sum(r["padded"] for r in mine)
         summary[strategy] = {"seconds_per_step": seconds, "real_tokens_per_s": real, "share_real": share}
-        table.append(f"| {strategy} | {mine[0]['steps_timed']} × {len(mine)} | {seconds:.2f} | {real:.0f} | "
-                     f"{padded:.0f} | {share:.2f} |")
-    gain = summary["group_by_length"]["real_tokens_per_s"] / summary["random"]["real_tokens_per_s"]
+        median_step = statistics.median(step for r in mine for step in r["step_seconds"][-r["steps_timed"]:])
+        table.append(f"| {strategy} | {mine[0]['steps_timed']} × {len(mine)} | {seconds:.2f} | {median_step:.2f} | "
+                     f"{real:.0f} | {padded:.0f} | {share:.2f} |")
+    tokens_per_s = {strategy: summary[strategy]["real_tokens_per_s"] for strategy in strategies}
+    findings = [f"Length-grouped batches train **{tokens_per_s['group_by_length'] / tokens_per_s['random']:.2f}×** "
+                "the real (non-padding) tokens per second of random batches."]
+    if args.compile:
+        compiled = [r["warmup_seconds"] for r in rows if r["strategy"] == "group_by_length+compile"]
+        gain = tokens_per_s["group_by_length+compile"] / tokens_per_s["group_by_length"]
+        findings.append(f"Compiled, they train **{gain:.2f}×** "
+                        f"the real tokens per second of eager length-grouped batches, after "
+                        f"{statistics.median(compiled):.0f} s for the first two steps (compiling).")
+    command = (f"python benchmarks/qa_training_throughput.py --steps {args.steps} --rounds {args.rounds}"
+               + (" --compile" if args.compile else ""))
     lines = ["# QA training throughput: random against length-grouped batches", "",
-             f"Command: `python benchmarks/qa_training_throughput.py --steps {args.steps} --rounds {args.rounds}`  ",
+             f"Command: `{command}`  ",
              f"Machine: {cpu_model()}, {os.cpu_count()} CPUs, ATen {torch.backends.cpu.get_cpu_capability()}, "
              f"torch {torch.__version__}, {'bf16 autocast' if bf16 else 'fp32 (bf16 is not native here)'}, "
              f"{time.strftime('%Y-%m-%d')}; {rates}  ",
              "Set-up: `make qa-model`'s (multilingual-e5-small → kobigbird-4096, KorQuAD 1.0 training paragraphs of "
              "the by-article split, 512-token windows, batch 16, word embeddings frozen).", "", *table, "",
-             f"Length-grouped batches train **{gain:.2f}×** the real (non-padding) tokens per second of random "
-             "batches.", "", "```json", json.dumps({"runs": rows, "summary": summary}, indent=1), "```", ""]
+             *findings, "", "```json", json.dumps({"runs": rows, "summary": summary}, indent=1), "```", ""]
     write_file_atomically(args.out, "\n".join(lines))
     print("\n".join(lines[:-4]))
 
