@@ -9,7 +9,7 @@ time between the ends of two optimiser steps (a Trainer callback), and its token
 (real tokens, and tokens including padding). The first step (allocator warm-up) is left out; compiled, the first two
 (the first batch shape compiles, the second recompiles with a dynamic length).
 Usage: python benchmarks/qa_training_throughput.py [--steps 8] [--rounds 1] [--compile]
-Writes benchmarks/results/qa_training_throughput.md (and .json).
+Writes benchmarks/results/qa_training_throughput.md (`--out`), the runs as JSON at its end.
 """
 
 from __future__ import annotations
