@@ -20,10 +20,10 @@ import onnxruntime
 import torch
 
 from longbird.bench.models import matmul_throughput
+from longbird.bench.report import write_table
 from longbird.bench.sweep import cpu_model
 from longbird.checkpoints import saved_model_class
 from longbird.export import ONNX_RECORD
-from longbird.files import write_file_atomically
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from floor import code_version  # the same commit line as the floor benchmark
@@ -101,9 +101,7 @@ def main() -> None:
         ours, theirs = row["pytorch_seconds"], row["onnxruntime_seconds"]
         lines.append(f"| {row['length']} | {row['batch']} | {ours:.3f} s | {theirs:.3f} s | {theirs / ours:.2f} | "
                      f"{row['max_abs_difference']:.1e} |")
-    write_file_atomically(args.out / f"{args.name}.json", json.dumps(report, indent=1) + "\n")
-    write_file_atomically(args.out / f"{args.name}.md", "\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_table(report, lines, args.out, args.name)
 
 
 if __name__ == "__main__":
