@@ -55,41 +55,50 @@ def _torchrun() -> list[str]:
             "longbird.cli"]
 
 
-def test_two_processes_equal_one_process_with_twice_the_batch(source_without_dropout, tmp_path):
-    data = _law_and_bill_documents(tmp_path / "docs.jsonl")
-    one = _finetune([sys.executable, "-m", "longbird.cli"], source_without_dropout, data, tmp_path / "one", 2)
-    two = _finetune(_torchrun(), source_without_dropout, data, tmp_path / "two", 1)
+SAVING = ("--max-steps", "4", "--save-steps", "2")
+
+
+@pytest.fixture(scope="module")
+def straight_torchrun(source_without_dropout, tmp_path_factory):
+    """One uninterrupted torchrun run (2 processes, batch 1 each, 4 steps, a checkpoint every 2), shared by both tests:
+    each torchrun start costs two interpreters importing torch and transformers (about 20 s on 2 cores)."""
+    root = tmp_path_factory.mktemp("torchrun")
+    data = _law_and_bill_documents(root / "docs.jsonl")
+    return root, data, _finetune(_torchrun(), source_without_dropout, data, root / "straight", 1, *SAVING)
+
+
+def test_two_processes_equal_one_process_with_twice_the_batch(source_without_dropout, straight_torchrun):
+    root, data, two = straight_torchrun
+    one = _finetune([sys.executable, "-m", "longbird.cli"], source_without_dropout, data, root / "one", 2, *SAVING)
     losses = lambda summary: [entry["loss"] for entry in summary["log_history"] if "loss" in entry]  # noqa: E731
     assert one["processes"] == 1 and two["processes"] == 2
-    assert len(losses(one)) == 3 and len(losses(two)) == 3
+    assert len(losses(one)) == 4 and len(losses(two)) == 4
     assert losses(two) == pytest.approx(losses(one), rel=1e-4)
     assert two["metrics"]["train_loss"] == pytest.approx(one["metrics"]["train_loss"], rel=1e-4)
-    a, b = (LongBirdForSequenceClassification.from_pretrained(tmp_path / name) for name in ("one", "two"))
+    a, b = (LongBirdForSequenceClassification.from_pretrained(root / name) for name in ("one", "straight"))
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4, msg=lambda m: f"{name}: {m}")
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith((".one", ".two"))) == []  # no leftovers
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith((".one", ".straight"))) == []  # no leftovers
 
 
-def test_checkpoints_under_torchrun_hold_every_process_and_resume(source_without_dropout, tmp_path):
+def test_checkpoints_under_torchrun_hold_every_process_and_resume(source_without_dropout, straight_torchrun):
     """Issue 22 under torchrun: every process writes its RNG state into a checkpoint, all into the same temporary
     directory, which is renamed once all have written. A resume removes a killed save's leftover and says where it
     resumes once (not once per process), and ends at the uninterrupted run's weights."""
-    data = _law_and_bill_documents(tmp_path / "docs.jsonl")
-    saving = ("--max-steps", "4", "--save-steps", "2")
-    _finetune(_torchrun(), source_without_dropout, data, tmp_path / "straight", 1, *saving)
-    checkpoints = tmp_path / "straight.checkpoints"
+    root, data, _ = straight_torchrun
+    checkpoints = root / "straight.checkpoints"
     assert sorted(p.name for p in checkpoints.iterdir()) == ["checkpoint-2", "checkpoint-4"]
     for step in (2, 4):
         assert {"rng_state_0.pth", "rng_state_1.pth", "trainer_state.json"} <= {
             p.name for p in (checkpoints / f"checkpoint-{step}").iterdir()}
 
-    resumed = tmp_path / "resumed.checkpoints"
+    resumed = root / "resumed.checkpoints"
     shutil.copytree(checkpoints / "checkpoint-2", resumed / "checkpoint-2")
     leftover = resumed / ".checkpoint-4.partial" / "checkpoint-4"  # what a kill during the save of step 4 leaves
     leftover.mkdir(parents=True)
     (leftover / "model.safetensors").write_bytes(b"")
     stderr: list[str] = []
-    summary = _finetune(_torchrun(), source_without_dropout, data, tmp_path / "resumed", 1, *saving, "--resume",
+    summary = _finetune(_torchrun(), source_without_dropout, data, root / "resumed", 1, *SAVING, "--resume",
                         stderr=stderr)
     lines = stderr[0].splitlines()
     assert lines.count("resuming from checkpoint-2, step 2 of 4") == 1, stderr[0]
@@ -97,6 +106,6 @@ def test_checkpoints_under_torchrun_hold_every_process_and_resume(source_without
     assert lines.count(f"skipping incomplete {skipped}") == 1, stderr[0]
     assert summary["resume"]["from_step"] == 2 and summary["resume"]["skipped_incomplete"] == [skipped]
     assert sorted(p.name for p in resumed.iterdir()) == ["checkpoint-2", "checkpoint-4"]
-    a, b = (LongBirdForSequenceClassification.from_pretrained(tmp_path / name) for name in ("straight", "resumed"))
+    a, b = (LongBirdForSequenceClassification.from_pretrained(root / name) for name in ("straight", "resumed"))
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         torch.testing.assert_close(x, y, atol=1e-6, rtol=0, msg=lambda m: f"{name}: {m}")

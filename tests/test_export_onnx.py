@@ -1,5 +1,8 @@
-"""`longbird export --format onnx`: one ONNX graph per saved model, with its head, a dynamic batch and a dynamic
-length, whose rows ONNX Runtime reads as PyTorch reads each of them alone (docs/export.md)."""
+"""ONNX: `longbird export --format onnx`, one ONNX graph per saved model, with its head, a dynamic batch and a dynamic
+length, whose rows ONNX Runtime reads as PyTorch reads each of them alone (docs/export.md); and `torch.onnx.export` of
+every preset's encoder (issue 11, item 6), as ONNX Runtime reads it, equal to eager PyTorch, kobigbird fresh from disk
+included, with dynamic lengths where the pattern allows them (their torch.export graphs: test_export_compile.py).
+ONNX Runtime's kernels, not ATen's, are what these check, so .ci/run's second pass leaves the file out."""
 
 from __future__ import annotations
 
@@ -11,10 +14,11 @@ import torch
 from typer.testing import CliRunner
 
 import longbird
-from conftest import make_source
+from conftest import make_batch, make_source
 from longbird.cli import app as cli
 from longbird.export import export_onnx
 from longbird.heads import LongBirdForQuestionAnswering
+from test_export_compile import DYNAMIC, PRESETS, _kobigbird_from_disk, _model, cold_plan_caches  # noqa: F401
 from test_qa_cli import tiny_qa, tiny_source  # noqa: F401  (fixtures)
 
 onnxruntime = pytest.importorskip("onnxruntime", reason="needs the onnx extra: pip install longbird[onnx]")
@@ -105,3 +109,55 @@ def test_a_graph_that_onnx_runtime_reads_otherwise_is_refused_and_nothing_is_wri
     with pytest.raises(RuntimeError, match="last_hidden_state differs from PyTorch's by 0.01.*nothing was written"):
         export_onnx(tmp_path / "full", tmp_path / "onnx")
     assert not (tmp_path / "onnx").exists()
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_onnx_runtime_equals_pytorch(preset, tmp_path):
+    model = _model(preset)
+    input_ids, _ = make_batch(200, batch=1, padded_rows=0)
+    mask = torch.ones_like(input_ids)
+    with torch.no_grad():
+        eager = model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+    path = tmp_path / f"{preset}.onnx"
+    torch.onnx.export(model, (input_ids, mask), path, input_names=["input_ids", "attention_mask"],
+                      output_names=["last_hidden_state"], dynamo=True)
+    session = onnxruntime.InferenceSession(str(path))
+    (out, *_) = session.run(None, {"input_ids": input_ids.numpy(), "attention_mask": mask.numpy()})
+    assert abs(out - eager.numpy()).max() <= 1e-5
+
+
+def test_onnx_of_kobigbird_fresh_from_disk_equals_pytorch(tmp_path, cold_plan_caches):
+    """Before, the dynamo exporter failed on the traced plan's generator (aten::rand ... found 'CustomObjArgument')."""
+    model = _kobigbird_from_disk(tmp_path)
+    input_ids, _ = make_batch(200, batch=1, padded_rows=0)
+    mask = torch.ones_like(input_ids)
+    path = tmp_path / "kobigbird.onnx"
+    torch.onnx.export(model, (input_ids, mask), path, input_names=["input_ids", "attention_mask"],
+                      output_names=["last_hidden_state"], dynamo=True)
+    assert not [node.op_type for node in onnx.load(str(path)).graph.node if node.op_type.startswith("Random")]
+    session = onnxruntime.InferenceSession(str(path))
+    feed = {"input_ids": input_ids.numpy(), "attention_mask": mask.numpy()}
+    (first, *_), (second, *_) = session.run(None, feed), session.run(None, feed)
+    with torch.no_grad():
+        eager = model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+    assert (first == second).all()
+    assert abs(first - eager.numpy()).max() <= 1e-5
+
+
+@pytest.mark.parametrize("preset", list(DYNAMIC))
+def test_onnx_with_a_dynamic_sequence_length_runs_other_lengths(preset, tmp_path):
+    model = _model(preset)
+    input_ids, _ = make_batch(200, batch=1, padded_rows=0)
+    path = tmp_path / f"{preset}.onnx"
+    seq = DYNAMIC[preset]
+    torch.onnx.export(model, (input_ids, torch.ones_like(input_ids)), path,
+                      input_names=["input_ids", "attention_mask"], output_names=["last_hidden_state"], dynamo=True,
+                      dynamic_shapes={"input_ids": {1: seq}, "attention_mask": {1: seq}})
+    session = onnxruntime.InferenceSession(str(path))
+    for length in (40, 256):
+        other, _ = make_batch(length, batch=1, padded_rows=0)
+        mask = torch.ones_like(other)
+        (out, *_) = session.run(None, {"input_ids": other.numpy(), "attention_mask": mask.numpy()})
+        with torch.no_grad():
+            eager = model(input_ids=other, attention_mask=mask).last_hidden_state
+        assert abs(out - eager.numpy()).max() <= 1e-5
