@@ -27,10 +27,11 @@ demo: install
 
 # One pytest-xdist worker per core, each file on one worker (module fixtures built once), each worker with its share
 # of the cores (tests/conftest.py): 13 instead of 18 minutes on a 2-core AVX2-only machine (2026-11-27), since most
-# tests run tiny models whose time is Python and dispatch, which a second thread does not shorten. The slowest tests
-# are listed at the end.
+# tests run tiny models whose time is Python and dispatch, which a second thread does not shorten. Files are handed
+# out in collection order, the slowest first (--no-loadscope-reorder; tests/conftest.py). The slowest tests are listed
+# at the end.
 test: install
-	$(PY) -m pytest -q -n auto --dist loadfile --durations=15
+	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=15
 
 # The documentation site (docs/, mkdocs.yml) into site/. --strict turns every warning into a failure: a broken link or
 # anchor, a missing results file or snippet, a page griffe cannot read. The API pages read src/ without importing it.

