@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from longbird.bench.models import matmul_throughput
+from longbird.bench.models import cpu_matmul_rates
 from longbird.bench.sweep import cpu_model
 from longbird.files import write_file_atomically
 from longbird.precision import native_bf16
@@ -73,13 +73,9 @@ print(json.dumps({"strategy": strategy, "steps": steps, **seen}))
 """
 
 
-def matmul_rates(bf16_native: bool) -> str:
-    """The machine's measured matmul rate, fp32 and bf16 (machines differ several-fold); where bf16 is emulated
-    (about 100x slower) a smaller bf16 product keeps the measurement short, as in E7."""
-    fp32 = matmul_throughput(torch.float32) / 1e12
-    bf16 = matmul_throughput(torch.bfloat16, size=None if bf16_native else (512, 768, 768), repeats=3) / 1e12
-    return (f"4096×768×3072 matmul {fp32:.3f} TFLOP/s fp32, "
-            f"{'4096×768×3072' if bf16_native else '512×768×768'} {bf16:.3f} bf16")
+def matmul_rates() -> str:
+    """The machine's measured matmul rates, fp32 and bf16 (machines differ several-fold)."""
+    return "matmul " + ", ".join(f"{name} {rate:.3f} TFLOP/s" for name, rate in cpu_matmul_rates().items())
 
 
 def run(strategy: str, steps: int, bf16: bool) -> dict:
@@ -112,7 +108,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "qa_training_throughput.md")
     args = parser.parse_args()
     bf16 = native_bf16("cpu")
-    rates = matmul_rates(bf16)
+    rates = matmul_rates()
     strategies = ("random", "group_by_length") + (("group_by_length+compile",) if args.compile else ())
     rows = [timed(strategy, args.steps, bf16) for _ in range(args.rounds) for strategy in strategies]
     table = ["| sampling | steps timed | s per step | median step (s) | real tokens / s | padded tokens / s | "

@@ -362,14 +362,10 @@ def machine() -> dict:
     """What the CPU minutes were spent on: machines differ several-fold, so the matmul rates go beside every time."""
     import os
 
-    from longbird.bench.models import matmul_throughput
+    from longbird.bench.models import cpu_matmul_rates
     from longbird.bench.sweep import cpu_model
-    from longbird.precision import native_bf16
 
-    # bf16 is emulated (~100x slower) where it is not native: a smaller product keeps that measurement short
-    rates = {"fp32 4096x768x3072": matmul_throughput(torch.float32) / 1e12,
-             "bf16 " + ("4096x768x3072" if native_bf16("cpu") else "512x768x768"): matmul_throughput(
-                 torch.bfloat16, size=None if native_bf16("cpu") else (512, 768, 768), repeats=3) / 1e12}
+    rates = cpu_matmul_rates()
     described = ", ".join(f"{name} {rate:.3f} TFLOP/s" for name, rate in rates.items())
     summary = (f"{cpu_model()}, {os.cpu_count()} CPUs, ATen {torch.backends.cpu.get_cpu_capability()}, torch "
                f"{torch.__version__}, {torch.get_num_threads()} threads; matmul {described}")

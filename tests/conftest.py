@@ -54,6 +54,17 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
+@pytest.fixture
+def cold_plan_caches():
+    """No length has run in this process: what a model loaded from disk in a fresh process sees. The plan caches are
+    process-wide, so without this an earlier test (or the eager call these tests used to make first) would have drawn
+    the plan already and the trace would never draw one."""
+    from longbird.attention import bigbird, flex, patterns
+
+    for cache in (patterns.bigbird_pattern, bigbird._middle_key_blocks, flex.bigbird_block_table):
+        cache.cache_clear()
+
+
 def reading_tokenizer(path):
     """A saved tokenizer as the QA pipeline reads with it: no length cap of its own (windows cut the text) and the
     HTML tag tokens added."""

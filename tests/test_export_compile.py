@@ -13,7 +13,6 @@ from transformers import AutoModel
 
 import longbird
 from conftest import BLOCK, SOURCE_LENGTH, make_batch, make_source
-from longbird.attention import bigbird, flex, patterns
 
 PRESETS = ["kobigbird", "littlebird", "full"]
 
@@ -37,15 +36,6 @@ def test_torch_export_equals_eager_and_leaves_real_tensors_behind(preset):
         again = model(input_ids=input_ids).last_hidden_state
     assert type(fresh) is torch.Tensor and type(again) is torch.Tensor
     assert torch.equal(again, eager)
-
-
-@pytest.fixture
-def cold_plan_caches():
-    """No length has run in this process: what a model loaded from disk in a fresh process sees. The plan caches are
-    process-wide, so without this an earlier test (or the eager call these tests used to make first) would have drawn
-    the plan already and the trace would never draw one."""
-    for cache in (patterns.bigbird_pattern, bigbird._middle_key_blocks, flex.bigbird_block_table):
-        cache.cache_clear()
 
 
 def _kobigbird_from_disk(tmp_path):

@@ -18,7 +18,7 @@ from conftest import make_batch, make_source
 from longbird.cli import app as cli
 from longbird.export import export_onnx
 from longbird.heads import LongBirdForQuestionAnswering
-from test_export_compile import DYNAMIC, PRESETS, _kobigbird_from_disk, _model, cold_plan_caches  # noqa: F401
+from test_export_compile import DYNAMIC, PRESETS, _kobigbird_from_disk, _model
 from test_qa_cli import tiny_qa, tiny_source  # noqa: F401  (fixtures)
 
 onnxruntime = pytest.importorskip("onnxruntime", reason="needs the onnx extra: pip install longbird[onnx]")
@@ -111,6 +111,15 @@ def test_a_graph_that_onnx_runtime_reads_otherwise_is_refused_and_nothing_is_wri
     assert not (tmp_path / "onnx").exists()
 
 
+def _onnx_session(model, input_ids, path, seq=None):
+    """The encoder exported by torch.onnx.export (dynamo) at `input_ids` with an all-ones mask, read by ONNX Runtime;
+    `seq`: a dynamic sequence length."""
+    dynamic = {"dynamic_shapes": {"input_ids": {1: seq}, "attention_mask": {1: seq}}} if seq is not None else {}
+    torch.onnx.export(model, (input_ids, torch.ones_like(input_ids)), path, input_names=["input_ids", "attention_mask"],
+                      output_names=["last_hidden_state"], dynamo=True, **dynamic)
+    return onnxruntime.InferenceSession(str(path))
+
+
 @pytest.mark.parametrize("preset", PRESETS)
 def test_onnx_runtime_equals_pytorch(preset, tmp_path):
     model = _model(preset)
@@ -118,10 +127,7 @@ def test_onnx_runtime_equals_pytorch(preset, tmp_path):
     mask = torch.ones_like(input_ids)
     with torch.no_grad():
         eager = model(input_ids=input_ids, attention_mask=mask).last_hidden_state
-    path = tmp_path / f"{preset}.onnx"
-    torch.onnx.export(model, (input_ids, mask), path, input_names=["input_ids", "attention_mask"],
-                      output_names=["last_hidden_state"], dynamo=True)
-    session = onnxruntime.InferenceSession(str(path))
+    session = _onnx_session(model, input_ids, tmp_path / f"{preset}.onnx")
     (out, *_) = session.run(None, {"input_ids": input_ids.numpy(), "attention_mask": mask.numpy()})
     assert abs(out - eager.numpy()).max() <= 1e-5
 
@@ -132,10 +138,8 @@ def test_onnx_of_kobigbird_fresh_from_disk_equals_pytorch(tmp_path, cold_plan_ca
     input_ids, _ = make_batch(200, batch=1, padded_rows=0)
     mask = torch.ones_like(input_ids)
     path = tmp_path / "kobigbird.onnx"
-    torch.onnx.export(model, (input_ids, mask), path, input_names=["input_ids", "attention_mask"],
-                      output_names=["last_hidden_state"], dynamo=True)
+    session = _onnx_session(model, input_ids, path)
     assert not [node.op_type for node in onnx.load(str(path)).graph.node if node.op_type.startswith("Random")]
-    session = onnxruntime.InferenceSession(str(path))
     feed = {"input_ids": input_ids.numpy(), "attention_mask": mask.numpy()}
     (first, *_), (second, *_) = session.run(None, feed), session.run(None, feed)
     with torch.no_grad():
@@ -148,12 +152,7 @@ def test_onnx_of_kobigbird_fresh_from_disk_equals_pytorch(tmp_path, cold_plan_ca
 def test_onnx_with_a_dynamic_sequence_length_runs_other_lengths(preset, tmp_path):
     model = _model(preset)
     input_ids, _ = make_batch(200, batch=1, padded_rows=0)
-    path = tmp_path / f"{preset}.onnx"
-    seq = DYNAMIC[preset]
-    torch.onnx.export(model, (input_ids, torch.ones_like(input_ids)), path,
-                      input_names=["input_ids", "attention_mask"], output_names=["last_hidden_state"], dynamo=True,
-                      dynamic_shapes={"input_ids": {1: seq}, "attention_mask": {1: seq}})
-    session = onnxruntime.InferenceSession(str(path))
+    session = _onnx_session(model, input_ids, tmp_path / f"{preset}.onnx", seq=DYNAMIC[preset])
     for length in (40, 256):
         other, _ = make_batch(length, batch=1, padded_rows=0)
         mask = torch.ones_like(other)

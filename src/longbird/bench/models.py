@@ -138,3 +138,15 @@ def matmul_throughput(dtype: torch.dtype, device: torch.device | str = "cpu", si
         synchronize(device)
         times.append(time.perf_counter() - start)
     return 2.0 * m * k * n / statistics.median(times)
+
+
+def cpu_matmul_rates() -> dict[str, float]:
+    """This CPU's matmul TFLOP/s in fp32 and bf16, keyed by dtype and product (machines differ several-fold, so the
+    rates go beside every time measured): where bf16 is emulated (about 100x slower; `precision.native_bf16`) a
+    512x768x768 product keeps its measurement short."""
+    from longbird.precision import native_bf16
+
+    bf16_size = None if native_bf16("cpu") else (512, 768, 768)
+    m, k, n = bf16_size or (4096, 768, 3072)
+    return {"fp32 4096x768x3072": matmul_throughput(torch.float32) / 1e12,
+            f"bf16 {m}x{k}x{n}": matmul_throughput(torch.bfloat16, size=bf16_size, repeats=3) / 1e12}
