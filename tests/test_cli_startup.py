@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from fresh_process import fresh_processes
 from typer.testing import CliRunner
 
 from longbird.cli import app
@@ -32,6 +33,12 @@ def test_cli_help_loads_no_heavy_library():
     assert out == "0 False False", out
 
 
+@pytest.fixture(scope="module")
+def run_fresh():
+    with fresh_processes() as run:
+        yield run
+
+
 @pytest.mark.parametrize("first, then", [
     ("import longbird", "from transformers import AutoConfig"),  # the hook registers after transformers loads
     ("from transformers import AutoConfig", "import longbird"),  # transformers already there: registers at once
@@ -41,12 +48,14 @@ def test_cli_help_loads_no_heavy_library():
     ("from longbird.config import LongBirdConfig", "from transformers import AutoConfig"),
     ("from transformers import PreTrainedModel", "from longbird.heads import LongBirdForSpanSelection"),
 ])
-def test_auto_classes_know_longbird_in_any_import_order(first, then):
-    out = _python(f"{first}\n{then}\nfrom transformers import AutoConfig, AutoModelForQuestionAnswering\n"
-                  "config = AutoConfig.for_model('longbird', num_hidden_layers=1, hidden_size=32, "
-                  "num_attention_heads=2, intermediate_size=64, vocab_size=50, max_position_embeddings=128, "
-                  "source_max_positions=64, block_size=16)\n"
-                  "print(type(config).__name__, type(AutoModelForQuestionAnswering.from_config(config)).__name__)")
+def test_auto_classes_know_longbird_in_any_import_order(first, then, run_fresh):
+    """Each order in a process of its own, whose only import before it is torch (tests/fresh_process.py)."""
+    out = run_fresh("import sys\nassert not {'transformers', 'longbird'} & set(sys.modules), sorted(sys.modules)\n"
+                    f"{first}\n{then}\nfrom transformers import AutoConfig, AutoModelForQuestionAnswering\n"
+                    "config = AutoConfig.for_model('longbird', num_hidden_layers=1, hidden_size=32, "
+                    "num_attention_heads=2, intermediate_size=64, vocab_size=50, max_position_embeddings=128, "
+                    "source_max_positions=64, block_size=16)\n"
+                    "print(type(config).__name__, type(AutoModelForQuestionAnswering.from_config(config)).__name__)")
     assert out == "LongBirdConfig LongBirdForQuestionAnswering", out
 
 

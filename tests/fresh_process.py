@@ -1,0 +1,31 @@
+"""Run a piece of Python in a process of its own that has imported torch and nothing else of note.
+
+A forkserver preloaded with torch forks one child per call (`maxtasksperchild=1`), so each call starts clean of
+transformers and longbird, which is what import-order tests need, without paying torch's import (about 4 s on a
+2-core machine, a third of such a subprocess) every time. Only for code that does not care whether torch came first:
+a test of what `import longbird` itself loads needs a bare interpreter (`subprocess`). stdlib only, since every child
+imports this module to run `_run`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import multiprocessing
+from collections.abc import Callable, Iterator
+
+
+def _run(code: str) -> str:
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(code, "<fresh process>", "exec"), {"__name__": "__fresh__"})
+    return printed.getvalue().strip()
+
+
+@contextlib.contextmanager
+def fresh_processes() -> Iterator[Callable[[str], str]]:
+    """Yields `run(code) -> what it printed`; an exception in the child is raised again here."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch"])  # ignored if this process already started its forkserver
+    with context.Pool(1, maxtasksperchild=1) as pool:
+        yield lambda code: pool.apply(_run, (code,))
