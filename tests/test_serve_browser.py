@@ -22,7 +22,7 @@ from longbird.reader import Reader
 from longbird.serve import create_app
 from test_qa_cli import PAGES, tiny_qa, tiny_source  # noqa: F401  (fixtures)
 
-INSTALL = "apt-get install chromium chromium-driver"
+INSTALL = "apt-get install --no-install-recommends chromium chromium-driver netbase"
 
 
 def system_browser() -> tuple[str, str]:
