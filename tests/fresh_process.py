@@ -1,10 +1,10 @@
 """Run a piece of Python in a process of its own that has imported torch and nothing else of note.
 
 A forkserver preloaded with torch forks one child per call (`maxtasksperchild=1`), so each call starts clean of
-transformers and longbird, which is what import-order tests need, without paying torch's import (about 4 s on a
-2-core machine, a third of such a subprocess) every time. Only for code that does not care whether torch came first:
-a test of what `import longbird` itself loads needs a bare interpreter (`subprocess`). stdlib only, since every child
-imports this module to run `_run`.
+transformers and longbird, which is what import-order tests need, without paying torch's import every time (about 4
+of the 9 s such a subprocess took on an idle 2-core machine). Only for code that does not care whether torch came
+first: a test of what `import longbird` itself loads needs a bare interpreter (`subprocess`). stdlib only, since
+every child imports this module to run `_run`.
 """
 
 from __future__ import annotations
