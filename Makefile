@@ -24,11 +24,12 @@ install: $(VENV)/.installed
 
 # The docs and lint tools come with the install: one pip resolution instead of three (on a 2-core AVX2-only machine,
 # 2026-11-27, the two separate installs took 18 and 10 s, the same packages inside the one install 12 to 23 s more). A
-# .venv made before they joined it gets them when `make docs` or `make lint` first finds them missing.
+# .venv made before they joined it gets them when `make docs` or `make lint` first finds them missing (make decides
+# to remake a missing target before the install has run, hence the test: a fresh clone installs them once).
 $(VENV)/bin/mkdocs: | $(VENV)/.installed
-	$(PIP) install --quiet -e ".[docs]"
+	test -x $@ || $(PIP) install --quiet -e ".[docs]"
 $(VENV)/bin/lint-imports: | $(VENV)/.installed
-	$(PIP) install --quiet -e ".[lint]"
+	test -x $@ || $(PIP) install --quiet -e ".[lint]"
 
 demo: install
 	$(VENV)/bin/longbird demo

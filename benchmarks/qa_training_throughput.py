@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from longbird.bench.models import cpu_matmul_rates
+from longbird.bench.models import cpu_matmul_rates, describe_matmul_rates
 from longbird.bench.sweep import cpu_model
 from longbird.files import write_file_atomically
 from longbird.precision import native_bf16
@@ -73,11 +73,6 @@ print(json.dumps({"strategy": strategy, "steps": steps, **seen}))
 """
 
 
-def matmul_rates() -> str:
-    """The machine's measured matmul rates, fp32 and bf16 (machines differ several-fold)."""
-    return "matmul " + ", ".join(f"{name} {rate:.3f} TFLOP/s" for name, rate in cpu_matmul_rates().items())
-
-
 def run(strategy: str, steps: int, bf16: bool) -> dict:
     result = subprocess.run([sys.executable, "-c", CHILD, strategy, str(steps), "1" if bf16 else "0", str(DATA)],
                             capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
@@ -108,7 +103,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "qa_training_throughput.md")
     args = parser.parse_args()
     bf16 = native_bf16("cpu")
-    rates = matmul_rates()
+    rates = "matmul " + describe_matmul_rates(cpu_matmul_rates())  # machines differ several-fold
     strategies = ("random", "group_by_length") + (("group_by_length+compile",) if args.compile else ())
     rows = [timed(strategy, args.steps, bf16) for _ in range(args.rounds) for strategy in strategies]
     table = ["| sampling | steps timed | s per step | median step (s) | real tokens / s | padded tokens / s | "

@@ -362,11 +362,11 @@ def machine() -> dict:
     """What the CPU minutes were spent on: machines differ several-fold, so the matmul rates go beside every time."""
     import os
 
-    from longbird.bench.models import cpu_matmul_rates
+    from longbird.bench.models import cpu_matmul_rates, describe_matmul_rates
     from longbird.bench.sweep import cpu_model
 
     rates = cpu_matmul_rates()
-    described = ", ".join(f"{name} {rate:.3f} TFLOP/s" for name, rate in rates.items())
+    described = describe_matmul_rates(rates)
     summary = (f"{cpu_model()}, {os.cpu_count()} CPUs, ATen {torch.backends.cpu.get_cpu_capability()}, torch "
                f"{torch.__version__}, {torch.get_num_threads()} threads; matmul {described}")
     return {"summary": summary, "matmul_tflops": rates}

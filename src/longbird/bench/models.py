@@ -6,6 +6,8 @@ from collections.abc import Callable
 
 import torch
 
+from longbird.precision import native_bf16
+
 BASE = dict(vocab_size=32000, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, type_vocab_size=2)
 SIZES = {
@@ -144,9 +146,12 @@ def cpu_matmul_rates() -> dict[str, float]:
     """This CPU's matmul TFLOP/s in fp32 and bf16, keyed by dtype and product (machines differ several-fold, so the
     rates go beside every time measured): where bf16 is emulated (about 100x slower; `precision.native_bf16`) a
     512x768x768 product keeps its measurement short."""
-    from longbird.precision import native_bf16
-
     bf16_size = None if native_bf16("cpu") else (512, 768, 768)
     m, k, n = bf16_size or (4096, 768, 3072)
     return {"fp32 4096x768x3072": matmul_throughput(torch.float32) / 1e12,
             f"bf16 {m}x{k}x{n}": matmul_throughput(torch.bfloat16, size=bf16_size, repeats=3) / 1e12}
+
+
+def describe_matmul_rates(rates: dict[str, float]) -> str:
+    """`cpu_matmul_rates()` as one line for a results header."""
+    return ", ".join(f"{name} {rate:.3f} TFLOP/s" for name, rate in rates.items())
