@@ -2,9 +2,10 @@
 
 Reads the checkpoints `finetune-qa --save-steps N` kept in MODEL.checkpoints/ (and the final MODEL), scores each on
 the same held-out dev questions of the by-article split (KorQuAD 1.0 paragraphs, official metric), and writes
-experiments/results/qa_model_e5_curve.{json,md,png}.
+experiments/results/NAME.{json,md,png} (`--name`, default qa_model_e5_curve).
 
 Usage: python experiments/qa_learning_curve.py [--model qa-model/kobigbird-e5-korquad] [--dev-questions 300]
+       [--name qa_model_e5_curve]
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ def checkpoints(model: Path) -> list[tuple[int, Path]]:
     for directory in (model.parent / f"{model.name}.checkpoints").glob("checkpoint-*"):
         found.append((int(re.search(r"(\d+)$", directory.name).group(1)), directory))
     final = json.loads((model / "longbird_finetune.json").read_text())
-    steps = final["settings"]["max_steps"]
+    # a run stopped by a time budget ended at the step its budget records, before --max-steps
+    budget = final["metrics"].get("wall_budget") or final["metrics"].get("cpu_budget")
+    steps = budget["steps"] if budget else final["settings"]["max_steps"]
     if all(step != steps for step, _ in found):
         found.append((steps, model))
     return sorted(found)
@@ -46,6 +49,7 @@ def main() -> None:
     parser.add_argument("--dev-questions", type=int, default=300)
     parser.add_argument("--window-length", type=int, default=512)
     parser.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
+    parser.add_argument("--name", default="qa_model_e5_curve", help="file name of the results, without suffix")
     args = parser.parse_args()
     started = time.time()
     dev = sample_questions(read_qa_data(DATA, "korquad1", "dev")[0], args.dev_questions)
@@ -64,7 +68,7 @@ def main() -> None:
               "training_questions": summary["train_examples"], "points": points,
               "wall_seconds": time.time() - started, "torch_threads": torch.get_num_threads()}
     args.out.mkdir(parents=True, exist_ok=True)
-    write_file_atomically(args.out / "qa_model_e5_curve.json", json.dumps(result, indent=2) + "\n")
+    write_file_atomically(args.out / f"{args.name}.json", json.dumps(result, indent=2) + "\n")
     lines = [f"Command: `{result['command']}`  ",
              f"{len(dev)} held-out dev questions (by-article split, KorQuAD 1.0 paragraphs, official metric), "
              f"{args.window_length}-token windows, {'bf16 autocast' if native_bf16('cpu') else 'fp32'}; training set {summary['windows']:,} windows of "
@@ -74,7 +78,7 @@ def main() -> None:
         lines.append(f"| {point['step']} | {point['training_windows']:,} | "
                      f"{point['training_windows'] / summary['windows']:.2f} | {point['exact_match']:.1f} | "
                      f"{point['f1']:.1f} |")
-    write_file_atomically(args.out / "qa_model_e5_curve.md", "\n".join(lines) + "\n")
+    write_file_atomically(args.out / f"{args.name}.md", "\n".join(lines) + "\n")
 
     import matplotlib
 
@@ -92,7 +96,7 @@ def main() -> None:
     axis.grid(alpha=0.3)
     axis.legend()
     figure.tight_layout()
-    save_figure_atomically(figure, args.out / "qa_model_e5_curve.png")
+    save_figure_atomically(figure, args.out / f"{args.name}.png")
     plt.close(figure)
 
 

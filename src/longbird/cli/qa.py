@@ -60,8 +60,11 @@ TeacherWeight = Annotated[float, typer.Option(min=0.0, max=1.0, help="Weight of 
 CPUMinutes = Annotated[float | None, typer.Option(min=0.001, help="Stop after this many minutes of CPU time (all "
                                                                    "threads) in training: equal budgets for methods "
                                                                    "whose steps cost differently")]
-LRScheduler = Annotated[str, typer.Option(help="linear (decay to 0 at --max-steps) or constant (after warmup; for "
-                                               "runs stopped by --cpu-minutes)")]
+WallMinutes = Annotated[float | None, typer.Option(min=0.001, help="Stop after this many minutes of wall-clock time "
+                                                                    "in training: a recipe that fits an hour on any "
+                                                                    "machine")]
+LRScheduler = Annotated[str, typer.Option(help="linear (decay to 0 at --max-steps, or where --cpu-minutes or "
+                                               "--wall-minutes will run out if sooner) or constant (after warmup)")]
 WarmupRatio = Annotated[float, typer.Option(help="Fraction of --max-steps (or of the epochs' steps) spent warming the "
                                                  "learning rate up from 0; give 0 with --cpu-minutes, which stops a "
                                                  "run long before --max-steps")]
@@ -113,8 +116,8 @@ def finetune_qa(
     group_by_length: GroupByLength = False, compile: Compile = False, resume: Resume = False,
     overwrite: Overwrite = False,
     teacher: Teacher = None, teacher_weight: TeacherWeight = 0.5, teacher_temperature: TeacherTemperature = 1.0,
-    cpu_minutes: CPUMinutes = None, lr_scheduler: LRScheduler = "linear", warmup_ratio: WarmupRatio = 0.1,
-    cut_windows: CutWindows = None, cut_overlap: CutOverlap = 128,
+    cpu_minutes: CPUMinutes = None, wall_minutes: WallMinutes = None, lr_scheduler: LRScheduler = "linear",
+    warmup_ratio: WarmupRatio = 0.1, cut_windows: CutWindows = None, cut_overlap: CutOverlap = 128,
 ):
     """Fine-tune extractive QA on long documents (Trainer; `accelerate launch` for several GPUs)."""
     settings = training_settings(locals())

@@ -12,20 +12,20 @@ import logging
 import os
 import random
 import shutil
-import time
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import ProgressCallback, Trainer, TrainerCallback, TrainingArguments
+from transformers import ProgressCallback, Trainer, TrainingArguments
 from transformers.trainer_pt_utils import LengthGroupedSampler
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from ..data.batching import PaddedBatches
 from ..data.features import QAFeature
 from ..precision import slow_bf16_warning
+from .budget import TrainingBudget, budgeted_linear_factor
 from .padding_insertion import PaddingInsertion, sentence_end_token_ids
 from .processes import is_main_process, world_size
 from .resume import prepare_checkpoints, publish_checkpoint, resume_summary
@@ -77,19 +77,24 @@ class FinetuneSettings:
     # torch.compile the model in training (Trainer's `torch_compile`): forward and backward as Inductor graphs; the
     # first step of each batch shape compiles. Gradients equal eager ones (tests/test_compile_reading.py).
     compile: bool = False
-    # "linear" decay to 0 at max_steps (after warmup), or "constant" after warmup: what a run stopped by a CPU budget
-    # needs, since it does not know its last step in advance.
+    # "linear" decay to 0 at the run's last step (after warmup): max_steps, or where a time budget is projected to run
+    # out if that comes first (training/budget.py); or "constant" after warmup.
     lr_scheduler: str = "linear"
     # Stop after this many minutes of the process's CPU time in training (all its threads: 2 threads for 1 wall
     # minute use 2 CPU minutes), checked after every optimiser step: equal budgets for methods whose steps cost
     # differently (experiments/e7_long_reading.py). None: no budget.
     cpu_minutes: float | None = None
+    # Stop after this many minutes of wall-clock time in training, checked after every optimiser step: a recipe that
+    # must fit an hour on whatever machine runs it (`make qa-model`). None: no budget.
+    wall_minutes: float | None = None
 
     def __post_init__(self):
         if self.lr_scheduler not in ("linear", "constant"):
             raise ValueError(f"the learning-rate schedule must be 'linear' or 'constant'; got {self.lr_scheduler!r}")
         if self.cpu_minutes is not None and self.cpu_minutes <= 0:
             raise ValueError(f"the CPU budget must be a positive number of minutes; got {self.cpu_minutes}")
+        if self.wall_minutes is not None and self.wall_minutes <= 0:
+            raise ValueError(f"the wall-clock budget must be a positive number of minutes; got {self.wall_minutes}")
         if self.peft not in (None, "tape"):
             raise ValueError(f"--peft must be 'tape' (or left out); got {self.peft!r}")
         if self.save_total_limit is not None and self.save_total_limit < 1:
@@ -138,35 +143,34 @@ class QuietProgressCallback(ProgressCallback):
             super().on_log(args, state, control, logs=logs, **kwargs)
 
 
-class CPUBudget(TrainerCallback):
-    """Stops training once the process has used `minutes` of CPU time since training began (`time.process_time`,
-    every thread of the process: the model, the data loader at 0 workers and a distillation teacher alike). The
-    steps taken and the CPU seconds used are in `used`."""
-
-    def __init__(self, minutes: float):
-        self.minutes, self.begun, self.used = minutes, None, {"cpu_seconds": 0.0, "steps": 0}
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.begun = time.process_time()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.used = {"cpu_seconds": time.process_time() - self.begun, "steps": state.global_step}
-        if self.used["cpu_seconds"] >= 60 * self.minutes:
-            control.should_training_stop = True
-
-
 class LongBirdTrainer(Trainer):
     """Trainer with Padding Insertion on training batches (`padding_insertion`), the BiALiBi slopes' own learning rate,
-    atomic checkpoints and a quiet progress bar; a Padding Insertion collator passed as `data_collator` is switched off
-    for evaluation and prediction."""
+    a time budget (`budget`: it stops the run, and the linear schedule decays to 0 where it ends), atomic checkpoints
+    and a quiet progress bar; a Padding Insertion collator passed as `data_collator` is switched off for evaluation
+    and prediction."""
 
     def __init__(self, *args, slope_learning_rate: float | None = None,
-                 padding_insertion: PaddingInsertion | None = None, **kwargs):
+                 padding_insertion: PaddingInsertion | None = None, budget: TrainingBudget | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.slope_learning_rate = slope_learning_rate
         self.padding_insertion = padding_insertion
+        self.budget = budget
+        if budget is not None:
+            self.add_callback(budget)
         if self.pop_callback(ProgressCallback) is not None:
             self.add_callback(QuietProgressCallback)
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        """Trainer's schedule, except that with a budget the linear one ends where the run is projected to end
+        (`training/budget.py`)."""
+        if self.lr_scheduler is not None or self.budget is None or self.args.lr_scheduler_type != "linear":
+            return super().create_scheduler(num_training_steps, optimizer)
+        warmup, budget = self.args.get_warmup_steps(num_training_steps), self.budget
+        self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer or self.optimizer,
+            lambda step: budgeted_linear_factor(step, warmup, num_training_steps, budget.projected_last_step(step)))
+        self._created_lr_scheduler = True
+        return self.lr_scheduler
 
     def create_optimizer(self, model=None):
         """Trainer's optimiser, with the BiALiBi slopes in a group of their own at `slope_learning_rate` if set (the
@@ -279,9 +283,10 @@ def repeated_passes(windows: int, settings: FinetuneSettings) -> float:
 
 def memorisation_warning(windows: int, settings: FinetuneSettings) -> str | None:
     """The warning for a run whose --max-steps read each training window more than `TINY_TRAINING_SET_PASSES` times,
-    or None. A run stopped by --cpu-minutes treats --max-steps as a bound it will not reach: no warning from it."""
+    or None. A run stopped by --cpu-minutes or --wall-minutes treats --max-steps as a bound it may not reach: no
+    warning from it."""
     passes = repeated_passes(windows, settings)
-    if passes <= TINY_TRAINING_SET_PASSES or settings.cpu_minutes is not None:
+    if passes <= TINY_TRAINING_SET_PASSES or settings.cpu_minutes is not None or settings.wall_minutes is not None:
         return None
     return (f"the training set has {windows:,} window(s) and {settings.max_steps:,} steps of "
             f"{settings.batch_size * settings.gradient_accumulation_steps} windows read each about {passes:.0f} times: "
@@ -359,13 +364,13 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
         torch_compile=settings.compile,
     )
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    budget = (TrainingBudget(cpu_minutes=settings.cpu_minutes, wall_minutes=settings.wall_minutes)
+              if settings.cpu_minutes is not None or settings.wall_minutes is not None else None)
     trainer = (trainer_class or LongBirdTrainer)(
         model=model, args=arguments, train_dataset=items, processing_class=tokenizer,
         data_collator=collator or PaddedBatches(pad), slope_learning_rate=settings.slope_learning_rate,
-        padding_insertion=make_padding_insertion(model, tokenizer, settings), **(trainer_kwargs or {}))
-    budget = CPUBudget(settings.cpu_minutes) if settings.cpu_minutes is not None else None
-    if budget is not None:
-        trainer.add_callback(budget)
+        padding_insertion=make_padding_insertion(model, tokenizer, settings), budget=budget,
+        **(trainer_kwargs or {}))
     finished = False
     try:
         # the checkpoint chosen above, not Trainer's `True` (the highest-numbered one, complete or not)
@@ -390,6 +395,6 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
                 with contextlib.suppress(OSError):
                     Path(arguments.output_dir).parent.rmdir()
     return {**result.metrics, "log_history": trainer.state.log_history,
-            "cpu_budget": None if budget is None else {"minutes": budget.minutes, **budget.used},
+            "cpu_budget": None, "wall_budget": None, **(budget.summary() if budget is not None else {}),
             "tokens_seen": int(trainer.state.num_input_tokens_seen),
             "resume": resume_summary(resume, trainer.state.global_step) if resume else None}
