@@ -37,6 +37,11 @@ def _begun(budget: TrainingBudget, step: int = 0, saved: dict | None = None) -> 
     return budget
 
 
+def _updated(budget: TrainingBudget) -> TrainingBudget:
+    budget.on_optimizer_step(None, None, None)  # where Trainer has the budget read its clocks, once per update
+    return budget
+
+
 def _trainer_factors(warmup: int, total: int, steps: int) -> list[float]:
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     schedule = get_linear_schedule_with_warmup(optimizer, warmup, total)
@@ -65,14 +70,15 @@ def test_the_larger_share_of_two_budgets_counts_and_the_last_step_is_projected_f
     assert budget.fraction_used() == 0.0 and budget.projected_last_step(0) == float("inf")
     cpu.now, wall.now = 60.0, 15.0  # half the CPU budget, a quarter of the wall budget
     assert budget.fraction_used() == 0.5
-    assert budget.projected_last_step(10) == 20.0
+    assert budget.projected_last_step(10) == float("inf")  # the clocks are read at an update, not in between
+    assert _updated(budget).projected_last_step(10) == 20.0
     wall.now = 45.0
-    assert budget.fraction_used() == 0.75
+    assert _updated(budget).fraction_used() == 0.75
     control = types.SimpleNamespace(should_training_stop=False)
     budget.on_step_end(None, types.SimpleNamespace(global_step=15), control)
     assert not control.should_training_stop
     wall.now = 60.0
-    budget.on_step_end(None, types.SimpleNamespace(global_step=20), control)
+    _updated(budget).on_step_end(None, types.SimpleNamespace(global_step=20), control)
     assert control.should_training_stop
     assert budget.summary() == {"cpu_budget": {"minutes": 2.0, "cpu_seconds": 60.0, "steps": 20},
                                 "wall_budget": {"minutes": 1.0, "wall_seconds": 60.0, "steps": 20}}
@@ -91,7 +97,7 @@ def test_a_resumed_budget_counts_what_was_spent_before_the_checkpoint():
                      saved={"TrainingBudget": saved})
     assert resumed.fraction_used() == pytest.approx(0.4)
     later.now += 6.0
-    assert resumed.fraction_used() == pytest.approx(0.5) and resumed.projected_last_step(10) == pytest.approx(20.0)
+    assert _updated(resumed).share == pytest.approx(0.5) and resumed.projected_last_step(10) == pytest.approx(20.0)
     assert resumed.summary()["wall_budget"]["steps"] == 8
 
 
@@ -116,6 +122,7 @@ def stepped_budget(monkeypatch):
 
         def on_optimizer_step(self, args, state, control, **kwargs):
             self.clock.now += 1.0
+            super().on_optimizer_step(args, state, control, **kwargs)
 
     monkeypatch.setattr(finetune, "TrainingBudget", SteppedBudget)
 
@@ -162,3 +169,38 @@ def test_a_wall_budget_stops_the_run_where_the_linear_decay_ends(tiny_source, st
     resumed = _rates(budgeted)
     assert sorted(resumed) == list(range(1, 16))  # the history carries the checkpoint's steps 1-5
     assert all(resumed[step] == pytest.approx(reference[step], rel=1e-12, abs=1e-18) for step in resumed)
+
+
+AGREE = """
+import torch.distributed as dist
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank={rank}, world_size=2)
+try:
+    from longbird.training.budget import TrainingBudget
+    clock = lambda: {seconds}
+    budget = TrainingBudget(wall_minutes=1.0, clocks=(clock, clock))
+    budget.on_train_begin(None, type("State", (), {{"global_step": 0, "stateful_callbacks": {{}}}})(), None)
+    budget.begun = (0.0, 0.0)
+    budget.on_optimizer_step(None, None, None)
+    print(budget.share, budget.projected_last_step(12))
+finally:
+    dist.destroy_process_group()
+"""
+
+
+def test_processes_of_a_distributed_run_agree_on_the_share_used():
+    """Two gloo processes whose clocks read 18 and 42 of 60 seconds both take 0.7 (the larger share): the same
+    projected last step, so the same learning rate on every replica and the same update to stop after."""
+    import multiprocessing
+    import socket
+
+    import fresh_process
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch"])
+    with context.Pool(2) as pool:
+        printed = pool.starmap(fresh_process._run, [(AGREE.format(port=port, rank=rank, seconds=seconds),)
+                                                    for rank, seconds in ((0, 18.0), (1, 42.0))])
+    assert [line.split() for line in printed] == [["0.7", str(12 / 0.7)]] * 2

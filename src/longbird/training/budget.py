@@ -11,7 +11,9 @@ as it always did on a fast machine and still anneals in its hour on a slow one. 
 depends on how long earlier steps took, so a budgeted run is not repeatable step for step across machines or runs.
 
 The budget is saved with every checkpoint (Trainer's `stateful_callbacks` in trainer_state.json) and a resumed run
-continues it: the minutes spent before the interruption count.
+continues it: the minutes spent before the interruption count. Under `torchrun` / `accelerate launch` every process
+reads its own clocks; the share used is agreed once per update (the largest of the processes'), so all of them stop
+after the same update and every replica steps with the same learning rate.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import math
 import time
 
+import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
@@ -41,6 +44,7 @@ class TrainingBudget(TrainerCallback, ExportableState):
         self.begun = None  # (cpu, wall) clock readings when this process began training
         self.before = {"cpu_seconds": 0.0, "wall_seconds": 0.0}  # spent before a resume, from the checkpoint
         self.steps = 0
+        self.share = 0.0  # the share of the budget used at the last update, agreed by all processes
 
     def spent(self) -> dict:
         """CPU and wall seconds spent in training so far, a resumed run's earlier share included."""
@@ -59,9 +63,8 @@ class TrainingBudget(TrainerCallback, ExportableState):
 
     def projected_last_step(self, step: int) -> float:
         """The step at which the budget runs out if the steps to come take as long as the `step` done so far took:
-        step / fraction used (infinite before the first step or with nothing spent)."""
-        used = self.fraction_used()
-        return step / used if step > 0 and used > 0 else math.inf
+        step / the share used at the last update (infinite before the first update or with nothing spent)."""
+        return step / self.share if step > 0 and self.share > 0 else math.inf
 
     def on_train_begin(self, args, state, control, **kwargs):
         # On resume Trainer has loaded the checkpoint's trainer_state.json, whose `stateful_callbacks` holds what
@@ -72,9 +75,13 @@ class TrainingBudget(TrainerCallback, ExportableState):
         self.steps = state.global_step
         self.begun = tuple(clock() for clock in self.clocks)
 
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        # Trainer calls this after each update and before the schedule's step, which reads the share
+        self.share = agreed_across_processes(self.fraction_used())
+
     def on_step_end(self, args, state, control, **kwargs):
         self.steps = state.global_step
-        if self.fraction_used() >= 1.0:
+        if self.share >= 1.0:
             control.should_training_stop = True
 
     def state(self) -> dict:
@@ -92,6 +99,19 @@ class TrainingBudget(TrainerCallback, ExportableState):
             record["wall_budget"] = {"minutes": self.wall_minutes, "wall_seconds": spent["wall_seconds"],
                                      "steps": self.steps}
         return record
+
+
+def agreed_across_processes(value: float) -> float:
+    """The largest `value` of all processes of a `torch.distributed` run (each calls this at the same point); `value`
+    itself in a single process."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return value
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    largest = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+    return float(largest.item())
 
 
 def budgeted_linear_factor(step: int, warmup_steps: int, max_steps: int, projected_last_step: float) -> float:
