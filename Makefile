@@ -68,7 +68,7 @@ QA_MODEL ?= qa-model/kobigbird-e5-korquad
 # QA_WALL_MINUTES bounds the training: 600 steps or that many minutes, whichever ends first, the learning rate decaying
 # to 0 where the run will end (training/budget.py). 600 steps of bf16 took 41.7 minutes on an AVX-512 bf16 CPU, so
 # there the budget changes nothing; without native bf16 it ends the run early, leaving time for the evaluation within
-# the hour (docs/qa.md).
+# the hour (fp32 on an AVX2-only CPU, 2026-11-28: 330 steps, F1 71.6; experiments/results/qa_model_e5.md).
 QA_WALL_MINUTES ?= 55
 # experiments/results/NAME.{json,md,png}: the learning curve read from the checkpoints
 QA_CURVE_NAME ?= qa_model_e5_curve
