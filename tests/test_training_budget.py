@@ -15,9 +15,10 @@ import torch
 from transformers import get_linear_schedule_with_warmup
 from typer.testing import CliRunner
 
-import longbird.training.finetune as finetune
+import longbird.training.budget as budget_module
 from longbird.cli import app
 from longbird.training.budget import TrainingBudget, budgeted_linear_factor
+from longbird.training.processes import agreed_across_processes
 from test_qa_cli import PAGES, tiny_source  # noqa: F401  (fixture)
 
 runner = CliRunner()
@@ -124,7 +125,7 @@ def stepped_budget(monkeypatch):
             self.clock.now += 1.0
             super().on_optimizer_step(args, state, control, **kwargs)
 
-    monkeypatch.setattr(finetune, "TrainingBudget", SteppedBudget)
+    monkeypatch.setattr(budget_module, "TrainingBudget", SteppedBudget)  # what `training_budget` builds
 
 
 def _finetune(tiny_source, out, *extra: str) -> list[str]:
@@ -175,21 +176,17 @@ AGREE = """
 import torch.distributed as dist
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank={rank}, world_size=2)
 try:
-    from longbird.training.budget import TrainingBudget
-    clock = lambda: {seconds}
-    budget = TrainingBudget(wall_minutes=1.0, clocks=(clock, clock))
-    budget.on_train_begin(None, type("State", (), {{"global_step": 0, "stateful_callbacks": {{}}}})(), None)
-    budget.begun = (0.0, 0.0)
-    budget.on_optimizer_step(None, None, None)
-    print(budget.share, budget.projected_last_step(12))
+    from longbird.training.processes import agreed_across_processes
+    print(agreed_across_processes({share}))
 finally:
     dist.destroy_process_group()
 """
 
 
 def test_processes_of_a_distributed_run_agree_on_the_share_used():
-    """Two gloo processes whose clocks read 18 and 42 of 60 seconds both take 0.7 (the larger share): the same
-    projected last step, so the same learning rate on every replica and the same update to stop after."""
+    """Two gloo processes whose budgets are 0.3 and 0.7 used both take 0.7 (the larger share, what `TrainingBudget`
+    keeps at each update): the same projected last step, so the same learning rate on every replica and the same
+    update to stop after. The children import torch and longbird's process helpers only."""
     import multiprocessing
     import socket
 
@@ -201,6 +198,7 @@ def test_processes_of_a_distributed_run_agree_on_the_share_used():
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["torch"])
     with context.Pool(2) as pool:
-        printed = pool.starmap(fresh_process._run, [(AGREE.format(port=port, rank=rank, seconds=seconds),)
-                                                    for rank, seconds in ((0, 18.0), (1, 42.0))])
-    assert [line.split() for line in printed] == [["0.7", str(12 / 0.7)]] * 2
+        printed = pool.starmap(fresh_process._run, [(AGREE.format(port=port, rank=rank, share=share),)
+                                                    for rank, share in ((0, 0.3), (1, 0.7))])
+    assert printed == ["0.7", "0.7"]
+    assert agreed_across_processes(0.3) == 0.3  # a single process: its own share

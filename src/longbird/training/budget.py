@@ -21,9 +21,24 @@ from __future__ import annotations
 import math
 import time
 
-import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
+
+from .processes import agreed_across_processes
+
+
+def check_budget_minutes(cpu_minutes: float | None, wall_minutes: float | None) -> None:
+    """A clear error for a budget that is not a positive number of minutes (None: no such budget)."""
+    for name, minutes in (("CPU", cpu_minutes), ("wall-clock", wall_minutes)):
+        if minutes is not None and not minutes > 0:
+            raise ValueError(f"the {name} budget must be a positive number of minutes; got {minutes}")
+
+
+def training_budget(cpu_minutes: float | None, wall_minutes: float | None) -> TrainingBudget | None:
+    """The budget of a run with these limits, or None when it has neither."""
+    if cpu_minutes is None and wall_minutes is None:
+        return None
+    return TrainingBudget(cpu_minutes=cpu_minutes, wall_minutes=wall_minutes)
 
 
 class TrainingBudget(TrainerCallback, ExportableState):
@@ -34,9 +49,7 @@ class TrainingBudget(TrainerCallback, ExportableState):
     clocks (for tests)."""
 
     def __init__(self, cpu_minutes: float | None = None, wall_minutes: float | None = None, clocks=None):
-        for name, minutes in (("CPU", cpu_minutes), ("wall-clock", wall_minutes)):
-            if minutes is not None and not minutes > 0:
-                raise ValueError(f"the {name} budget must be a positive number of minutes; got {minutes}")
+        check_budget_minutes(cpu_minutes, wall_minutes)
         if cpu_minutes is None and wall_minutes is None:
             raise ValueError("a training budget needs CPU minutes, wall-clock minutes or both")
         self.cpu_minutes, self.wall_minutes = cpu_minutes, wall_minutes
@@ -99,19 +112,6 @@ class TrainingBudget(TrainerCallback, ExportableState):
             record["wall_budget"] = {"minutes": self.wall_minutes, "wall_seconds": spent["wall_seconds"],
                                      "steps": self.steps}
         return record
-
-
-def agreed_across_processes(value: float) -> float:
-    """The largest `value` of all processes of a `torch.distributed` run (each calls this at the same point); `value`
-    itself in a single process."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return value
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    largest = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(largest, op=dist.ReduceOp.MAX)
-    return float(largest.item())
 
 
 def budgeted_linear_factor(step: int, warmup_steps: int, max_steps: int, projected_last_step: float) -> float:

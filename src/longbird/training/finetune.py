@@ -25,7 +25,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from ..data.batching import PaddedBatches
 from ..data.features import QAFeature
 from ..precision import slow_bf16_warning
-from .budget import TrainingBudget, budgeted_linear_factor
+from .budget import TrainingBudget, budgeted_linear_factor, check_budget_minutes, training_budget
 from .padding_insertion import PaddingInsertion, sentence_end_token_ids
 from .processes import is_main_process, world_size
 from .resume import prepare_checkpoints, publish_checkpoint, resume_summary
@@ -91,10 +91,7 @@ class FinetuneSettings:
     def __post_init__(self):
         if self.lr_scheduler not in ("linear", "constant"):
             raise ValueError(f"the learning-rate schedule must be 'linear' or 'constant'; got {self.lr_scheduler!r}")
-        if self.cpu_minutes is not None and self.cpu_minutes <= 0:
-            raise ValueError(f"the CPU budget must be a positive number of minutes; got {self.cpu_minutes}")
-        if self.wall_minutes is not None and self.wall_minutes <= 0:
-            raise ValueError(f"the wall-clock budget must be a positive number of minutes; got {self.wall_minutes}")
+        check_budget_minutes(self.cpu_minutes, self.wall_minutes)
         if self.peft not in (None, "tape"):
             raise ValueError(f"--peft must be 'tape' (or left out); got {self.peft!r}")
         if self.save_total_limit is not None and self.save_total_limit < 1:
@@ -364,8 +361,7 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
         torch_compile=settings.compile,
     )
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    budget = (TrainingBudget(cpu_minutes=settings.cpu_minutes, wall_minutes=settings.wall_minutes)
-              if settings.cpu_minutes is not None or settings.wall_minutes is not None else None)
+    budget = training_budget(settings.cpu_minutes, settings.wall_minutes)
     trainer = (trainer_class or LongBirdTrainer)(
         model=model, args=arguments, train_dataset=items, processing_class=tokenizer,
         data_collator=collator or PaddedBatches(pad), slope_learning_rate=settings.slope_learning_rate,

@@ -23,3 +23,15 @@ def is_main_process() -> bool:
 def world_size() -> int:
     """Processes training together (1 without torchrun / accelerate launch); recorded in the run's summary."""
     return torch.distributed.get_world_size() if _distributed() else 1
+
+
+def agreed_across_processes(value: float) -> float:
+    """The largest `value` of all processes of a `torch.distributed` run (each calls this at the same point); `value`
+    itself in a single process."""
+    if world_size() == 1:
+        return value
+    dist = torch.distributed
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    largest = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+    return float(largest.item())
