@@ -67,7 +67,9 @@ QA_MODEL ?= qa-model/kobigbird-e5-korquad
 # minutes. Deferred (?=), so it is asked after `install`; set QA_BF16=--bf16 or QA_BF16= to choose.
 # QA_WALL_MINUTES bounds the training: 600 steps or that many minutes, whichever ends first, the learning rate decaying
 # to 0 where the run will end (training/budget.py). 600 steps of bf16 took 41.7 minutes on an AVX-512 bf16 CPU, so
-# there the budget changes nothing; without native bf16 it ends the run early, leaving time for the evaluation within
+# there the projected end stays past step 600 (about 790) and the schedule is the plain linear one, unless the steps
+# after warmup run about 30 % slower than the average (not re-run there); without native bf16 the budget ends the run
+# early, leaving time for the evaluation within
 # the hour (fp32 on an AVX2-only CPU, 2026-11-28: 330 steps, F1 71.6; experiments/results/qa_model_e5.md).
 # QA_WALL_MINUTES= (empty) trains all 600 steps whatever they take.
 QA_WALL_MINUTES ?= 55
