@@ -69,8 +69,8 @@ QA_MODEL ?= qa-model/kobigbird-e5-korquad
 # to 0 where the run will end (training/budget.py). 600 steps of bf16 took 41.7 minutes on an AVX-512 bf16 CPU, so
 # there the projected end stays past step 600 (about 790) and the schedule is the plain linear one, unless the steps
 # after warmup run about 30 % slower than the average (not re-run there); without native bf16 the budget ends the run
-# early, leaving time for the evaluation within
-# the hour (fp32 on an AVX2-only CPU, 2026-11-28: 330 steps, F1 71.6; experiments/results/qa_model_e5.md).
+# early, leaving time for the evaluation within the hour (fp32 on an AVX2-only CPU, 2026-11-28: 330 steps, F1 71.6;
+# experiments/results/qa_model_e5.md).
 # QA_WALL_MINUTES= (empty) trains all 600 steps whatever they take.
 QA_WALL_MINUTES ?= 55
 # experiments/results/NAME.{json,md,png}: the learning curve read from the checkpoints

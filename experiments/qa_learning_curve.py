@@ -1,8 +1,10 @@
 """Learning curve of the Korean QA recipe (`make qa-model`): dev F1 against training windows seen.
 
 Reads the checkpoints `finetune-qa --save-steps N` kept in MODEL.checkpoints/ (and the final MODEL), scores each on
-the same held-out dev questions of the by-article split (KorQuAD 1.0 paragraphs, official metric), and writes
-experiments/results/NAME.{json,md,png} (`--name`, default qa_model_e5_curve).
+the same held-out dev questions of the by-article split (KorQuAD 1.0 paragraphs, official metric, F1 with a 95 %
+bootstrap interval over questions), and writes experiments/results/NAME.{json,md,png} (`--name`, default
+qa_model_e5_curve). It refuses a model whose own record shows it read a dev article, and asserts that the scored
+questions share no title and no paragraph text with the training side (both lists are in the JSON).
 
 Usage: python experiments/qa_learning_curve.py [--model qa-model/kobigbird-e5-korquad] [--dev-questions 300]
        [--name qa_model_e5_curve]
@@ -22,9 +24,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from e7_long_reading import held_out_record  # noqa: E402
+
 from longbird.files import save_figure_atomically, write_file_atomically  # noqa: E402
+from longbird.metrics.intervals import bootstrap_interval  # noqa: E402
 from longbird.precision import native_bf16  # noqa: E402
-from longbird.tasks.qa import evaluate_qa, read_qa_data, sample_questions  # noqa: E402
+from longbird.tasks.qa import (evaluate_qa, per_question_scores, read_qa_data, require_trained_apart,  # noqa: E402
+                               sample_questions)
 
 DATA = ROOT / "data" / "korquad" / "KorQuAD_v1.0_dev.json"
 
@@ -53,19 +59,24 @@ def main() -> None:
     args = parser.parse_args()
     started = time.time()
     dev = sample_questions(read_qa_data(DATA, "korquad1", "dev")[0], args.dev_questions)
+    require_trained_apart(args.model, set(dev["title"]), root=ROOT)  # the model never read a scored article
+    held_out = held_out_record(read_qa_data(DATA, "korquad1", "train")[0], dev)  # raises if titles or texts meet
     summary = json.loads((args.model / "longbird_finetune.json").read_text())
     batch = summary["settings"]["batch_size"]
     points = []
     for step, directory in checkpoints(args.model):
         # bf16 only where the CPU multiplies it; emulated bf16 (AVX2-only CPUs) is far slower than fp32
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=native_bf16("cpu")):
-            metrics = evaluate_qa(directory, dev, data_format="korquad1", window_length=args.window_length, batch_size=16)["metrics"]
+            scored = evaluate_qa(directory, dev, data_format="korquad1", window_length=args.window_length,
+                                 batch_size=16)
+        metrics = scored["metrics"]
+        f1s = [score["f1"] for score in per_question_scores(scored["predictions"], dev, "korquad1").values()]
         points.append({"step": step, "training_windows": step * batch, "exact_match": metrics["exact_match"],
-                       "f1": metrics["f1"]})
+                       "f1": metrics["f1"], "f1_interval": bootstrap_interval(f1s)})
         print(points[-1], flush=True)
     result = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
               "model": str(args.model), "dev_questions": len(dev), "training_windows_total": summary["windows"],
-              "training_questions": summary["train_examples"], "points": points,
+              "training_questions": summary["train_examples"], "held_out": held_out, "points": points,
               "wall_seconds": time.time() - started, "torch_threads": torch.get_num_threads()}
     args.out.mkdir(parents=True, exist_ok=True)
     write_file_atomically(args.out / f"{args.name}.json", json.dumps(result, indent=2) + "\n")
@@ -73,11 +84,11 @@ def main() -> None:
              f"{len(dev)} held-out dev questions (by-article split, KorQuAD 1.0 paragraphs, official metric), "
              f"{args.window_length}-token windows, {'bf16 autocast' if native_bf16('cpu') else 'fp32'}; training set {summary['windows']:,} windows of "
              f"{summary['train_examples']:,} questions; {result['wall_seconds'] / 60:.0f} min wall.", "",
-             "| step | training windows seen | epochs | EM | F1 |", "|---:|---:|---:|---:|---:|"]
+             "| step | training windows seen | epochs | EM | F1 (95 % CI) |", "|---:|---:|---:|---:|---:|"]
     for point in points:
         lines.append(f"| {point['step']} | {point['training_windows']:,} | "
                      f"{point['training_windows'] / summary['windows']:.2f} | {point['exact_match']:.1f} | "
-                     f"{point['f1']:.1f} |")
+                     f"{point['f1']:.1f} ({point['f1_interval'][0]:.1f}–{point['f1_interval'][1]:.1f}) |")
     write_file_atomically(args.out / f"{args.name}.md", "\n".join(lines) + "\n")
 
     import matplotlib

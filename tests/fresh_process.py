@@ -22,10 +22,21 @@ def _run(code: str) -> str:
     return printed.getvalue().strip()
 
 
+def _context():
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch"])  # ignored if this process already started its forkserver
+    return context
+
+
 @contextlib.contextmanager
 def fresh_processes() -> Iterator[Callable[[str], str]]:
     """Yields `run(code) -> what it printed`; an exception in the child is raised again here."""
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch"])  # ignored if this process already started its forkserver
-    with context.Pool(1, maxtasksperchild=1) as pool:
+    with _context().Pool(1, maxtasksperchild=1) as pool:
         yield lambda code: pool.apply(_run, (code,))
+
+
+def run_together(codes: list[str]) -> list[str]:
+    """Each piece of code in a fresh process of its own, all at once (e.g. the ranks of a `torch.distributed` group);
+    what each printed, in order."""
+    with _context().Pool(len(codes), maxtasksperchild=1) as pool:
+        return pool.map(_run, codes)

@@ -187,18 +187,10 @@ def test_processes_of_a_distributed_run_agree_on_the_share_used():
     """Two gloo processes whose budgets are 0.3 and 0.7 used both take 0.7 (the larger share, what `TrainingBudget`
     keeps at each update): the same projected last step, so the same learning rate on every replica and the same
     update to stop after. The children import torch and longbird's process helpers only."""
-    import multiprocessing
-    import socket
+    from fresh_process import run_together
+    from test_distributed import _free_port
 
-    import fresh_process
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch"])
-    with context.Pool(2) as pool:
-        printed = pool.starmap(fresh_process._run, [(AGREE.format(port=port, rank=rank, share=share),)
-                                                    for rank, share in ((0, 0.3), (1, 0.7))])
+    port = _free_port()
+    printed = run_together([AGREE.format(port=port, rank=rank, share=share) for rank, share in ((0, 0.3), (1, 0.7))])
     assert printed == ["0.7", "0.7"]
     assert agreed_across_processes(0.3) == 0.3  # a single process: its own share
