@@ -12,8 +12,8 @@
 #             reduce-overhead mode, with the per-row plan in the op (LONGBIRD_ROW_PLAN=op, a host read per layer) and
 #             made on the device (=device, the GPU default since 2026-11-27, not yet measured on a GPU)
 #   session OUT  what a short GPU lease (15 minutes, start included) should run first, in this order, each step with a
-#             time limit and its log in OUT: the device row plan's and TAPE's CUDA cases, the row-plan comparison,
-#             then the whole CUDA suite
+#             time limit (550 s in all, so that one 600-s device call holds it) and its log in OUT: the device row
+#             plan's and TAPE's CUDA cases, the row-plan comparison, then the whole CUDA suite
 set -uo pipefail
 step=$1
 shift
@@ -22,9 +22,9 @@ if [ "$step" = session ]; then
   out=${1:?usage: benchmarks/gpu/run.sh session OUT}
   mkdir -p "$out"
   here=$(dirname "$0")
-  timeout 150 "$here/run.sh" tests -k "row_plan or tape" -v -rf 2>&1 | tee "$out/cuda_tests_first.log" | tail -15
-  timeout 300 "$here/run.sh" rowplan "$out" 2>&1 | tee "$out/rowplan.log" | tail -45
-  timeout 200 "$here/run.sh" tests -k "not row_plan and not tape" -rf 2>&1 | tee "$out/cuda_tests.log" | tail -15
+  timeout 130 "$here/run.sh" tests -k "row_plan or tape" -v -rf 2>&1 | tee "$out/cuda_tests_first.log" | tail -15
+  timeout 270 "$here/run.sh" rowplan "$out" 2>&1 | tee "$out/rowplan.log" | tail -45
+  timeout 150 "$here/run.sh" tests -k "not row_plan and not tape" -rf 2>&1 | tee "$out/cuda_tests.log" | tail -15
   exit 0
 fi
 if [ "$step" = tests ]; then
