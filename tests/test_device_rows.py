@@ -77,6 +77,17 @@ def test_device_plan_equals_the_eager_per_row_plan_with_its_gradients(pattern):
             assert (mine.grad - theirs.grad).abs().max() <= TOLERANCE, lengths
 
 
+@pytest.mark.parametrize("pattern", list(PATTERNS))
+def test_device_plan_makes_every_tensor_on_its_inputs_device(pattern):
+    """On the meta device, which refuses a CPU tensor beside its own as CUDA does: a constant made without the inputs'
+    device (a CPU `arange` of window offsets added to a CUDA one) failed the compiled plan on an H200 (2026-11-28,
+    `Unhandled FakeTensor Device Propagation ... cuda:0, cpu`), and fails here without a GPU."""
+    plan = _plan(pattern)
+    query, key, value, key_mask = (t.to("meta") for t in _inputs([200, 37], plan.block_size))
+    out = bigbird_rows_on_device(query, key, value, key_mask, plan)
+    assert out.device.type == "meta" and out.shape[:3] == query.shape[:3]
+
+
 def test_compiled_device_plan_is_one_graph_without_host_reads_or_opaque_ops():
     """fullgraph=True fails at any graph break (a `.tolist()`, a branch on a tensor); the captured graph has no scalar
     read (`aten._local_scalar_dense`, what `.item()` becomes) and no longbird op: nothing for a CUDA graph to stop at."""

@@ -149,8 +149,9 @@ def local_window(middle: torch.Tensor, chunk_blocks: int) -> torch.Tensor:
     {i-1, i, i+1} for BigBird's sliding window, i's chunk of `chunk_blocks` blocks tiled from block 1 otherwise."""
     if chunk_blocks:
         start = 1 + (middle - 1) // chunk_blocks * chunk_blocks
-        return start[:, None] + torch.arange(chunk_blocks)
-    return middle[:, None] + torch.arange(-1, WINDOW_BLOCKS - 1)
+        return start[:, None] + torch.arange(chunk_blocks, device=middle.device)
+    # the offsets on middle's device: a CPU tensor added to a CUDA one fails (the device plan's compiled graph on a GPU)
+    return middle[:, None] + torch.arange(-1, WINDOW_BLOCKS - 1, device=middle.device)
 
 
 def _plan_seed(seed: int, layer: int, num_blocks: int) -> int:
