@@ -150,8 +150,9 @@ def _kobigbird():
 
 
 def test_a_compiled_kobigbird_takes_the_device_plan_and_equals_eager_with_its_gradients(monkeypatch):
-    """LONGBIRD_ROW_PLAN=device (the default on GPUs) on CPU: a padded batch, forward and one training step (ITC with
-    random blocks; the other pattern variants are checked at the kernel above, compiling each costs about a minute)."""
+    """LONGBIRD_ROW_PLAN=device (opt-in: the op is the default) on CPU: a padded batch, forward and one training step
+    (ITC with random blocks; the other pattern variants are checked at the kernel above, compiling each costs about a
+    minute)."""
     monkeypatch.setenv("LONGBIRD_ROW_PLAN", "device")
     seen = []
     monkeypatch.setattr(dispatch, "bigbird_rows_on_device",
@@ -177,10 +178,10 @@ def test_a_compiled_kobigbird_takes_the_device_plan_and_equals_eager_with_its_gr
         assert (compiled[name] - grad).abs().max().item() <= 1e-5 * scale + 1e-4 * grad.abs().max().item(), name
 
 
-def test_the_compiled_row_plan_is_chosen_by_device_and_by_the_environment(monkeypatch):
+def test_the_compiled_row_plan_is_the_op_by_default_and_chosen_by_the_environment(monkeypatch):
     monkeypatch.delenv("LONGBIRD_ROW_PLAN", raising=False)
     assert dispatch.compiled_row_plan(torch.device("cpu")) == "op"
-    assert dispatch.compiled_row_plan(torch.device("cuda")) == "device"
+    assert dispatch.compiled_row_plan(torch.device("cuda")) == "op"  # the device plan fails Inductor on CUDA, torch 2.11
     monkeypatch.setenv("LONGBIRD_ROW_PLAN", "device")
     assert dispatch.compiled_row_plan(torch.device("cpu")) == "device"
     monkeypatch.setenv("LONGBIRD_ROW_PLAN", "host")

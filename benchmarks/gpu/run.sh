@@ -10,7 +10,7 @@
 #             reduce-overhead (CUDA graphs) mode, per preset (littlebird, kobigbird, tape)
 #   rowplan   bf16, base size, batch 1, kobigbird at 2K and 8K forward, eager against torch.compile in default and
 #             reduce-overhead mode, with the per-row plan in the op (LONGBIRD_ROW_PLAN=op, a host read per layer) and
-#             made on the device (=device, the GPU default since 2026-11-27, not yet measured on a GPU)
+#             made on the device (=device; with torch 2.11 on an H200 its compile failed, 2026-11-28, docs/gpu.md)
 #   session OUT  what a short GPU lease (15 minutes, start included) should run first, in this order, each step with a
 #             time limit (550 s in all, so that one 600-s device call holds it) and its log in OUT: the device row
 #             plan's and TAPE's CUDA cases, the row-plan comparison, then the whole CUDA suite

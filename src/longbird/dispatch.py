@@ -322,13 +322,16 @@ def compiled_row_plan(device: torch.device) -> str:
     """Where a compiled graph makes BigBird's per-row plan: "device" (`attention.device_rows`: from each row's length
     on the device, no host synchronisation, so a CUDA graph holds the whole forward) or "op" (the
     `longbird::bigbird_rows` op, which reads the lengths on the host and runs the eager blocked kernels).
-    `LONGBIRD_ROW_PLAN` chooses; by default "op" on CPU, where there is no synchronisation to avoid and the op was
-    faster in inference (e5-small fp32 at 4K, AVX2: compiled at 0.94 of eager's time against 0.97, and 0.90 against
-    1.01 in a first pair; docs/benchmarks.md, "BigBird's per-row plan in a compiled graph"), and "device" elsewhere."""
+    `LONGBIRD_ROW_PLAN` chooses; "op" by default on every device. On CPU there is no synchronisation to avoid and the
+    op was faster in inference (e5-small fp32 at 4K, AVX2: compiled at 0.94 of eager's time against 0.97, and 0.90
+    against 1.01 in a first pair; docs/benchmarks.md, "BigBird's per-row plan in a compiled graph"). On CUDA the device
+    plan does not compile with torch 2.11 (an H200, 2026-11-28: Inductor's loop merging fails, "The argument
+    '((-1)) + 1' is not comparable"), while the op compiles, also under CUDA graphs, which leave the op out
+    (docs/gpu.md). `device` stays the plan of torch.export, where it compiles (`bigbird_rows`)."""
     choice = os.environ.get("LONGBIRD_ROW_PLAN", "").strip().lower()
     if choice and choice not in ROW_PLANS:
         raise ValueError(f"LONGBIRD_ROW_PLAN must be one of {ROW_PLANS} (or unset); got {choice!r}")
-    return choice or ("op" if device.type == "cpu" else "device")
+    return choice or "op"
 
 
 def bigbird_rows(query, key, value, key_mask, plan: PlanInGraph, dropout_p: float = 0.0) -> torch.Tensor:
