@@ -4,10 +4,10 @@ The encoder is the part worth compiling: its layers are what Inductor fuses (the
 LayerNorm, GELU); the task heads decode a few candidates. `nn.Module.compile` compiles the module's call in place, so
 the model keeps its class, config and state-dict keys (a compiled model still saves as a plain one).
 The layers of every preset compile to one graph (tests/test_compile_graph.py, fullgraph); BigBird's per-row plan,
-which reads each row's real length, is made in the graph (`dispatch.PlanInGraph`: by default inside one opaque op per layer that reads the
-rows' lengths; on the device, no host read, with LONGBIRD_ROW_PLAN=device). The model's input
-checks read token-type and position values (a clear error instead of an index error), so with those inputs given the
-call compiles with a break before the layers: compiled without `fullgraph`.
+which reads each row's real length, is made in the graph (`dispatch.PlanInGraph`): by default inside one opaque op
+per layer that reads the rows' lengths, or on the device with no host read (LONGBIRD_ROW_PLAN=device). The model's
+input checks read token-type and position values (a clear error instead of an index error), so with those inputs
+given the call compiles with a break before the layers: compiled without `fullgraph`.
 The first call of each input shape compiles (seconds to minutes); later shapes are compiled with dynamic shapes.
 """
 
