@@ -1,0 +1,100 @@
+"""Two paragraph readers' `longbird evaluate` outputs on the same KorQuAD 1.0 questions, compared question by question.
+
+Each EVAL directory holds `metrics.json` and `predictions.json` (`longbird evaluate --out`). Per question: the
+official KorQuAD 1.0 EM and F1 (the best over its gold answers, `longbird.metrics.korquad`); their means are asserted
+to equal each run's own `metrics.json`. Reported: both readers' scores with 95 % bootstrap intervals over questions,
+and the paired difference (reading minus baseline) with its paired interval (`metrics.intervals`, 10,000 resamples,
+seed 0). Both runs must have scored the same data file, split and questions.
+Usage: python experiments/qa_paired.py READING_EVAL BASELINE_EVAL --name NAME [--label-reading L] [--label-baseline L]
+Writes experiments/results/NAME.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from longbird.files import write_file_atomically  # noqa: E402
+from longbird.metrics.intervals import bootstrap_interval, paired_difference  # noqa: E402
+from longbird.metrics.korquad import f1_korquad_v1, normalize_korquad_v1  # noqa: E402
+
+
+def gold_answers(data: Path) -> dict[str, list[str]]:
+    dataset = json.loads(data.read_text(encoding="utf-8"))
+    return {qa["id"]: [answer["text"] for answer in qa["answers"]]
+            for article in dataset["data"] for paragraph in article["paragraphs"] for qa in paragraph["qas"]}
+
+
+def per_question(eval_dir: Path, golds: dict[str, list[str]]) -> tuple[dict, dict[str, tuple[float, float]]]:
+    """(the run's metrics.json, {question id: (EM, F1) in percent})."""
+    metrics = json.loads((eval_dir / "metrics.json").read_text())
+    predictions = json.loads((eval_dir / "predictions.json").read_text(encoding="utf-8"))
+    scores = {}
+    for question_id, prediction in predictions.items():
+        answers = golds[question_id]
+        exact = max(float(normalize_korquad_v1(prediction) == normalize_korquad_v1(gold)) for gold in answers)
+        scores[question_id] = (100.0 * exact, 100.0 * max(f1_korquad_v1(prediction, gold) for gold in answers))
+    for index, key in enumerate(("exact_match", "f1")):
+        mean = sum(score[index] for score in scores.values()) / metrics["questions"]
+        assert abs(mean - metrics[key]) < 1e-6, f"{eval_dir}: {key} {mean} here against {metrics[key]} in metrics.json"
+    return metrics, scores
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("reading", type=Path)
+    parser.add_argument("baseline", type=Path)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--label-reading", default=None)
+    parser.add_argument("--label-baseline", default=None)
+    args = parser.parse_args()
+    runs = {}
+    for role, eval_dir, label in (("reading", args.reading, args.label_reading),
+                                  ("baseline", args.baseline, args.label_baseline)):
+        metrics = json.loads((eval_dir / "metrics.json").read_text())
+        runs[role] = {"eval": str(eval_dir), "label": label or metrics["model"], "metrics": metrics}
+    first, second = runs["reading"]["metrics"], runs["baseline"]["metrics"]
+    for key in ("data", "format", "split", "questions"):
+        if first[key] != second[key]:
+            raise SystemExit(f"the two runs scored different {key}: {first[key]!r} against {second[key]!r}")
+    golds = gold_answers(ROOT / first["data"])
+    _, reading = per_question(args.reading, golds)
+    _, baseline = per_question(args.baseline, golds)
+    if reading.keys() != baseline.keys() or len(reading) != first["questions"]:
+        raise SystemExit("the two runs predicted different questions")
+    ids = sorted(reading)
+    result = {"questions": len(ids), "data": first["data"], "split": first["split"], "runs": runs, "scores": {}}
+    for index, measure in enumerate(("em", "f1")):
+        values = [reading[i][index] for i in ids]
+        base = [baseline[i][index] for i in ids]
+        result["scores"][measure] = {
+            "reading": {"mean": sum(values) / len(ids), "interval": bootstrap_interval(values)},
+            "baseline": {"mean": sum(base) / len(ids), "interval": bootstrap_interval(base)},
+            "paired_difference": paired_difference(values, base)}
+    out = ROOT / "experiments" / "results" / args.name
+    write_file_atomically(out.with_suffix(".json"), json.dumps(result, indent=1, ensure_ascii=False))
+    lines = [f"# {args.name}: {runs['reading']['label']} against {runs['baseline']['label']}", "",
+             f"Command: `python experiments/qa_paired.py {args.reading} {args.baseline} --name {args.name}"
+             + "".join(f" {flag} '{value}'" for flag, value in (("--label-reading", args.label_reading),
+                                                                 ("--label-baseline", args.label_baseline)) if value)
+             + "`  ",
+             f"{len(ids)} questions of {first['data']} (split {first['split']}), official KorQuAD 1.0 EM/F1; 95 % "
+             "bootstrap intervals over questions, paired for the difference (10,000 resamples, seed 0).", "",
+             "| measure | reading | baseline | reading − baseline |", "|---|---:|---:|---:|"]
+    for measure, scores in result["scores"].items():
+        cells = [f"{scores[role]['mean']:.2f} ({scores[role]['interval'][0]:.1f}–{scores[role]['interval'][1]:.1f})"
+                 for role in ("reading", "baseline")]
+        difference = scores["paired_difference"]
+        cells.append(f"{difference['difference']:+.2f} ({difference['low']:+.1f} to {difference['high']:+.1f})")
+        lines.append(f"| {measure.upper()} | " + " | ".join(cells) + " |")
+    write_file_atomically(out.with_suffix(".md"), "\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
