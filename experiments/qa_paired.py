@@ -1,7 +1,7 @@
 """Two paragraph readers' `longbird evaluate` outputs on the same KorQuAD 1.0 questions, compared question by question.
 
 Each EVAL directory holds `metrics.json` and `predictions.json` (`longbird evaluate --out`). Per question: the
-official KorQuAD 1.0 EM and F1 (the best over its gold answers, `longbird.metrics.korquad`); their means are asserted
+official EM and F1 of the format (`longbird.tasks.qa.per_question_scores`, as E7 scores); their means are asserted
 to equal each run's own `metrics.json`. Reported: both readers' scores with 95 % bootstrap intervals over questions,
 and the paired difference (reading minus baseline) with its paired interval (`metrics.intervals`, 10,000 resamples,
 seed 0). Both runs must have scored the same data file, split and questions.
@@ -21,28 +21,18 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from longbird.files import write_file_atomically  # noqa: E402
 from longbird.metrics.intervals import bootstrap_interval, paired_difference  # noqa: E402
-from longbird.metrics.korquad import f1_korquad_v1, normalize_korquad_v1  # noqa: E402
+from longbird.tasks.qa import per_question_scores, read_qa_data  # noqa: E402
 
 
-def gold_answers(data: Path) -> dict[str, list[str]]:
-    dataset = json.loads(data.read_text(encoding="utf-8"))
-    return {qa["id"]: [answer["text"] for answer in qa["answers"]]
-            for article in dataset["data"] for paragraph in article["paragraphs"] for qa in paragraph["qas"]}
-
-
-def per_question(eval_dir: Path, golds: dict[str, list[str]]) -> tuple[dict, dict[str, tuple[float, float]]]:
-    """(the run's metrics.json, {question id: (EM, F1) in percent})."""
-    metrics = json.loads((eval_dir / "metrics.json").read_text())
+def per_question(eval_dir: Path, rows, metrics: dict) -> dict[str, dict[str, float]]:
+    """{question id: {"exact_match", "f1"}} (0-100) of one run, the official metric of its format; their means are
+    asserted to equal the run's own metrics.json."""
     predictions = json.loads((eval_dir / "predictions.json").read_text(encoding="utf-8"))
-    scores = {}
-    for question_id, prediction in predictions.items():
-        answers = golds[question_id]
-        exact = max(float(normalize_korquad_v1(prediction) == normalize_korquad_v1(gold)) for gold in answers)
-        scores[question_id] = (100.0 * exact, 100.0 * max(f1_korquad_v1(prediction, gold) for gold in answers))
-    for index, key in enumerate(("exact_match", "f1")):
-        mean = sum(score[index] for score in scores.values()) / metrics["questions"]
+    scores = per_question_scores(predictions, rows, metrics["format"])
+    for key in ("exact_match", "f1"):
+        mean = sum(score[key] for score in scores.values()) / len(scores)
         assert abs(mean - metrics[key]) < 1e-6, f"{eval_dir}: {key} {mean} here against {metrics[key]} in metrics.json"
-    return metrics, scores
+    return scores
 
 
 def main() -> None:
@@ -62,16 +52,17 @@ def main() -> None:
     for key in ("data", "format", "split", "questions"):
         if first[key] != second[key]:
             raise SystemExit(f"the two runs scored different {key}: {first[key]!r} against {second[key]!r}")
-    golds = gold_answers(ROOT / first["data"])
-    _, reading = per_question(args.reading, golds)
-    _, baseline = per_question(args.baseline, golds)
-    if reading.keys() != baseline.keys() or len(reading) != first["questions"]:
-        raise SystemExit("the two runs predicted different questions")
-    ids = sorted(reading)
+    rows, _ = read_qa_data(ROOT / first["data"], first["format"], first["split"])
+    if len(rows) != first["questions"]:
+        raise SystemExit(f"{first['data']} ({first['split']}) holds {len(rows)} questions; the runs scored "
+                         f"{first['questions']}")
+    reading = per_question(args.reading, rows, first)
+    baseline = per_question(args.baseline, rows, second)
+    ids = [row["id"] for row in rows]
     result = {"questions": len(ids), "data": first["data"], "split": first["split"], "runs": runs, "scores": {}}
-    for index, measure in enumerate(("em", "f1")):
-        values = [reading[i][index] for i in ids]
-        base = [baseline[i][index] for i in ids]
+    for measure, key in (("em", "exact_match"), ("f1", "f1")):
+        values = [reading[i][key] for i in ids]
+        base = [baseline[i][key] for i in ids]
         result["scores"][measure] = {
             "reading": {"mean": sum(values) / len(ids), "interval": bootstrap_interval(values)},
             "baseline": {"mean": sum(base) / len(ids), "interval": bootstrap_interval(base)},
