@@ -46,8 +46,8 @@ def main():
     parser.add_argument("--compile", action="store_true",
                         help="Also time the forward through torch.compile(model, fullgraph=True), alternating")
     parser.add_argument("--row-plan", choices=["device", "op"], default=None,
-                        help="Where a compiled kobigbird makes its per-row plan (LONGBIRD_ROW_PLAN); default: the "
-                             "device's own choice (dispatch.compiled_row_plan)")
+                        help="Where a compiled kobigbird makes its per-row plan (LONGBIRD_ROW_PLAN); default: "
+                             "dispatch.compiled_row_plan's (the op)")
     parser.add_argument("--name", default="floor")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args()

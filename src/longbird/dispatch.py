@@ -318,7 +318,7 @@ _bigbird_rows_op.register_autograd(_rows_backward, setup_context=_rows_setup_con
 ROW_PLANS = ("device", "op")
 
 
-def compiled_row_plan(device: torch.device) -> str:
+def compiled_row_plan() -> str:
     """Where a compiled graph makes BigBird's per-row plan: "device" (`attention.device_rows`: from each row's length
     on the device, no host synchronisation, so a CUDA graph holds the whole forward) or "op" (the
     `longbird::bigbird_rows` op, which reads the lengths on the host and runs the eager blocked kernels).
@@ -340,7 +340,7 @@ def bigbird_rows(query, key, value, key_mask, plan: PlanInGraph, dropout_p: floa
     ONNX exporter built on it): always on the device, so the graph is plain ATen ops that ONNX Runtime runs, and one
     graph serves every sparse length. The op's backward draws attention dropout again when it recomputes the
     attention, so it refuses dropout; the device plan takes it."""
-    if exporting() or compiled_row_plan(query.device) == "device":
+    if exporting() or compiled_row_plan() == "device":
         return bigbird_rows_on_device(query, key, value, key_mask, plan, dropout_p)
     if dropout_p:
         raise ValueError("torch.compile of a kobigbird model in training on CPU needs attention_probs_dropout_prob = 0 "
