@@ -60,8 +60,9 @@ lint: $(VENV)/bin/lint-imports
 # batches (each padded to its own longest window): 1200 steps x 8 windows = 1.8 epochs. Batches of 8, not 16: where
 # the time budget ends the run after one epoch, twice the updates read better (fp32 on an AVX2-only CPU, 2026-11-28,
 # 55 minutes each, the same 1.7M tokens: F1 76.2 at batch 8 against 71.6 at batch 16, paired +4.6, +2.7 to +6.5;
-# experiments/results/qa_model_e5_batch8_vs_batch16_fp32_55min.md). The batch-16 recipe (600 x 16) took 42 minutes on
-# the 2-core AVX-512 bf16 CPU (F1 78.8 on the 931 held-out dev questions); batch 8 was not run there.
+# experiments/results/qa_model_e5_batch8_vs_batch16_fp32_55min.md). With native bf16 (a 2-core Intel Xeon with AMX,
+# 2026-11-28) all 1200 steps took 49.5 minutes and the whole target 54:52: F1 79.4 (interval 77.1-81.6) on the 931
+# held-out dev questions; the batch-16 recipe (600 x 16) had reached 78.8 in 42 minutes on an AMD EPYC without AMX.
 # Then `longbird evaluate ... --format korquad1 --split dev` scores it and experiments/qa_learning_curve.py scores
 # the checkpoints kept every 300 steps (F1 against training windows seen).
 QA_MODEL ?= qa-model/kobigbird-e5-korquad
