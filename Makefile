@@ -62,7 +62,8 @@ lint: $(VENV)/bin/lint-imports
 # 55 minutes each, the same 1.7M tokens: F1 76.2 at batch 8 against 71.6 at batch 16, paired +4.6, +2.7 to +6.5;
 # experiments/results/qa_model_e5_batch8_vs_batch16_fp32_55min.md). With native bf16 (a 2-core Intel Xeon with AMX,
 # 2026-11-28) all 1200 steps took 49.5 minutes and the whole target 54:52: F1 79.4 (interval 77.1-81.6) on the 931
-# held-out dev questions; the batch-16 recipe (600 x 16) had reached 78.8 in 42 minutes on an AMD EPYC without AMX.
+# held-out dev questions, against 79.5 for 600 x 16 in 53.2 minutes on the same machine (paired -0.1, -1.8 to +1.5;
+# experiments/results/qa_model_e5_batch8_vs_batch16_bf16_amx.md): equal where both finish their 1.8 epochs.
 # Then `longbird evaluate ... --format korquad1 --split dev` scores it and experiments/qa_learning_curve.py scores
 # the checkpoints kept every 300 steps (F1 against training windows seen).
 QA_MODEL ?= qa-model/kobigbird-e5-korquad
