@@ -33,12 +33,11 @@ import torch
 
 from longbird.attention.bigbird import _middle_attention
 from longbird.attention.patterns import bigbird_pattern
-from longbird.bench.models import matmul_throughput
-from longbird.bench.sweep import cpu_model
+from longbird.bench.models import cpu_matmul_rates, describe_matmul_rates
+from longbird.bench.sweep import DTYPES, cpu_model
 from longbird.files import write_file_atomically
 
 ROOT = Path(__file__).resolve().parents[1]
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 CASES = ((32, 3), (64, 3), (32, 0))  # (head size, random blocks): e5-small heads, base heads, no random blocks
 
 
@@ -77,7 +76,8 @@ def split_middle(query, key_tokens, value_tokens, key, value, pattern):
     return merged.to(query.dtype)
 
 
-def measure(dtype, head_dim, random_blocks, length, repeats, heads=12, block=64):
+def measure(dtype_name, head_dim, random_blocks, length, repeats, heads=12, block=64):
+    dtype = DTYPES[dtype_name]
     n = length // block
     pattern = bigbird_pattern(n, block, heads, random_blocks, 0, 0, "seeded", 0, True, 0)
     generator = torch.Generator().manual_seed(0)
@@ -97,7 +97,7 @@ def measure(dtype, head_dim, random_blocks, length, repeats, heads=12, block=64)
                 call()
                 times[name].append(time.perf_counter() - start)
     model_s, split_s = statistics.median(times["model"]), statistics.median(times["split"])
-    return {"dtype": next(name for name, value in DTYPES.items() if value == dtype), "head_dim": head_dim,
+    return {"dtype": dtype_name, "head_dim": head_dim,
             "random_blocks": random_blocks, "length": length, "model_ms": model_s * 1e3, "split_ms": split_s * 1e3,
             "ratio": split_s / model_s, "max_abs_difference": difference}
 
@@ -108,11 +108,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--name", default="bigbird_split_kernel")
     args = parser.parse_args()
-    rates = {name: matmul_throughput(dtype) / 1e12 for name, dtype in DTYPES.items()}
+    rates = cpu_matmul_rates()
     rows = []
-    for dtype in DTYPES.values():
+    for dtype_name in ("fp32", "bf16"):
         for head_dim, random_blocks in CASES:
-            rows.append(measure(dtype, head_dim, random_blocks, args.length, args.repeats))
+            rows.append(measure(dtype_name, head_dim, random_blocks, args.length, args.repeats))
             print(json.dumps(rows[-1]), flush=True)
     command = "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:])
     result = {"command": command, "machine": f"{cpu_model()}, {torch.get_num_threads()} threads, torch "
@@ -120,9 +120,8 @@ def main() -> None:
     out = ROOT / "benchmarks" / "results" / args.name
     write_file_atomically(out.with_suffix(".json"), json.dumps(result, indent=1))
     lines = [f"Command: `{command}`  ",
-             f"CPU: {result['machine']}; 4096x768x3072 matmul TFLOP/s: fp32 {rates['fp32']:.3f}, bf16 "
-             f"{rates['bf16']:.3f}. One layer's middle query blocks (ITC, block 64, window 3, 12 heads, batch 1), "
-             "medians of alternating calls.", "",
+             f"CPU: {result['machine']}; matmul {describe_matmul_rates(rates)}. One layer's middle query blocks "
+             "(ITC, block 64, window 3, 12 heads, batch 1), medians of alternating calls.", "",
              "| dtype | head size | random blocks | model's kernel (gather + SDPA) | split (candidate) "
              "| split / model | max abs difference |", "|---|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {row['dtype']} | {row['head_dim']} | {row['random_blocks']} | {row['model_ms']:.1f} ms | "

@@ -56,9 +56,9 @@ def training_record(model_dir: Path) -> dict:
 
 def budget_text(training: dict) -> str:
     asked = ", ".join(f"{key.replace('_', ' ')} {training[key]}" for key in BUDGET_SETTINGS if training[key]) or "none"
-    return (f"{asked}; {training['train_seconds']:.0f} s of training, {training['epoch']:.2f} epoch, "
-            f"{training['real_tokens']:,} real tokens, batch {training['batch_size']}, "
-            + ", ".join(f"{budget['steps']} updates" for budget in training["budgets_used"].values()))
+    updates = [f"{budget['steps']} updates" for budget in training["budgets_used"].values()]
+    return ", ".join([f"{asked}; {training['train_seconds']:.0f} s of training", f"{training['epoch']:.2f} epoch",
+                      f"{training['real_tokens']:,} real tokens", f"batch {training['batch_size']}", *updates])
 
 
 def main() -> None:
