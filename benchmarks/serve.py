@@ -29,7 +29,7 @@ import httpx
 import torch
 import uvicorn
 
-from longbird.bench.models import matmul_throughput
+from longbird.bench.models import cpu_matmul_rates, describe_matmul_rates
 from longbird.bench.sweep import cpu_model
 from longbird.data.html import visible_text
 from longbird.data.korquad import read_korquad_v1_articles, read_korquad_v2
@@ -112,11 +112,10 @@ def main() -> None:
     parser.add_argument("--name", default="serve")
     args = parser.parse_args()
     precisions = args.precision or ["fp32"] + (["bf16"] if native_bf16("cpu") else [])
-    rates = {"fp32": matmul_throughput(torch.float32) / 1e12}
     results = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
                "machine": f"{cpu_model()}, {os.cpu_count()} CPUs, ATen {torch.backends.cpu.get_cpu_capability()}, "
                           f"torch {torch.__version__}, {torch.get_num_threads()} threads",
-               "matmul_tflops_fp32_4096x768x3072": rates["fp32"], "precisions": precisions, "cells": []}
+               "matmul_tflops": cpu_matmul_rates(), "precisions": precisions, "cells": []}
     for precision in precisions:
         reader = Reader(args.model, bf16=precision == "bf16", compile=args.compile)
         url, server, thread = serve(reader)
@@ -140,8 +139,8 @@ def write(results: dict, out: Path, name: str) -> None:
     window, stride = results["window"]
     lines = [f"# Serving throughput (`longbird serve`, {results['model']})", "",
              f"Command: `{results['command']}`  ",
-             f"Machine: {results['machine']}; 4096×768×3072 matmul {results['matmul_tflops_fp32_4096x768x3072']:.3f} "
-             f"TFLOP/s fp32" + ("" if "bf16" in results["precisions"] else "; bf16 left out (not native here)"),
+             f"Machine: {results['machine']}; {describe_matmul_rates(results['matmul_tflops'])}"
+             + ("" if "bf16" in results["precisions"] else "; bf16 left out (not native here)"),
              f"Reading windows of {window} tokens (stride {stride if stride is not None else 'half a window'})"
              + ("; encoder compiled (`--compile`, warmed up per length)" if results.get("compiled") else "") + "; "
              "each client sends its requests in turn; the server batches the windows of concurrent requests.", "",

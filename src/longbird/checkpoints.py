@@ -20,6 +20,7 @@ from transformers import AutoConfig, AutoTokenizer
 from .config import LongBirdConfig
 from .conversion import convert
 from .files import write_directory_atomically
+from .precision import store_encoder_linears_in
 from .sources import resolve_model_directory, resolve_source
 from .training.processes import is_main_process
 
@@ -112,12 +113,15 @@ def require_trained_head(model_path, task_class) -> None:
         raise ValueError(f"{path} has no trained {task} head (saved architecture: {', '.join(saved)}); fine-tune it "
                          f"with `longbird {command}` first, or give a directory that `{command}` wrote")
 
-def load_on_device(model_path, task_class, device: str | None = None, compile: bool = False):
+def load_on_device(model_path, task_class, device: str | None = None, compile: bool = False, bf16: bool = False):
     """(model, tokenizer) for inference with a trained head, the model moved to `device` (None: the CPU); `compile`:
-    the encoder compiled in place (compilation.py)."""
+    the encoder compiled in place (compilation.py); `bf16`: for use under bf16 autocast only, the encoder's Linear
+    weights stored in bf16 (`precision.store_encoder_linears_in`: the same arithmetic without autocast's casts)."""
     require_trained_head(model_path, task_class)
     model, tokenizer = load_task_model(model_path, task_class)
     model = model.to(device) if device else model
+    if bf16:
+        store_encoder_linears_in(model)
     if compile:
         from .compilation import compile_encoder
 

@@ -25,6 +25,7 @@ from .data.html import ProcessedDocument
 from .data.windows import PairTemplate
 from .heads import LongBirdForQuestionAnswering, LongBirdForSequenceClassification
 from .modeling import LongBirdModel
+from .precision import store_encoder_linears_in
 from .qa import (
     DEFAULT_SCORING,
     WindowCandidates,
@@ -133,11 +134,13 @@ class Reader:
         architectures = saved.get("architectures") or []
         for task_class in (LongBirdForQuestionAnswering, LongBirdForSequenceClassification):
             if task_class.__name__ in architectures:
-                model, tokenizer = load_on_device(model_dir, task_class, device, compile=compile)
+                model, tokenizer = load_on_device(model_dir, task_class, device, compile=compile, bf16=bf16)
                 break
         else:  # any other longbird model: its encoder, for `embed`
             model, tokenizer = load_task_model(model_dir, LongBirdModel)
             model = model.to(device) if device else model
+            if bf16:
+                store_encoder_linears_in(model)
             if compile:
                 compile_encoder(model)
         self._setup(model, tokenizer, model_dir, bf16, scoring, window_length)

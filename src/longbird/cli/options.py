@@ -50,7 +50,8 @@ Corpus = Annotated[list[Path], typer.Option("--corpus", help=CORPUS_HELP)]
 # Devices and precision
 Device = Annotated[str, typer.Option(help=DEVICE_HELP)]
 TrainDevice = Annotated[str, typer.Option(help=TRAIN_DEVICE_HELP)]
-AutocastBf16 = Annotated[bool, typer.Option(help="bf16 autocast (about 2x faster on CPUs with AVX-512 bf16)")]
+AutocastBf16 = Annotated[bool, typer.Option(help="bf16 autocast, the encoder's Linear weights stored in bf16 (about 2x "
+                                                  "faster on CPUs with AVX-512 bf16)")]
 MixedBf16 = Annotated[bool, typer.Option(help="bf16 mixed precision")]
 Fp16 = Annotated[bool, typer.Option(help="fp16 mixed precision (CUDA only)")]
 Compile = Annotated[bool, typer.Option(help="Compile the encoder with torch.compile (faster calls after the first of "

@@ -149,12 +149,13 @@ def evaluate(
                                  window_length=window_length, doc_stride=doc_stride, max_windows=max_windows,
                                  batch_size=batch_size, max_examples=max_examples, out=out, progress=True,
                                  split=split, device=device, overwrite=overwrite,
-                                 max_answer_tokens=max_answer_tokens, scoring=scoring, compile=compile)
+                                 max_answer_tokens=max_answer_tokens, scoring=scoring, compile=compile, bf16=bf16)
         elif task == "classification":
             from ..tasks.classification import evaluate_cls
 
             result = evaluate_cls(model_path=model, data=data[0], window_length=window_length,
-                                  stride=doc_stride or 128, out=out, device=device, overwrite=overwrite)
+                                  stride=doc_stride or 128, out=out, device=device, overwrite=overwrite,
+                                  bf16=bf16)
         else:
             raise ValueError(f"--task must be qa or classification; got {task!r}")
     print_metrics(f"{task} metrics (written to {out})", result["metrics"])
@@ -180,7 +181,7 @@ def answer(
     text = read_text_file(path=document, what="document")
     with console.status("loading the model"):
         qa_model, tokenizer = load_on_device(model_path=model, task_class=LongBirdForQuestionAnswering, device=device,
-                                             compile=compile)
+                                             compile=compile, bf16=bf16)
     with console.status(f"reading {document.name} ({len(text):,} characters)"), autocast(device, bf16):
         record = answer_document(model=qa_model, document=text, question=question, tokenizer=tokenizer,
                                  is_html=_is_html(document), window_length=window_length, doc_stride=doc_stride,

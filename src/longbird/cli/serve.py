@@ -12,7 +12,8 @@ ServedModel = Annotated[Path, typer.Option(help="A fine-tuned longbird QA or cla
                                                   "longbird model (for /embed)")]
 Host = Annotated[str, typer.Option(help="Address to bind (127.0.0.1: this machine only; 0.0.0.0: every interface)")]
 Port = Annotated[int, typer.Option(min=1, max=65535, help="TCP port")]
-Bf16 = Annotated[bool, typer.Option("--bf16", help="bf16 autocast (fast only where the CPU or GPU multiplies bf16)")]
+Bf16 = Annotated[bool, typer.Option("--bf16", help="bf16 autocast, the encoder's Linear weights stored in bf16 "
+                                                   "(fast only where the CPU or GPU multiplies bf16)")]
 ServeWindow = Annotated[int | None, typer.Option(min=1, help="Reading window of requests that name none (default: "
                                                              "the window the model was fine-tuned at)")]
 Threads = Annotated[int | None, typer.Option(min=1, help="CPU threads of the model (default: torch's choice)")]

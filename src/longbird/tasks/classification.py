@@ -66,14 +66,16 @@ def finetune_cls(model_path, train_data, out: str | Path, *, preset: str = "kobi
 
 def evaluate_cls(model_path, data, *, window_length: int | None = None, stride: int = 128, text_field: str = "text",
                  label_field: str = "label", out: str | Path | None = None, device: str | None = None,
-                 overwrite: bool = False) -> dict:
+                 overwrite: bool = False, bf16: bool = False) -> dict:
     """Accuracy and macro-F1 of a saved classifier; with `out`, writes predictions.json (per document: index, gold
-    label, predicted label, class probabilities) and metrics.json."""
+    label, predicted label, class probabilities) and metrics.json. `bf16`: read under bf16 autocast with the
+    encoder's Linear weights stored in bf16 (`precision.store_encoder_linears_in`)."""
     check_output(out, overwrite)
     rows = _classification_rows(data, text_field, label_field)
-    model, tokenizer = load_on_device(model_path, LongBirdForSequenceClassification, device)
+    model, tokenizer = load_on_device(model_path, LongBirdForSequenceClassification, device, bf16=bf16)
     check_tokenizer(model, tokenizer)
-    logits = predict_documents(model, tokenizer, rows["text"], window_length, stride)
+    with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=bf16):
+        logits = predict_documents(model, tokenizer, rows["text"], window_length, stride)
     predictions = [model.config.id2label[int(score.argmax())] for score in logits]
     golds = [str(label) for label in rows["label"]]
     metrics = {"accuracy": accuracy(predictions, golds), "macro_f1": macro_f1(predictions, golds)}

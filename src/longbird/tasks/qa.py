@@ -8,6 +8,7 @@ import json
 import logging
 from pathlib import Path
 
+import torch
 from datasets import Dataset
 from transformers import set_seed
 
@@ -180,20 +181,23 @@ def evaluate_qa(model_path, data, *, data_format: str = "korquad2", window_lengt
                 doc_stride: int | None = None, max_windows: int | None = None, batch_size: int = 4,
                 max_examples: int | None = None, out: str | Path | None = None, progress: bool = False,
                 split: str | None = None, device: str | None = None, overwrite: bool = False,
-                max_answer_tokens: int | None = None, scoring: str = DEFAULT_SCORING, compile: bool = False) -> dict:
+                max_answer_tokens: int | None = None, scoring: str = DEFAULT_SCORING, compile: bool = False,
+                bf16: bool = False) -> dict:
     """Predict every question and score with the official metric of the format. With `out`, writes
     predictions.json ({id: text}) and metrics.json (scores, number of questions, model, data) there atomically.
     `max_answer_tokens` defaults to the model's `qa_max_answer_tokens`; `scoring` ranks spans across windows
-    (`qa.SCORING_RULES`); `compile`: the encoder compiled with torch.compile (compilation.py)."""
+    (`qa.SCORING_RULES`); `compile`: the encoder compiled with torch.compile (compilation.py); `bf16`: read under
+    bf16 autocast with the encoder's Linear weights stored in bf16 (`precision.store_encoder_linears_in`)."""
     check_output(out, overwrite)
     rows, skipped = (data, 0) if isinstance(data, Dataset) else read_qa_data(data, data_format, split)
     rows = sample_questions(rows, max_examples)
-    model, tokenizer = load_on_device(model_path, LongBirdForQuestionAnswering, device, compile=compile)
+    model, tokenizer = load_on_device(model_path, LongBirdForQuestionAnswering, device, compile=compile, bf16=bf16)
     check_tokenizer(model, tokenizer)
     window_length, doc_stride, window_source = reading_windows(model, model_path, window_length, doc_stride)
-    answers = predict_rows(model, tokenizer, rows, window_length, doc_stride, max_windows, batch_size,
-                           max_answer_tokens=max_answer_tokens, scoring=scoring, progress=progress,
-                           max_question_tokens=question_limit(model, tokenizer, window_length))
+    with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=bf16):
+        answers = predict_rows(model, tokenizer, rows, window_length, doc_stride, max_windows, batch_size,
+                               max_answer_tokens=max_answer_tokens, scoring=scoring, progress=progress,
+                               max_question_tokens=question_limit(model, tokenizer, window_length))
     predictions = {row["id"]: answers[row["id"]].text if row["id"] in answers else "" for row in rows}
     metrics = score_predictions(predictions, rows, data_format)
     if skipped:  # as the official scripts do, a question we could not read scores 0
