@@ -14,10 +14,11 @@ import pytest
 import torch
 
 import longbird
-from longbird.precision import store_encoder_linears_in
+from longbird.precision import bf16_autocast, store_encoder_linears_in
 from longbird.reader import Reader
+from longbird.tasks.qa import evaluate_qa
 from conftest import BLOCK, SOURCE_LENGTH, make_batch, make_source
-from test_qa_cli import tiny_qa, tiny_source  # noqa: F401  (fixtures)
+from test_qa_cli import PAGES, tiny_qa, tiny_source  # noqa: F401  (fixtures)
 
 PRESETS = {"kobigbird": {}, "littlebird": {}, "tape": {}, "tape-bigbird": {"preset": "tape", "attention": "bigbird"},
            "full": {}}
@@ -71,3 +72,21 @@ def test_the_bf16_reader_stores_them_and_answers_as_autocast_alone(tiny_qa):
     a = stored.answer("대한민국의 수도는?", document, top_k=3)
     b = autocast_alone.answer("대한민국의 수도는?", document, top_k=3)
     assert a.answers and a.answers == b.answers
+
+
+def test_bf16_autocast_off_leaves_the_callers_autocast_on():
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with bf16_autocast("cpu", False):
+            assert torch.is_autocast_enabled("cpu")  # torch.autocast(enabled=False) would switch it off
+        with bf16_autocast("cpu", True):
+            assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    with bf16_autocast("cpu", False):
+        assert not torch.is_autocast_enabled("cpu")
+
+
+def test_evaluate_bf16_predicts_as_the_callers_autocast_does(tiny_qa):
+    settings = {"data": [str(page) for page in PAGES], "data_format": "korquad2"}
+    stored = evaluate_qa(tiny_qa, bf16=True, **settings)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        autocast_alone = evaluate_qa(tiny_qa, **settings)
+    assert stored["predictions"] == autocast_alone["predictions"] and stored["metrics"] == autocast_alone["metrics"]

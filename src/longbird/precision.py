@@ -8,6 +8,8 @@ on an AVX2-only AMD EPYC with torch 2.13, so a `--bf16` run there is about 75x s
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 
@@ -41,3 +43,9 @@ def store_encoder_linears_in(model: torch.nn.Module, dtype: torch.dtype = torch.
         if isinstance(module, torch.nn.Linear):
             module.to(dtype)
     return model
+
+
+def bf16_autocast(device_type: str, enabled: bool):
+    """bf16 autocast on `device_type` when `enabled`, else no context at all: `torch.autocast(enabled=False)` would
+    switch off an autocast the caller already entered."""
+    return torch.autocast(device_type, dtype=torch.bfloat16) if enabled else contextlib.nullcontext()

@@ -8,7 +8,6 @@ windows and ranks the spans of all windows with the cross-window scoring rule (`
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ from .data.html import ProcessedDocument
 from .data.windows import PairTemplate
 from .heads import LongBirdForQuestionAnswering, LongBirdForSequenceClassification
 from .modeling import LongBirdModel
-from .precision import store_encoder_linears_in
+from .precision import bf16_autocast, store_encoder_linears_in
 from .qa import (
     DEFAULT_SCORING,
     WindowCandidates,
@@ -295,9 +294,7 @@ class Reader:
         return ((picked * mask).sum((0, 1)) / mask.sum()).cpu()
 
     def _precision(self):
-        if not self.bf16:
-            return contextlib.nullcontext()
-        return torch.autocast(self.model.device.type, dtype=torch.bfloat16)
+        return bf16_autocast(self.model.device.type, self.bf16)
 
     def info(self) -> dict:
         """What is being served: model directory, preset parts, lengths, head, dtype and device."""

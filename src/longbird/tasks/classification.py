@@ -14,6 +14,7 @@ from ..checkpoints import check_tokenizer, load_on_device, load_task_model
 from ..data.classification import document_windows, label_vocabulary, read_classification
 from ..heads import LongBirdForSequenceClassification
 from ..metrics.classification import accuracy, macro_f1
+from ..precision import bf16_autocast
 from ..reader import predict_documents
 from ..runs import (
     check_output,
@@ -74,7 +75,7 @@ def evaluate_cls(model_path, data, *, window_length: int | None = None, stride: 
     rows = _classification_rows(data, text_field, label_field)
     model, tokenizer = load_on_device(model_path, LongBirdForSequenceClassification, device, bf16=bf16)
     check_tokenizer(model, tokenizer)
-    with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=bf16):
+    with bf16_autocast(model.device.type, bf16):
         logits = predict_documents(model, tokenizer, rows["text"], window_length, stride)
     predictions = [model.config.id2label[int(score.argmax())] for score in logits]
     golds = [str(label) for label in rows["label"]]

@@ -8,7 +8,6 @@ import json
 import logging
 from pathlib import Path
 
-import torch
 from datasets import Dataset
 from transformers import set_seed
 
@@ -20,6 +19,7 @@ from ..data.null_regions import NullRegions
 from ..data.windows import PairTemplate, QAWindows
 from ..heads import LongBirdForQuestionAnswering
 from ..metrics.korquad import korquad_v1, korquad_v2, squad_v1
+from ..precision import bf16_autocast
 from ..qa import DEFAULT_SCORING, predict_rows, question_token_limit
 from ..reader import Reader, check_question, reading_windows, trained_windows
 from ..runs import (
@@ -194,7 +194,7 @@ def evaluate_qa(model_path, data, *, data_format: str = "korquad2", window_lengt
     model, tokenizer = load_on_device(model_path, LongBirdForQuestionAnswering, device, compile=compile, bf16=bf16)
     check_tokenizer(model, tokenizer)
     window_length, doc_stride, window_source = reading_windows(model, model_path, window_length, doc_stride)
-    with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=bf16):
+    with bf16_autocast(model.device.type, bf16):
         answers = predict_rows(model, tokenizer, rows, window_length, doc_stride, max_windows, batch_size,
                                max_answer_tokens=max_answer_tokens, scoring=scoring, progress=progress,
                                max_question_tokens=question_limit(model, tokenizer, window_length))
