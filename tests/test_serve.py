@@ -222,10 +222,10 @@ def test_concurrent_requests_are_batched_and_answered_as_if_alone(reader, page):
 
 
 def test_the_batch_plan_respects_the_token_budget():
-    from longbird.serve.batching import plan_batches
+    from longbird.data.batching import plan_batches
 
     lengths = [100, 512, 30, 512, 200, 90, 700]
-    batches = plan_batches(lengths, 1_024)
+    batches = plan_batches(lengths, max_tokens=1_024, min_fill=0)
     assert sorted(i for batch in batches for i in batch) == list(range(7))
     for batch in batches:
         assert len(batch) == 1 or len(batch) * max(lengths[i] for i in batch) <= 1_024

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from .data.batching import PaddedBatches
+from .data.batching import PaddedBatches, plan_batches
 from .data.features import MAX_QUESTION_TOKENS, QAFeature, features_for_rows
 from .data.html import ProcessedDocument
 from .data.null_regions import NullRegions
@@ -200,18 +200,19 @@ def score_windows(model, features: list[QAFeature], batch_size: int = 4, top_k: 
                   max_answer_tokens: int | None = None, progress: bool = False,
                   start_candidates: list[torch.Tensor] | None = None) -> list[WindowCandidates]:
     """Run the model over `features` once and decode every window (all rules' offsets kept, so rules can be
-    compared without running the model again). `start_candidates` as in `run_windows`, one per feature."""
+    compared without running the model again), in the order given. Batches of at most `batch_size` windows of like
+    length (`data.batching.plan_batches`: less padding). `start_candidates` as in `run_windows`, one per feature."""
     top_k = top_k or model.config.qa_top_k
-    windows = []
-    batches = range(0, len(features), batch_size)
-    for begin in tqdm(batches, desc="predicting", unit="batch", disable=not progress):
-        chunk = features[begin:begin + batch_size]
-        allowed = None if start_candidates is None else start_candidates[begin:begin + batch_size]
-        for row, (feature, outputs) in enumerate(zip(chunk, run_windows(model, chunk, top_k, allowed))):
-            window = decode_outputs(model, feature, outputs, top_k, max_answer_tokens)
+    windows: list[WindowCandidates | None] = [None] * len(features)
+    batches = plan_batches([len(feature.input_ids) for feature in features], max_windows=batch_size)
+    for batch in tqdm(batches, desc="predicting", unit="batch", disable=not progress):
+        chunk = [features[index] for index in batch]
+        allowed = None if start_candidates is None else [start_candidates[index] for index in batch]
+        for row, (index, outputs) in enumerate(zip(batch, run_windows(model, chunk, top_k, allowed))):
+            window = decode_outputs(model, features[index], outputs, top_k, max_answer_tokens)
             if allowed is not None:  # fewer allowed starts than k: the top-k filled up with others, which go
                 window.spans = [span for span in window.spans if span[1] < len(allowed[row]) and allowed[row][span[1]]]
-            windows.append(window)
+            windows[index] = window
     return windows
 
 

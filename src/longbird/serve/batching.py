@@ -3,7 +3,8 @@
 Each request is windowed in its own thread (`Reader.prepare`: tokenizing runs beside the model), then handed to one
 worker thread that owns the model. The worker takes every request waiting, sorts their windows by length (less
 padding), cuts them into batches of at most `max_batch_tokens` padded tokens (at least one window each; like
-text-embeddings-inference's `--max-batch-tokens`), runs each batch once (`qa.run_windows`) and decodes every window
+text-embeddings-inference's `--max-batch-tokens`) of windows at least three quarters as long as their batch's longest
+(`data.batching.plan_batches`), runs each batch once (`qa.run_windows`) and decodes every window
 with its own request's settings (`qa.decode_outputs`), then wakes the requests, which rank their own windows
 (`Reader.finish`). A request's answer never depends on what it was batched with: the per-row plan makes each row's
 outputs independent of the other rows and of the padding (tests/test_batch_independence.py), each window decodes
@@ -18,6 +19,7 @@ import queue
 import threading
 from dataclasses import dataclass, field
 
+from ..data.batching import plan_batches
 from ..qa import WindowCandidates, decode_outputs, run_windows
 from ..reader import Reader, Request
 
@@ -32,19 +34,6 @@ class _Job:
     error: BaseException | None = None
     call: object = None
     result: object = None
-
-
-def plan_batches(lengths: list[int], max_batch_tokens: int) -> list[list[int]]:
-    """Indices of windows grouped into batches, longest first, each padded size (windows x longest) at most
-    `max_batch_tokens` (a window longer than the budget goes alone)."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    batches: list[list[int]] = []
-    for index in order:
-        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= max_batch_tokens:
-            batches[-1].append(index)
-        else:
-            batches.append([index])
-    return batches
 
 
 class WindowBatcher:
@@ -133,7 +122,7 @@ class WindowBatcher:
         lengths = [len(job.request.features[index].input_ids) for job, index in windows]
         self.stats["most_requests_in_a_pass"] = max(self.stats["most_requests_in_a_pass"], len(jobs))
         model = self.reader.model
-        for batch in plan_batches(lengths, self.max_batch_tokens):
+        for batch in plan_batches(lengths, max_tokens=self.max_batch_tokens):
             members = [windows[i] for i in batch]
             features = [job.request.features[index] for job, index in members]
             with self.reader._precision():
