@@ -14,13 +14,10 @@ KorQuAD 1.0 file, the only KorQuAD 1.0 data here; the page titles and context ha
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import time
 from pathlib import Path
-
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -30,6 +27,7 @@ from longbird.data.corpus import text_hash  # noqa: E402
 from longbird.data.korquad import read_korquad_v1_articles, read_korquad_v2  # noqa: E402
 from longbird.files import write_file_atomically  # noqa: E402
 from longbird.metrics.korquad import f1_korquad_v2, normalize_korquad_v2  # noqa: E402
+from longbird.precision import bf16_autocast  # noqa: E402
 
 PAGES = [ROOT / "data" / "korquad" / name for name in ("korquad2.1_dev_00.json", "korquad2.1_train_00.json")]
 KORQUAD1 = ROOT / "data" / "korquad" / "KorQuAD_v1.0_dev.json"
@@ -75,7 +73,7 @@ def main() -> None:
         records = []
         for row in rows:
             started = time.perf_counter()
-            with torch.autocast("cpu", dtype=torch.bfloat16) if args.bf16 else contextlib.nullcontext():
+            with bf16_autocast("cpu", args.bf16):
                 reading = reader.answer(row["question"], row["context"], is_html=True,
                                         window_length=args.window_length)
             seconds = time.perf_counter() - started

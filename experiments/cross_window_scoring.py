@@ -16,7 +16,6 @@ Writes experiments/results/cross_window_scoring.{json,md}.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import time
@@ -29,14 +28,15 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "experiments"))
 
 from e4_korquad_articles import BUCKETS, answer_buckets, dev_articles  # noqa: E402
+
+from longbird.checkpoints import load_task_model  # noqa: E402
 from longbird.data.corpus import text_hash  # noqa: E402
 from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # noqa: E402
 from longbird.files import write_file_atomically  # noqa: E402
 from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
-from longbird.precision import native_bf16  # noqa: E402
 from longbird.metrics.intervals import bucket_summary, paired_difference  # noqa: E402
+from longbird.precision import bf16_autocast, native_bf16  # noqa: E402
 from longbird.qa import DEFAULT_SCORING, SCORING_RULES, merge_windows, row_features, score_windows  # noqa: E402
-from longbird.checkpoints import load_task_model  # noqa: E402
 from longbird.tasks.qa import per_question_scores, require_trained_apart, sample_questions  # noqa: E402
 
 WINDOW, STRIDE = 512, 128
@@ -47,7 +47,7 @@ def measure(model, tokenizer, rows, buckets, bf16: bool) -> dict:
     """Every rule's per-question scores on `rows` from one model pass."""
     started = time.time()
     features, documents = row_features(model, tokenizer, rows, WINDOW, STRIDE)
-    with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+    with bf16_autocast("cpu", bf16):
         windows = score_windows(model, features, batch_size=8, progress=True)
     result = {"questions": len(rows), "windows": len(features), "seconds": time.time() - started, "rules": {}}
     for rule in SCORING_RULES:

@@ -39,25 +39,23 @@ import sys
 import time
 from pathlib import Path
 
-import contextlib
-
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "experiments"))
 
+from longbird.checkpoints import load_task_model  # noqa: E402
 from longbird.data.corpus import corpus_windows, default_corpus_titled, text_hash  # noqa: E402
 from longbird.files import save_figure_atomically, write_file_atomically  # noqa: E402
 from longbird.heads import LongBirdForQuestionAnswering, LongBirdForSpanSelection  # noqa: E402
-from longbird.precision import native_bf16  # noqa: E402
+from longbird.precision import bf16_autocast, native_bf16  # noqa: E402
 from longbird.sources import resolve_model_directory  # noqa: E402
+from longbird.tasks.pretraining import distill, pretrain, rss_accuracy  # noqa: E402
+from longbird.tasks.qa import finetune_qa  # noqa: E402
 from longbird.training.distill import attention_kl, load_teacher  # noqa: E402
 from longbird.training.finetune import FinetuneSettings  # noqa: E402
 from longbird.training.rss import RSSCollator, rss_examples  # noqa: E402
-from longbird.tasks.pretraining import distill, pretrain, rss_accuracy  # noqa: E402
-from longbird.tasks.qa import finetune_qa  # noqa: E402
-from longbird.checkpoints import load_task_model  # noqa: E402
 
 SOURCE = "multilingual-e5-small"
 LENGTHS = (512, 2048, 4096)
@@ -77,7 +75,7 @@ def settings_for(steps: int, batch: int, accumulation: int = 1) -> FinetuneSetti
 
 def reading_precision():
     """bf16 autocast for scoring when the runs train in bf16, else plain fp32."""
-    return torch.autocast("cpu", dtype=torch.bfloat16) if BF16 else contextlib.nullcontext()
+    return bf16_autocast("cpu", BF16)
 
 
 def train_runs(args, work: Path, results: dict) -> None:
@@ -239,6 +237,7 @@ def qa_comparison(args, work: Path, results: dict) -> None:
     """The best long model by held-out RSS at 4096 and the plain converted littlebird, fine-tuned on KorQuAD 1.0
     whole articles with the same budget (E4 setting, window 4096), scored on dev-split articles."""
     from e4_korquad_articles import answer_buckets, dev_articles, read_and_score
+
     from longbird.data.korquad import read_korquad_v1_articles, split_by_title
     from longbird.tasks.qa import sample_questions
 

@@ -22,7 +22,6 @@ Writes experiments/results/NAME.{json,md} (default e7_diagnosis).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import shlex
 import sys
@@ -37,13 +36,21 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 from e4_korquad_articles import BUCKETS, answer_buckets  # noqa: E402
 from e7_conversion_probe import validation_rows  # noqa: E402
-from e7_long_reading import (add_output_arguments, draw_dev_articles, held_out_record, machine,  # noqa: E402
-                             provenance, wants_bf16, write_tables)
+from e7_long_reading import (  # noqa: E402
+    add_output_arguments,
+    draw_dev_articles,
+    held_out_record,
+    machine,
+    provenance,
+    wants_bf16,
+    write_tables,
+)
 
 from longbird.checkpoints import load_task_model  # noqa: E402
 from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # noqa: E402
 from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
 from longbird.metrics.intervals import bootstrap_interval  # noqa: E402
+from longbird.precision import bf16_autocast  # noqa: E402
 from longbird.qa import DEFAULT_SCORING, merge_windows, row_features, score_windows  # noqa: E402
 from longbird.tasks.qa import per_question_scores, question_limit, require_trained_apart  # noqa: E402
 
@@ -85,7 +92,7 @@ def read(model, tokenizer, rows, window: int, stride: int, near: bool, bf16: boo
     """{id: predicted text} reading every row whole or near its gold answer."""
     predictions = {}
     cap = question_limit(model, tokenizer, window)
-    with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+    with bf16_autocast("cpu", bf16):
         for row in rows:
             features, documents = row_features(model, tokenizer, [row], window, stride, max_question_tokens=cap)
             allowed = None

@@ -70,7 +70,6 @@ Writes experiments/results/NAME.{json,md,png} and NAME_predictions/; models go t
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import shutil
 import sys
@@ -93,7 +92,7 @@ from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # no
 from longbird.files import save_figure_atomically, write_file_atomically  # noqa: E402
 from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
 from longbird.metrics.intervals import bucket_summary  # noqa: E402
-from longbird.precision import native_bf16  # noqa: E402
+from longbird.precision import bf16_autocast, native_bf16, store_encoder_linears_in  # noqa: E402
 from longbird.qa import DEFAULT_SCORING, predict_rows  # noqa: E402
 from longbird.tasks.qa import finetune_qa, per_question_scores, question_limit, require_trained_apart  # noqa: E402
 from longbird.training.finetune import FinetuneSettings  # noqa: E402
@@ -253,8 +252,10 @@ def train_method(name: str, start: Path, train, run_dir: Path, args, reader: Pat
 
 def evaluate_method(run_dir: Path, dev, window: int, stride: int, bf16: bool):
     model, tokenizer = load_task_model(run_dir, LongBirdForQuestionAnswering)
+    if bf16:  # the same arithmetic as autocast over fp32 weights, without its casts
+        store_encoder_linears_in(model)
     started = time.process_time()
-    with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+    with bf16_autocast("cpu", bf16):
         answers = predict_rows(model, tokenizer, dev, window, stride,
                                batch_size={SOURCE_WINDOW: 8, MID: 4}.get(window, 2), scoring=DEFAULT_SCORING,
                                max_question_tokens=question_limit(model, tokenizer, window), progress=True)

@@ -25,7 +25,6 @@ Writes experiments/results/e7_regional_null.{json,md}.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import shlex
 import sys
@@ -40,13 +39,24 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 from e4_korquad_articles import BUCKETS, answer_buckets  # noqa: E402
 from e7_conversion_probe import validation_rows  # noqa: E402
-from e7_long_reading import (LONG, SOURCE_WINDOW, add_output_arguments, draw_dev_articles,  # noqa: E402
-                             held_out_record, machine, provenance, score_cells, wants_bf16, write_tables)
+from e7_long_reading import (  # noqa: E402
+    LONG,
+    SOURCE_WINDOW,
+    add_output_arguments,
+    draw_dev_articles,
+    held_out_record,
+    machine,
+    provenance,
+    score_cells,
+    wants_bf16,
+    write_tables,
+)
 
 from longbird.checkpoints import load_task_model  # noqa: E402
 from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # noqa: E402
 from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
 from longbird.metrics.intervals import bucket_summary  # noqa: E402
+from longbird.precision import bf16_autocast  # noqa: E402
 from longbird.qa import row_features  # noqa: E402
 from longbird.tasks.qa import per_question_scores, question_limit, require_trained_apart  # noqa: E402
 
@@ -139,7 +149,7 @@ def main() -> None:
     for region in args.regions:
         started = time.process_time()
         predictions = {reading: {} for reading in READINGS}
-        with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+        with bf16_autocast("cpu", bf16):
             for row in questions:
                 for reading, answer in read_row(model, model_tokenizer, row, region, cap).items():
                     predictions[reading][row["id"]] = answer
