@@ -52,7 +52,7 @@ def documents(reader: Reader, lengths=LENGTHS) -> dict[int, list[tuple[str, str]
     for page in PAGES:
         row = read_korquad_v2(page)[0][0]
         text = visible_text(row["context"]) + "\n\n" + more
-        encoded = reader.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        encoded = reader.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
         for length in lengths:
             if len(encoded["input_ids"]) < length:
                 raise SystemExit(f"only {len(encoded['input_ids'])} tokens of text for {length}-token documents")
