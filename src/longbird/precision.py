@@ -34,7 +34,7 @@ def store_encoder_linears_in(model: torch.nn.Module, dtype: torch.dtype = torch.
 
     Autocast casts an fp32 weight to bf16 at every call of a Linear (round to nearest even, as `.to` does) and the
     product runs in bf16 either way, so the arithmetic is the same bit for bit and only the casts go: on an Intel Xeon
-    with AMX a 4,096-token forward of the long reader took 0.887 s with fp32 weights and 0.826 s with bf16 ones
+    with AMX a 4,096-token forward of the long reader took 0.827 s with fp32 weights and 0.751 s with bf16 ones
     (benchmarks/results/bf16_stored_linears_amx.md). Only the encoder (`model.base_model`): the conditional end head
     adds its Linear's bias to a bf16 product by hand, where an fp32 bias promotes the sum to fp32 and a bf16 one would
     not; LayerNorm, embeddings and position tables stay fp32, as autocast keeps them. The model then runs only under
