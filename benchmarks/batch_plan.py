@@ -15,12 +15,11 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-from longbird.bench.models import cpu_matmul_rates, describe_matmul_rates
+from longbird.bench.models import alternating_times, cpu_matmul_rates, describe_matmul_rates
 from longbird.bench.sweep import cpu_model
 from longbird.files import write_file_atomically
 from longbird.qa import run_windows
@@ -33,16 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def alternate(calls: dict, repeats: int) -> dict[str, float]:
-    """Median seconds of each call, run in turn `repeats` times after one warm-up each."""
-    for call in calls.values():
-        call()
-    times = {name: [] for name in calls}
-    for _ in range(repeats):
-        for name, call in calls.items():
-            start = time.perf_counter()
-            call()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
+    """Median seconds of each call, the calls run in turn (`bench.models.alternating_times`)."""
+    return {name: statistics.median(times) for name, times in alternating_times(calls, repeats).items()}
 
 
 def long_document(model_dir: str, tokens: int, bf16: bool, repeats: int) -> dict:

@@ -16,13 +16,12 @@ import copy
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from longbird.bench.models import cpu_matmul_rates, describe_matmul_rates
+from longbird.bench.models import alternating_times, cpu_matmul_rates, describe_matmul_rates
 from longbird.bench.sweep import cpu_model
 from longbird.checkpoints import load_on_device
 from longbird.files import write_file_atomically
@@ -49,12 +48,8 @@ def measure(autocast_model, stored_model, length: int, repeats: int) -> dict:
     generator = torch.Generator().manual_seed(0)
     input_ids = torch.randint(5, autocast_model.config.vocab_size, (1, length), generator=generator)
     equal = torch.equal(forward(autocast_model, input_ids), forward(stored_model, input_ids))
-    times = {"autocast": [], "stored": []}
-    for _ in range(repeats):
-        for name, model in (("autocast", autocast_model), ("stored", stored_model)):
-            start = time.perf_counter()
-            forward(model, input_ids)
-            times[name].append(time.perf_counter() - start)
+    times = alternating_times({"autocast": lambda: forward(autocast_model, input_ids),
+                               "stored": lambda: forward(stored_model, input_ids)}, repeats)
     median = {name: statistics.median(values) for name, values in times.items()}
     return {"tokens": length, "equal_start_logits": equal, "autocast_s": median["autocast"],
             "stored_s": median["stored"], "speedup": median["autocast"] / median["stored"],

@@ -26,14 +26,13 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 from longbird.attention.bigbird import _middle_attention
 from longbird.attention.patterns import bigbird_pattern
-from longbird.bench.models import cpu_matmul_rates, describe_matmul_rates
+from longbird.bench.models import alternating_times, cpu_matmul_rates, describe_matmul_rates
 from longbird.bench.sweep import DTYPES, cpu_model
 from longbird.files import write_file_atomically
 
@@ -88,14 +87,9 @@ def measure(dtype_name, head_dim, random_blocks, length, repeats, heads=12, bloc
     workspace = {}
     model = lambda: _middle_attention(q, k, v, key_mask, pattern, workspace, 0.0)
     candidate = lambda: split_middle(q, tokens[1], tokens[2], k, v, pattern)
-    times = {"model": [], "split": []}
     with torch.inference_mode():
         difference = (candidate().float() - model().float()).abs().max().item()
-        for _ in range(repeats):
-            for name, call in (("model", model), ("split", candidate)):
-                start = time.perf_counter()
-                call()
-                times[name].append(time.perf_counter() - start)
+        times = alternating_times({"model": model, "split": candidate}, repeats)
     model_s, split_s = statistics.median(times["model"]), statistics.median(times["split"])
     return {"dtype": dtype_name, "head_dim": head_dim,
             "random_blocks": random_blocks, "length": length, "model_ms": model_s * 1e3, "split_ms": split_s * 1e3,

@@ -13,13 +13,12 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import onnxruntime
 import torch
 
-from longbird.bench.models import matmul_throughput
+from longbird.bench.models import alternating_times, matmul_throughput
 from longbird.bench.report import write_table
 from longbird.bench.sweep import cpu_model
 from longbird.checkpoints import saved_model_class
@@ -73,12 +72,7 @@ def main() -> None:
 
             real = mask.bool()
             difference = float(abs(ort()[real.numpy()] - pytorch()[real].numpy()).max())  # also the warm-up
-            times = {"pytorch": [], "onnxruntime": []}
-            for _ in range(args.repeats):
-                for name, call in (("pytorch", pytorch), ("onnxruntime", ort)):
-                    start = time.perf_counter()
-                    call()
-                    times[name].append(time.perf_counter() - start)
+            times = alternating_times({"pytorch": pytorch, "onnxruntime": ort}, args.repeats)
             medians = {name: statistics.median(values) for name, values in times.items()}
             rows.append({"length": length, "batch": label, **{f"{name}_seconds": value for name, value in
                                                                medians.items()},

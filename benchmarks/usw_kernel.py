@@ -20,7 +20,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -29,6 +28,7 @@ import torch.nn.functional as F
 from longbird.attention import usw_attention, usw_layout
 from longbird.attention.littlebird import _biased_scores, _key_groups
 from longbird.attention.usw_inference import MASKED_BIAS, usw_bias
+from longbird.bench.models import alternating_times
 from longbird.bench.sweep import cpu_model
 from longbird.files import write_file_atomically
 from longbird.positions.alibi import BiALiBi
@@ -94,13 +94,8 @@ def main() -> None:
                 for length in args.lengths:
                     fns = variants(DTYPES[dtype], head_dim, length)
                     reference = fns["chain"]().float()
-                    times = {name: [] for name in fns}
                     errors = {name: (fn().float() - reference).abs().max().item() for name, fn in fns.items()}
-                    for _ in range(args.repeats):
-                        for name, fn in fns.items():
-                            start = time.perf_counter()
-                            fn()
-                            times[name].append(time.perf_counter() - start)
+                    times = alternating_times(fns, args.repeats)
                     row = {"dtype": dtype, "head_dim": head_dim, "length": length,
                            **{f"{name}_ms": 1000 * statistics.median(t) for name, t in times.items()},
                            **{f"{name}_max_diff_to_chain": e for name, e in errors.items()}}

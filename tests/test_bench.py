@@ -140,3 +140,13 @@ def test_bench_times_compiled_presets_beside_eager_and_reports_a_failed_compile(
     assert "| littlebird+compile | " in text and "Compiled against eager" in text
     with pytest.raises(ValueError, match="compile mode must be one of"):
         sweep.SweepSettings(compile_modes=["fast"])
+
+
+def test_alternating_times_run_the_calls_in_turn_after_one_untimed_call_each():
+    from longbird.bench.models import alternating_times
+
+    order = []
+    times = alternating_times({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, repeats=3)
+    assert order == ["a", "b"] * 4  # one untimed round, then three timed ones
+    assert {name: len(values) for name, values in times.items()} == {"a": 3, "b": 3}
+    assert all(value >= 0 for values in times.values() for value in values)
