@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from longbird.bench.models import alternating_times, cpu_matmul_rates, describe_matmul_rates
-from longbird.bench.sweep import cpu_model
+from longbird.bench.models import cpu_matmul_rates, describe_matmul_rates
+from longbird.bench.sweep import alternating_times, cpu_model
 from longbird.files import write_file_atomically
 from longbird.qa import run_windows
 from longbird.reader import Reader
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def alternate(calls: dict, repeats: int) -> dict[str, float]:
-    """Median seconds of each call, the calls run in turn (`bench.models.alternating_times`)."""
+    """Median seconds of each call, the calls run in turn (`bench.sweep.alternating_times`)."""
     return {name: statistics.median(times) for name, times in alternating_times(calls, repeats).items()}
 
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from longbird.bench.models import alternating_times, cpu_matmul_rates, describe_matmul_rates
-from longbird.bench.sweep import cpu_model
+from longbird.bench.models import cpu_matmul_rates, describe_matmul_rates
+from longbird.bench.sweep import alternating_times, cpu_model
 from longbird.checkpoints import load_on_device
 from longbird.files import write_file_atomically
 from longbird.heads import LongBirdForQuestionAnswering

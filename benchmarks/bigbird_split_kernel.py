@@ -32,8 +32,8 @@ import torch
 
 from longbird.attention.bigbird import _middle_attention
 from longbird.attention.patterns import bigbird_pattern
-from longbird.bench.models import alternating_times, cpu_matmul_rates, describe_matmul_rates
-from longbird.bench.sweep import DTYPES, cpu_model
+from longbird.bench.models import cpu_matmul_rates, describe_matmul_rates
+from longbird.bench.sweep import DTYPES, alternating_times, cpu_model
 from longbird.files import write_file_atomically
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,9 +18,9 @@ from pathlib import Path
 import onnxruntime
 import torch
 
-from longbird.bench.models import alternating_times, matmul_throughput
+from longbird.bench.models import matmul_throughput
 from longbird.bench.report import write_table
-from longbird.bench.sweep import cpu_model
+from longbird.bench.sweep import alternating_times, cpu_model
 from longbird.checkpoints import saved_model_class
 from longbird.export import ONNX_RECORD
 

@@ -28,8 +28,7 @@ import torch.nn.functional as F
 from longbird.attention import usw_attention, usw_layout
 from longbird.attention.littlebird import _biased_scores, _key_groups
 from longbird.attention.usw_inference import MASKED_BIAS, usw_bias
-from longbird.bench.models import alternating_times
-from longbird.bench.sweep import cpu_model
+from longbird.bench.sweep import alternating_times, cpu_model
 from longbird.files import write_file_atomically
 from longbird.positions.alibi import BiALiBi
 

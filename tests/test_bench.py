@@ -143,7 +143,7 @@ def test_bench_times_compiled_presets_beside_eager_and_reports_a_failed_compile(
 
 
 def test_alternating_times_run_the_calls_in_turn_after_one_untimed_call_each():
-    from longbird.bench.models import alternating_times
+    from longbird.bench.sweep import alternating_times
 
     order = []
     times = alternating_times({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, repeats=3)

@@ -113,11 +113,14 @@ def require_trained_head(model_path, task_class) -> None:
         raise ValueError(f"{path} has no trained {task} head (saved architecture: {', '.join(saved)}); fine-tune it "
                          f"with `longbird {command}` first, or give a directory that `{command}` wrote")
 
-def load_on_device(model_path, task_class, device: str | None = None, compile: bool = False, bf16: bool = False):
-    """(model, tokenizer) for inference with a trained head, the model moved to `device` (None: the CPU); `compile`:
-    the encoder compiled in place (compilation.py); `bf16`: for use under bf16 autocast only, the encoder's Linear
-    weights stored in bf16 (`precision.store_encoder_linears_in`: the same arithmetic without autocast's casts)."""
-    require_trained_head(model_path, task_class)
+def load_on_device(model_path, task_class, device: str | None = None, compile: bool = False, bf16: bool = False,
+                   require_head: bool = True):
+    """(model, tokenizer) for inference with a trained head (`require_head`; else any longbird model of `task_class`),
+    the model moved to `device` (None: the CPU); `compile`: the encoder compiled in place (compilation.py); `bf16`: for
+    use under bf16 autocast only, the encoder's Linear weights stored in bf16 (`precision.store_encoder_linears_in`:
+    the same arithmetic without autocast's casts)."""
+    if require_head:
+        require_trained_head(model_path, task_class)
     model, tokenizer = load_task_model(model_path, task_class)
     model = model.to(device) if device else model
     if bf16:

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .checkpoints import check_tokenizer, load_on_device, load_task_model
-from .compilation import compile_encoder
+from .checkpoints import check_tokenizer, load_on_device
 from .data.batching import PaddedBatches
 from .data.classification import document_windows
 from .data.features import QAFeature, question_token_count
@@ -24,7 +23,7 @@ from .data.html import ProcessedDocument
 from .data.windows import PairTemplate
 from .heads import LongBirdForQuestionAnswering, LongBirdForSequenceClassification
 from .modeling import LongBirdModel
-from .precision import bf16_autocast, store_encoder_linears_in
+from .precision import bf16_autocast
 from .qa import (
     DEFAULT_SCORING,
     WindowCandidates,
@@ -138,12 +137,8 @@ class Reader:
                 model, tokenizer = load_on_device(model_dir, task_class, device, compile=compile, bf16=bf16)
                 break
         else:  # any other longbird model: its encoder, for `embed`
-            model, tokenizer = load_task_model(model_dir, LongBirdModel)
-            model = model.to(device) if device else model
-            if bf16:
-                store_encoder_linears_in(model)
-            if compile:
-                compile_encoder(model)
+            model, tokenizer = load_on_device(model_dir, LongBirdModel, device, compile=compile, bf16=bf16,
+                                              require_head=False)
         self._setup(model, tokenizer, model_dir, bf16, scoring, window_length)
 
     @property

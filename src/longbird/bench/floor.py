@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .sweep import _timed  # one timed call, synchronised on CUDA
+from .sweep import _timed, alternating_times  # timed calls, synchronised on CUDA
 
 
 @dataclass(frozen=True, eq=False)  # tensors inside: identity, not value, equality
@@ -88,13 +88,10 @@ def floor_measurement(model: torch.nn.Module, run: Callable[[], object], repeats
     first_calls = {name: _timed(variant, device) for name, variant in variants.items()}
     run()
     replay()  # warm-ups
-    forward_times, floor_times = [], []
-    variant_times: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(repeats):
-        forward_times.append(_timed(run, device))
-        for name, variant in variants.items():
-            variant_times[name].append(_timed(variant, device))
-        floor_times.append(_timed(replay, device))
+    times = alternating_times({"forward": run, **{f"variant {name}": v for name, v in variants.items()},
+                               "floor": replay}, repeats, device, warm_up=False)
+    forward_times, floor_times = times["forward"], times["floor"]
+    variant_times = {name: times[f"variant {name}"] for name in variants}
     forward, floor = statistics.median(forward_times), statistics.median(floor_times)
     flops = sum(call.flops for call in calls)
     result = {"forward_seconds": forward, "floor_seconds": floor, "ratio": forward / floor,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import torch
@@ -126,6 +125,7 @@ def matmul_throughput(dtype: torch.dtype, device: torch.device | str = "cpu", si
     CPU: 4096x768 @ 768x3072 (a base FFN matmul at 4K tokens); CUDA: 8192^3, large enough to fill the chip.
     """
     import statistics
+    import time
 
     device = torch.device(device)
     m, k, n = size or ((8192, 8192, 8192) if device.type == "cuda" else (4096, 768, 3072))
@@ -155,17 +155,3 @@ def cpu_matmul_rates() -> dict[str, float]:
 def describe_matmul_rates(rates: dict[str, float]) -> str:
     """`cpu_matmul_rates()` as one line for a results header."""
     return ", ".join(f"{name} {rate:.3f} TFLOP/s" for name, rate in rates.items())
-
-
-def alternating_times(calls: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
-    """Seconds of each call over `repeats` rounds that run every call in turn (after one untimed call each), so a
-    machine whose speed drifts (a shared VM) slows all of them alike; the caller takes the median of each list."""
-    for call in calls.values():
-        call()
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(repeats):
-        for name, call in calls.items():
-            start = time.perf_counter()
-            call()
-            times[name].append(time.perf_counter() - start)
-    return times

@@ -277,6 +277,22 @@ def _timed(run, device) -> float:
     return time.perf_counter() - start
 
 
+def alternating_times(calls: dict[str, Callable[[], object]], repeats: int, device: torch.device | str = "cpu",
+                      warm_up: bool = True) -> dict[str, list[float]]:
+    """Seconds of each call (`_timed`: synchronised on CUDA) over `repeats` rounds that run every call in turn (A B A
+    B ...), so a machine whose speed drifts (a shared VM) slows all of them alike; with `warm_up`, one untimed call
+    each first. The caller takes the median of each list."""
+    device = torch.device(device)
+    if warm_up:
+        for call in calls.values():
+            call()
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(repeats):
+        for name, call in calls.items():
+            times[name].append(_timed(call, device))
+    return times
+
+
 def _measure(runs: dict[str, Callable], repeats: int, device: torch.device, interleave: bool = True) -> dict[str, dict]:
     """Median time and peak memory per run. Interleaved (A B A B ...) so machine noise hits all alike; with
     `interleave=False` one model after the other, its cached memory released in between (largest batches: each fills

@@ -41,16 +41,21 @@ def resolve_device(device: str | None) -> str:
     return str(parsed)
 
 
-def autocast(device: str, bf16: bool):
-    """`--bf16` of the inference commands: bf16 autocast on `device`, with a warning where bf16 is emulated."""
-    import torch
-
+def warn_if_bf16_is_slow(device: str, bf16: bool) -> None:
+    """`--bf16` of the inference commands: a warning where bf16 is emulated on `device`."""
     from ..precision import slow_bf16_warning
 
     slow = slow_bf16_warning(device) if bf16 else None
     if slow:
         error_console.print(f"[yellow]warning:[/] {slow}", highlight=False)
-    return torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=bf16)
+
+
+def autocast(device: str, bf16: bool):
+    """bf16 autocast on `device` for a command that reads a model it loaded itself, with the warning above."""
+    from ..precision import bf16_autocast
+
+    warn_if_bf16_is_slow(device, bf16)
+    return bf16_autocast(device.split(":")[0], bf16)
 
 
 def parse_options(options: list[str]) -> dict:

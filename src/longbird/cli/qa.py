@@ -6,7 +6,15 @@ from typing import Annotated
 
 import typer
 
-from .common import autocast, console, error_console, print_metrics, resolve_device, training_settings
+from .common import (
+    autocast,
+    console,
+    error_console,
+    print_metrics,
+    resolve_device,
+    training_settings,
+    warn_if_bf16_is_slow,
+)
 from .options import (
     FORMAT_HELP,
     READ_WINDOW_HELP,
@@ -141,23 +149,23 @@ def evaluate(
 ):
     """Predict and score with the official metric; writes predictions.json and metrics.json."""
     device = resolve_device(device)
-    with autocast(device, bf16):
-        if task == "qa":
-            from ..tasks.qa import evaluate_qa
+    warn_if_bf16_is_slow(device, bf16)  # evaluate_qa / evaluate_cls read under bf16 autocast themselves
+    if task == "qa":
+        from ..tasks.qa import evaluate_qa
 
-            result = evaluate_qa(model_path=model, data=_one_or_many(data), data_format=data_format,
-                                 window_length=window_length, doc_stride=doc_stride, max_windows=max_windows,
-                                 batch_size=batch_size, max_examples=max_examples, out=out, progress=True,
-                                 split=split, device=device, overwrite=overwrite,
-                                 max_answer_tokens=max_answer_tokens, scoring=scoring, compile=compile, bf16=bf16)
-        elif task == "classification":
-            from ..tasks.classification import evaluate_cls
+        result = evaluate_qa(model_path=model, data=_one_or_many(data), data_format=data_format,
+                             window_length=window_length, doc_stride=doc_stride, max_windows=max_windows,
+                             batch_size=batch_size, max_examples=max_examples, out=out, progress=True,
+                             split=split, device=device, overwrite=overwrite,
+                             max_answer_tokens=max_answer_tokens, scoring=scoring, compile=compile, bf16=bf16)
+    elif task == "classification":
+        from ..tasks.classification import evaluate_cls
 
-            result = evaluate_cls(model_path=model, data=data[0], window_length=window_length,
-                                  stride=doc_stride or 128, out=out, device=device, overwrite=overwrite,
-                                  bf16=bf16)
-        else:
-            raise ValueError(f"--task must be qa or classification; got {task!r}")
+        result = evaluate_cls(model_path=model, data=data[0], window_length=window_length,
+                              stride=doc_stride or 128, out=out, device=device, overwrite=overwrite,
+                              bf16=bf16)
+    else:
+        raise ValueError(f"--task must be qa or classification; got {task!r}")
     print_metrics(f"{task} metrics (written to {out})", result["metrics"])
 
 
