@@ -60,6 +60,9 @@ Methods (ablation rows of issue 24; `--methods` picks):
   (data/layout_cuts.py: the question block, then 384 consecutive tokens, each with its whole-article position id and
   regional null), as many per question as sliding windows and batched as they are: a sliding window's cost, the long
   reading's positions; read whole at 4096.
+- kobigbird-long-b128qn-cuts-ranked (round 10): -cuts with half of the start loss the cross-region ranking term
+  (`qa_ranking_weight=0.5`, heads.cross_region_ranking_loss): the null-relative scores decoding ranks spans by, one
+  softmax over every region of the cut, where the per-region loss never compares two regions.
 - full-long: dense attention at 4096 (an upper reference on the CPU).
 
 Usage: python experiments/e7_long_reading.py --reader qa-model/kobigbird-e5-korquad [--cpu-minutes 60]
@@ -180,6 +183,9 @@ METHODS = {
     # consecutive tokens with their whole-article positions and nulls; cuts overlapping by about 128 tokens, as the
     # sliding windows): a sliding window's cost per question, the long reading's positions; read whole
     "kobigbird-long-b128qn-cuts": Method("kobigbird", LONG, LONG, 1024, B128QN, cut=SOURCE_WINDOW),
+    # round 10: the same, with the ranking decoding does trained across the regions of a cut
+    "kobigbird-long-b128qn-cuts-ranked": Method("kobigbird", LONG, LONG, 1024, B128QN | {"qa_ranking_weight": 0.5},
+                                                cut=SOURCE_WINDOW),
     "littlebird-long-teacher": Method("littlebird", LONG, LONG, 1024, {}, teacher=True),
     "full-long": Method("full", LONG, LONG, 1024, COPY),
 }

@@ -116,6 +116,9 @@ class LongBirdConfig(PreTrainedConfig):
     # the first full_attention_max_length tokens of a QA window; the start loss and the scoring are then per region.
     # 0: one null per window (the [CLS]), as the source reader was trained.
     qa_null_every: int = 0
+    # With regional nulls, the weight w of the cross-region ranking term in the start loss ((1 - w) per-region loss +
+    # w ranking; heads.py `cross_region_ranking_loss`, E7 round 10). 0: the per-region loss alone. A training setting.
+    qa_ranking_weight: float = 0.0
 
     def __post_init__(self, **kwargs):
         if self.embedding_size is None:
@@ -239,6 +242,11 @@ class LongBirdConfig(PreTrainedConfig):
             raise ValueError(f"qa_top_k must be >= 1; got {self.qa_top_k}")
         if self.qa_max_answer_tokens < 1:
             raise ValueError(f"qa_max_answer_tokens must be >= 1; got {self.qa_max_answer_tokens}")
+        if not 0 <= self.qa_ranking_weight <= 1:
+            raise ValueError(f"qa_ranking_weight must lie in [0, 1]; got {self.qa_ranking_weight}")
+        if self.qa_ranking_weight and not self.qa_null_every:
+            raise ValueError("qa_ranking_weight ranks spans across regional nulls, and this model has none "
+                             "(qa_null_every=0): set qa_null_every or qa_ranking_weight=0")
         if self.qa_null_every < 0:
             raise ValueError(f"qa_null_every must be >= 0 (0: no regional nulls); got {self.qa_null_every}")
         if self.qa_null_every and (self.position != "absolute" or self.attention == "littlebird"):

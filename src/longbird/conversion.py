@@ -208,7 +208,7 @@ def convert(
 RECONVERTIBLE = ("max_position_embeddings", "block_size", "num_random_blocks", "random_seed", "random_blocks",
                  "position_extension", "taper_schedule", "taper_mode", "taper_tau", "taper_start",
                  "full_attention_max_length", "attention_backend", "global_blocks", "local_windows",
-                 "qa_null_every")
+                 "qa_null_every", "qa_ranking_weight")
 
 
 def reconvert(model: PreTrainedModel, **overrides: Any) -> PreTrainedModel:

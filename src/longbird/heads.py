@@ -178,6 +178,26 @@ def regional_start_loss(start_logits: torch.Tensor, region_nulls: torch.Tensor, 
     return row.masked_fill(~kept, 0).sum() / kept.sum().clamp(min=1)
 
 
+def cross_region_ranking_loss(start_logits: torch.Tensor, region_nulls: torch.Tensor, valid: torch.Tensor,
+                               start_targets: torch.Tensor) -> torch.Tensor:
+    """What decoding ranks, trained (issue 24, E7 round 10): one softmax over the null-relative start scores of every
+    real non-null token of the window, z(t) - z(null(t)) with null(t) its own region's null (the score `qa.py` ranks
+    spans by across regions), plus one "no answer" option at 0; the target is the gold start. The per-region loss
+    (`regional_start_loss`) never compares two regions, as a sliding reader never compares two windows in training,
+    so nothing it teaches makes a wrong span in the next region score below the answer; this term does. Only rows
+    with the answer in the window count (a row without it is the regional loss's alone); the mean is over them.
+
+    Shapes as `regional_start_loss`."""
+    logits = start_logits.float()
+    relative = logits - logits.gather(1, region_nulls.clamp(min=0))
+    options = valid & ~is_null(region_nulls)
+    ranked = torch.cat([relative.masked_fill(~options, float("-inf")), relative.new_zeros(len(relative), 1)], -1)
+    target = start_targets.clamp(min=0)
+    answered = (start_targets != IGNORE_INDEX) & (target > 0) & options.gather(1, target[:, None]).squeeze(1)
+    loss = -torch.log_softmax(ranked, -1).gather(1, target[:, None]).squeeze(1)
+    return loss.masked_fill(~answered, 0).sum() / answered.sum().clamp(min=1)
+
+
 class LongBirdForQuestionAnswering(LongBirdPreTrainedModel):
     """Extractive QA. `config.qa_head`: "conditional" (start, then end given the start; default) or
     "linear" (independent start/end, BERT-style). Answers outside the input point at index 0 ([CLS])."""
@@ -238,6 +258,10 @@ class LongBirdForQuestionAnswering(LongBirdPreTrainedModel):
             start_loss = (_mean_cross_entropy(start_logits, start_targets) if region_nulls is None
                           else regional_start_loss(start_logits, region_nulls, valid, start_targets,
                                                    NullRegions.max_regions(self.config, length)))
+            weight = self.config.qa_ranking_weight
+            if weight and region_nulls is not None:
+                ranking = cross_region_ranking_loss(start_logits, region_nulls, valid, start_targets)
+                start_loss = (1 - weight) * start_loss + weight * ranking
             loss = (start_loss + _mean_cross_entropy(end_logits, end_targets)) / 2
         return LongBirdQuestionAnsweringOutput(
             loss=loss, start_logits=start_logits, end_logits=end_logits, hidden_states=outputs.hidden_states,
