@@ -63,15 +63,20 @@ SOURCE_WINDOW = 512
 BUCKETS = ("first 512", "beyond 512")
 
 
-def answer_buckets(rows, tokenizer) -> dict[str, str]:
-    """'first 512' if the answer starts inside the first 512 tokens of [CLS] question [SEP] document."""
-    buckets = {}
+def answer_positions(rows, tokenizer) -> dict[str, int]:
+    """Where each row's first gold answer starts in [CLS] question [SEP] document, in tokens."""
+    positions = {}
     for row in rows:
         before = row["context"][:row["answers"]["answer_start"][0]]
-        position = (len(tokenizer(row["question"], add_special_tokens=False, verbose=False)["input_ids"]) + 2
-                    + len(tokenizer(before, add_special_tokens=False, verbose=False)["input_ids"]))
-        buckets[row["id"]] = "first 512" if position < SOURCE_WINDOW - 1 else "beyond 512"
-    return buckets
+        positions[row["id"]] = (len(tokenizer(row["question"], add_special_tokens=False, verbose=False)["input_ids"])
+                                + 2 + len(tokenizer(before, add_special_tokens=False, verbose=False)["input_ids"]))
+    return positions
+
+
+def answer_buckets(rows, tokenizer) -> dict[str, str]:
+    """'first 512' if the answer starts inside the first 512 tokens of [CLS] question [SEP] document."""
+    return {key: "first 512" if position < SOURCE_WINDOW - 1 else "beyond 512"
+            for key, position in answer_positions(rows, tokenizer).items()}
 
 
 def dev_articles(n: int):

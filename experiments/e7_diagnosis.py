@@ -6,7 +6,9 @@ Every reader reads the article as in E7 (its window and stride, windows merged b
   first token to 256 after), the same characters for every reader; windows holding none of them are dropped.
 "Near" measures how well a reader reads the place where the answer is (as if a retriever had found it); "whole"
 minus "near" is what choosing among the article's places costs it. Sliding 512-token windows and a 4096-token
-reader are compared on the same questions, overall, by answer position (first 512 / beyond) and by article length.
+reader are compared on the same questions, overall, by answer position (first 512 / beyond, and five finer classes
+of where the answer starts in the window) and by article length. A model named `DIR:WINDOW:STRIDE:dense` is read with
+full attention over its whole window (the same weights, `attention="full"`): what the sparse pattern costs.
 
 Questions: `--questions test` are E7's test articles (the draw of e7_long_reading.py, for the analysis of a finished
 round), `--questions validation` the probe's validation articles (for choosing what to try next). Both sets are
@@ -34,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "experiments"))
 
-from e4_korquad_articles import BUCKETS, answer_buckets  # noqa: E402
+from e4_korquad_articles import BUCKETS, answer_buckets, answer_positions  # noqa: E402
 from e7_conversion_probe import validation_rows  # noqa: E402
 from e7_long_reading import (  # noqa: E402
     add_output_arguments,
@@ -57,6 +59,10 @@ from longbird.tasks.qa import per_question_scores, question_limit, require_train
 READINGS = ("whole", "near")
 NEAR_BEFORE, NEAR_AFTER = 255, 256  # article tokens kept before / after the answer's first token: 512 in all
 LENGTH_CLASSES = ((0, 1024, "articles <= 1K tokens"), (1024, 10**9, "articles > 1K tokens"))
+# Where the answer starts in [CLS] question [SEP] document (tokens): the first 512 split in halves, because near the
+# end of the first 512 the neighbourhood reaches past the source's window (E7 round 10).
+POSITION_CLASSES = ((0, 256, "answer at 0-255"), (256, 512, "256-511"), (512, 1024, "512-1023"),
+                    (1024, 2048, "1024-2047"), (2048, 10**9, ">= 2048"))
 
 
 def answer_neighbourhood(features, answer_start: int) -> tuple[int, int]:
@@ -119,7 +125,9 @@ def summary(scores: dict[str, dict], groups: dict[str, list[str]]) -> dict[str, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reader", type=Path, required=True, help="The paragraph reader E7 started from")
-    parser.add_argument("--model", action="append", required=True, help="NAME=DIR:WINDOW:STRIDE (repeatable)")
+    parser.add_argument("--model", action="append", required=True,
+                        help="NAME=DIR:WINDOW:STRIDE[:dense] (repeatable); ':dense' reads with full attention over "
+                             "the whole window, the same weights (what the sparse pattern costs)")
     parser.add_argument("--questions", choices=("test", "validation"), default="test")
     parser.add_argument("--validation-questions", type=int, default=80)
     parser.add_argument("--readings", nargs="+", choices=READINGS, default=list(READINGS),
@@ -130,8 +138,9 @@ def main() -> None:
     models = {}
     for spec in args.model:
         name, _, rest = spec.partition("=")
-        directory, window, stride = rest.rsplit(":", 2)
-        models[name] = (Path(directory), int(window), int(stride))
+        dense = rest.endswith(":dense")
+        directory, window, stride = rest.removesuffix(":dense").rsplit(":", 2)
+        models[name] = (Path(directory), int(window), int(stride), dense)
     rows, _ = read_korquad_v1_articles(ROOT / "data" / "korquad" / "KorQuAD_v1.0_dev.json")
     split = split_by_title(rows)
     _, tokenizer = load_task_model(args.reader, LongBirdForQuestionAnswering)
@@ -139,7 +148,7 @@ def main() -> None:
     questions = test if args.questions == "test" else validation_rows(split["dev"], set(test["title"]),
                                                                         args.validation_questions)
     # the paragraph reader, and every model with a training record of its own (a conversion read untrained has none)
-    for directory in [args.reader] + [d for d, _, _ in models.values() if (d / "longbird_finetune.json").exists()]:
+    for directory in [args.reader] + [d for d, *_ in models.values() if (d / "longbird_finetune.json").exists()]:
         trained_apart(directory, set(split["dev"]["title"]))
     buckets = answer_buckets(questions, tokenizer)
     lengths = {title: len(tokenizer(context, add_special_tokens=False, verbose=False)["input_ids"])
@@ -149,13 +158,17 @@ def main() -> None:
         groups[bucket] = [i for i in questions["id"] if buckets[i] == bucket]
     for low, high, label in LENGTH_CLASSES:
         groups[label] = [row["id"] for row in questions if low < lengths[row["title"]] <= high]
+    positions = answer_positions(questions, tokenizer)
+    for low, high, label in POSITION_CLASSES:
+        groups[label] = [key for key, position in positions.items() if low <= position < high]
     results = {"command": "python " + shlex.join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "machine": machine(),
                "questions": args.questions, "bf16": bf16, "articles": lengths,
                "held_out": held_out_record(split["train"], questions), "group_sizes":
                {name: len(ids) for name, ids in groups.items()}, "readers": {}}
-    for name, (directory, window, stride) in models.items():
-        model, model_tokenizer = load_task_model(directory, LongBirdForQuestionAnswering)
-        entry = {"model": str(directory), "window": window, "stride": stride}
+    for name, (directory, window, stride, dense) in models.items():
+        model, model_tokenizer = load_task_model(directory, LongBirdForQuestionAnswering,
+                                                 **({"attention": "full"} if dense else {}))
+        entry = {"model": str(directory), "window": window, "stride": stride, "attention": model.config.attention}
         for reading in args.readings:
             started = time.process_time()
             predictions = read(model, model_tokenizer, questions, window, stride, reading == "near", bf16)
@@ -169,22 +182,28 @@ def main() -> None:
 
 def table(results: dict) -> list[str]:
     sizes = results["group_sizes"]
-    names = list(sizes)
+    positions = [label for _, _, label in POSITION_CLASSES if label in sizes]
+    names = [name for name in sizes if name not in positions]
     lines = provenance(results) + [
              f"F1 on {sizes['all']} questions of E7's {results['questions']} articles "
              f"({'bf16 autocast' if results['bf16'] else 'fp32'}): *whole* reads the article as E7 does; *near* "
              "allows answer starts only among the 512 article tokens around the gold answer. Group sizes: "
-             + ", ".join(f"{name} {sizes[name]}" for name in names) + ".", "",
-             "| reader | window / stride | reading | " + " | ".join(names) + " |",
-             "|---|---|---|" + "---:|" * len(names)]
-    for name, entry in results["readers"].items():
-        for reading in (reading for reading in READINGS if reading in entry):
-            cells = []
-            for group in names:
-                part = entry[reading]["summary"].get(group)
-                cells.append("" if part is None else f"{part['f1']:.1f} ({part['f1_interval'][0]:.1f}–"
-                                                     f"{part['f1_interval'][1]:.1f})")
-            lines.append(f"| {name} | {entry['window']} / {entry['stride']} | {reading} | " + " | ".join(cells) + " |")
+             + ", ".join(f"{name} {sizes[name]}" for name in names + positions) + "."]
+    for columns in (names, positions):
+        if not columns:
+            continue
+        lines += ["", "| reader | window / stride | reading | " + " | ".join(columns) + " |",
+                  "|---|---|---|" + "---:|" * len(columns)]
+        for name, entry in results["readers"].items():
+            dense = ", dense" if entry.get("attention") == "full" and entry["window"] > 512 else ""
+            for reading in (reading for reading in READINGS if reading in entry):
+                cells = []
+                for group in columns:
+                    part = entry[reading]["summary"].get(group)
+                    cells.append("" if part is None else f"{part['f1']:.1f} ({part['f1_interval'][0]:.1f}–"
+                                                         f"{part['f1_interval'][1]:.1f})")
+                lines.append(f"| {name} | {entry['window']} / {entry['stride']}{dense} | {reading} | "
+                             + " | ".join(cells) + " |")
     return lines
 
 

@@ -395,8 +395,16 @@ def write_tables(out: Path, stem: str, results: dict, lines: list[str]) -> None:
 
 
 def provenance(results: dict) -> list[str]:
-    """The first lines of every E7 table: the command and the machine."""
-    return [f"Command: `{results['command']}`  ", f"Machine: {results['machine']['summary']}  "]
+    """The first lines of every E7 table: the command and the machine, or each machine with its rows when rows added
+    with --resume ran on another (or the same machine at another measured rate: machines differ from run to run)."""
+    runs: dict[str, list[str]] = {}
+    for name, method in results.get("methods", {}).items():
+        if method.get("machine"):
+            runs.setdefault(method["machine"]["summary"], []).append(name)
+    if len(runs) < 2:
+        return [f"Command: `{results['command']}`  ", f"Machine: {results['machine']['summary']}  "]
+    return [f"Command: `{results['command']}`  ",
+            "Machines: " + "; ".join(f"{summary} ({', '.join(names)})" for summary, names in runs.items()) + "  "]
 
 
 def score_cells(summary: dict) -> str:
@@ -421,8 +429,7 @@ def wants_bf16(precision: str) -> bool:
 
 def table(results: dict) -> list[str]:
     s, sizes = results["settings"], results["dev_bucket_sizes"]
-    lines = [f"Command: `{results['command']}`  ",
-             f"Machine: {results['machine']['summary']}  ",
+    lines = provenance(results) + [
              f"Every method starts from the paragraph reader {s['reader']} and trains for {s['cpu_minutes']:g} CPU "
              f"minutes (process CPU time, all threads; constant lr {s['learning_rate']:g}, length-grouped batches, "
              f"{'bf16 autocast' if s['bf16'] else 'fp32'}) on the {results['train_questions']:,} questions of "

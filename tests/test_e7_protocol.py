@@ -181,3 +181,17 @@ def test_a_row_trains_with_padding_insertion_exactly_when_it_says_so(monkeypatch
     assert littlebird[0].padding_insertion and not baseline[0].padding_insertion
     assert littlebird[1:] == baseline[1:] == (512, 128) and littlebird[0].batch_size == baseline[0].batch_size == 16
     assert e7_long_reading.METHODS["littlebird-short-pi"].reading == (4096, 1024)
+
+
+def test_the_table_header_names_each_machine_with_its_rows_when_rows_ran_apart():
+    from e7_long_reading import provenance
+
+    fast, slow = {"summary": "Xeon, bf16 2.083 TFLOP/s"}, {"summary": "Xeon, bf16 0.714 TFLOP/s"}
+    one = {"command": "c", "machine": fast, "methods": {"a": {"machine": fast}, "b": {"machine": fast}}}
+    assert provenance(one) == ["Command: `c`  ", "Machine: Xeon, bf16 2.083 TFLOP/s  "]
+    # a row added with --resume at another rate: the header's machine alone (the last run's) would mislabel the others
+    two = {"command": "c", "machine": slow,
+           "methods": {"a": {"machine": fast}, "b": {"machine": fast}, "c": {"machine": slow}}}
+    assert provenance(two)[1] == "Machines: Xeon, bf16 2.083 TFLOP/s (a, b); Xeon, bf16 0.714 TFLOP/s (c)  "
+    diagnosis = {"command": "c", "machine": fast, "readers": {"a": {}}}  # e7_diagnosis's results: one run
+    assert provenance(diagnosis)[1] == "Machine: Xeon, bf16 2.083 TFLOP/s  "
