@@ -73,10 +73,15 @@ def answer_positions(rows, tokenizer) -> dict[str, int]:
     return positions
 
 
+def buckets_of(positions: dict[str, int]) -> dict[str, str]:
+    """'first 512' for an answer starting inside the first 512 tokens of [CLS] question [SEP] document (`positions`:
+    `answer_positions`), else 'beyond 512'."""
+    return {key: "first 512" if position < SOURCE_WINDOW - 1 else "beyond 512" for key, position in positions.items()}
+
+
 def answer_buckets(rows, tokenizer) -> dict[str, str]:
-    """'first 512' if the answer starts inside the first 512 tokens of [CLS] question [SEP] document."""
-    return {key: "first 512" if position < SOURCE_WINDOW - 1 else "beyond 512"
-            for key, position in answer_positions(rows, tokenizer).items()}
+    """`buckets_of` the rows' answer positions."""
+    return buckets_of(answer_positions(rows, tokenizer))
 
 
 def dev_articles(n: int):

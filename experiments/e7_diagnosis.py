@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "experiments"))
 
-from e4_korquad_articles import BUCKETS, answer_buckets, answer_positions  # noqa: E402
+from e4_korquad_articles import BUCKETS, answer_positions, buckets_of  # noqa: E402
 from e7_conversion_probe import validation_rows  # noqa: E402
 from e7_long_reading import (  # noqa: E402
     add_output_arguments,
@@ -150,7 +150,8 @@ def main() -> None:
     # the paragraph reader, and every model with a training record of its own (a conversion read untrained has none)
     for directory in [args.reader] + [d for d, *_ in models.values() if (d / "longbird_finetune.json").exists()]:
         trained_apart(directory, set(split["dev"]["title"]))
-    buckets = answer_buckets(questions, tokenizer)
+    positions = answer_positions(questions, tokenizer)  # tokenized once: the buckets and the finer classes
+    buckets = buckets_of(positions)
     lengths = {title: len(tokenizer(context, add_special_tokens=False, verbose=False)["input_ids"])
                for title, context in zip(questions["title"], questions["context"])}
     groups = {"all": list(questions["id"])}
@@ -158,7 +159,6 @@ def main() -> None:
         groups[bucket] = [i for i in questions["id"] if buckets[i] == bucket]
     for low, high, label in LENGTH_CLASSES:
         groups[label] = [row["id"] for row in questions if low < lengths[row["title"]] <= high]
-    positions = answer_positions(questions, tokenizer)
     for low, high, label in POSITION_CLASSES:
         groups[label] = [key for key, position in positions.items() if low <= position < high]
     results = {"command": "python " + shlex.join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "machine": machine(),
@@ -195,6 +195,7 @@ def table(results: dict) -> list[str]:
         lines += ["", "| reader | window / stride | reading | " + " | ".join(columns) + " |",
                   "|---|---|---|" + "---:|" * len(columns)]
         for name, entry in results["readers"].items():
+            # a reader of 512 tokens reads densely anyway (the full preset's sliding-512 included): no label there
             dense = ", dense" if entry.get("attention") == "full" and entry["window"] > 512 else ""
             for reading in (reading for reading in READINGS if reading in entry):
                 cells = []
