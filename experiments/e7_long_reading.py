@@ -63,6 +63,10 @@ Methods (ablation rows of issue 24; `--methods` picks):
 - kobigbird-long-b128qn-cuts-ranked (round 10): -cuts with half of the start loss the cross-region ranking term
   (`qa_ranking_weight=0.5`, heads.cross_region_ranking_loss): the null-relative scores decoding ranks spans by, one
   softmax over every region of the cut, where the per-region loss never compares two regions.
+- tape-long-b128qn-cuts-ranked (round 11): TAPE, the third method, on the -cuts-ranked route: the same conversion
+  with TAPE position states (`preset="tape"`, BigBird attention, identity init, so it starts equal to the kobigbird
+  conversion), every weight trained at the row's rate and the TAPE maps, zero at init, at 1e-3
+  (`tape_learning_rate`): contextual position states that could tell apart the copied positions past 512.
 - full-long: dense attention at 4096 (an upper reference on the CPU).
 
 Usage: python experiments/e7_long_reading.py --reader qa-model/kobigbird-e5-korquad [--cpu-minutes 60]
@@ -121,6 +125,7 @@ class Method(NamedTuple):
     reconverted: bool = False  # with trained_by: that row's trained model converted with this row's settings
     padding_insertion: bool = False  # train with Padding Insertion (LittleBird §3.4: gaps in the position ids)
     cut: int | None = None  # train on cuts of this many tokens from the long windows (data/layout_cuts.py)
+    tape_learning_rate: float | None = None  # the TAPE maps' own rate (FinetuneSettings.tape_learning_rate)
 
     @property
     def reading(self) -> tuple[int, int]:
@@ -186,6 +191,12 @@ METHODS = {
     # round 10: the same, with the ranking decoding does trained across the regions of a cut
     "kobigbird-long-b128qn-cuts-ranked": Method("kobigbird", LONG, LONG, 1024, B128QN | {"qa_ranking_weight": 0.5},
                                                 cut=SOURCE_WINDOW),
+    # round 11: the third method, TAPE, on round 10's route: the same conversion with TAPE position states over it
+    # (identity init: equal to the kobigbird conversion before training, tests/test_null_regions.py), every weight
+    # trained as in every row, the TAPE maps (zero at init) at their own rate so that 30 CPU minutes can move them
+    "tape-long-b128qn-cuts-ranked": Method("tape", LONG, LONG, 1024,
+                                           B128QN | {"attention": "bigbird", "qa_ranking_weight": 0.5},
+                                           cut=SOURCE_WINDOW, tape_learning_rate=1e-3),
     "littlebird-long-teacher": Method("littlebird", LONG, LONG, 1024, {}, teacher=True),
     "full-long": Method("full", LONG, LONG, 1024, COPY),
 }
@@ -245,7 +256,8 @@ def train_method(name: str, start: Path, train, run_dir: Path, args, reader: Pat
     settings = FinetuneSettings(learning_rate=args.learning_rate, max_steps=args.max_steps, batch_size=batch,
                                 bf16=args.bf16, progress=True, logging_steps=10, group_by_length=True,
                                 lr_scheduler="constant", warmup_ratio=0.0, cpu_minutes=args.cpu_minutes,
-                                padding_insertion=method.padding_insertion)
+                                padding_insertion=method.padding_insertion,
+                                tape_learning_rate=method.tape_learning_rate)
     metrics = finetune_qa(start, train, run_dir, data_format="korquad1-articles", window_length=window,
                           doc_stride=stride, negative_fraction=args.negative_fraction, settings=settings,
                           overwrite=True, teacher=reader if method.teacher else None,

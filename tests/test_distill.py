@@ -181,6 +181,39 @@ def test_slope_learning_rate_puts_the_bialibi_slopes_in_their_own_group():
     assert {group["lr"] for group in default.param_groups} == {1e-4}
 
 
+def test_tape_learning_rate_puts_every_tape_map_in_its_own_group():
+    """The TAPE maps (W_post, the feed-forward maps, the phase clock and gate: every `tape_*` parameter) train at
+    `tape_learning_rate` without weight decay, everything else at the run's rate; a model without TAPE, or no rate,
+    leaves Trainer's groups alone; a rate that is not positive is refused by the settings."""
+    from transformers import TrainingArguments
+
+    from longbird.heads import LongBirdForQuestionAnswering
+    from longbird.training.finetune import FinetuneSettings, LongBirdTrainer
+
+    arguments = TrainingArguments(output_dir="unused", learning_rate=1e-4, use_cpu=True, report_to=[])
+    model = LongBirdForQuestionAnswering(longbird.convert(make_source("bert"), preset="tape", attention="bigbird",
+                                                          max_length=256, block_size=BLOCK).config)
+    tape = {id(p) for n, p in model.named_parameters() if "tape_" in n}
+    names = {n.split(".layer.0.")[-1] for n, _ in model.named_parameters() if "tape_" in n and ".layer.0." in n}
+    assert {"attention.self.tape_post", "tape_ffn.tape_ffn_in", "tape_ffn.tape_ffn_out",
+            "tape_ffn.tape_ffn_gate.weight", "tape_phase.tape_phase_gate",
+            "tape_phase.tape_phase_clock.weight"} <= names, names
+    optimizer = LongBirdTrainer(model=model, args=arguments, tape_learning_rate=1e-3).create_optimizer()
+    by_rate = {}
+    for group in optimizer.param_groups:
+        by_rate.setdefault(group["lr"], set()).update(id(p) for p in group["params"])
+        if group["lr"] == 1e-3:
+            assert group["weight_decay"] == 0.0
+    assert by_rate[1e-3] == tape and not (by_rate[1e-4] & tape)
+    assert len(by_rate[1e-4]) + len(tape) == sum(1 for p in model.parameters() if p.requires_grad)
+    plain = LongBirdForQuestionAnswering(longbird.convert(make_source("bert"), preset="kobigbird", max_length=256,
+                                                          block_size=BLOCK).config)
+    groups = LongBirdTrainer(model=plain, args=arguments, tape_learning_rate=1e-3).create_optimizer().param_groups
+    assert {group["lr"] for group in groups} == {1e-4}
+    with pytest.raises(ValueError, match="--tape-learning-rate must be a positive number"):
+        FinetuneSettings(tape_learning_rate=0.0)
+
+
 def test_padding_insertion_moves_only_the_students_positions(tiny_source, tmp_path):
     """Padding Insertion in distillation: the student reads gapped position ids, the teacher the plain ones (so an
     identical student is no longer identical, and only through its positions); the CLI trains with it."""

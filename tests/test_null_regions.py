@@ -263,8 +263,38 @@ def test_a_reader_with_regional_nulls_trains_and_reads_through_the_library(tmp_p
         assert torch.equal(switched.state_dict()[name], tensor), name
     with pytest.raises(ValueError, match="qa_null_every must be >= 0"):
         longbird.convert(make_source("bert"), max_length=256, block_size=BLOCK, qa_null_every=-1)
-    with pytest.raises(ValueError, match="qa_null_every needs absolute positions"):
+    with pytest.raises(ValueError, match="qa_null_every needs a position table"):
         longbird.convert(make_source("bert"), preset="littlebird", max_length=256, block_size=BLOCK, qa_null_every=16)
+    with pytest.raises(ValueError, match=r"qa_null_every needs a position table.*tape_init='rope'"):
+        longbird.convert(make_source("bert"), preset="tape", max_length=256, block_size=BLOCK, qa_null_every=16,
+                         tape_init="rope")
+
+
+def test_identity_tape_reads_regional_nulls_exactly_as_its_absolute_position_twin():
+    """TAPE initialised at identity keeps the source's position table and starts every token's state at e = 1, so a
+    null at position 0 deep in the window is read as the kobigbird conversion reads it: the same encoder output (and
+    QA logits) with nulls in place, at a sparse length, before any training. RoPE-initialised TAPE is refused above."""
+    from longbird.heads import LongBirdForQuestionAnswering
+
+    source = make_source("bert")
+    settings = dict(max_length=256, block_size=BLOCK, num_random_blocks=0, qa_null_every=16)
+    plain = longbird.convert(source, preset="kobigbird", **settings).eval()
+    tape = longbird.convert(source, preset="tape", attention="bigbird", **settings).eval()
+    assert tape.config.qa_null_every == 16 and tape.config.position == "tape"
+    regions = NullRegions(16, plain.config.full_attention_max_length, NULL)
+    ids = [1] + list(range(10, 15)) + [3] + [20 + i % 70 for i in range(180)] + [3]
+    item = regions.insert(ids, [False] * 7 + [True] * 180 + [False])
+    assert len(item["nulls"]) > 3
+    inputs = {"input_ids": torch.tensor([item["input_ids"]]), "position_ids": torch.tensor([item["position_ids"]])}
+    assert inputs["input_ids"].shape[1] > plain.config.full_attention_max_length  # the sparse layers run
+    with torch.no_grad():
+        expected, got = plain(**inputs).last_hidden_state, tape(**inputs).last_hidden_state
+    # the same arithmetic but in another order (TAPE's states ride beside V, widening every attention call): fp32
+    # rounding of sums over at most 256 keys and 2 layers of O(1) values, ~1e-6 measured
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    head = LongBirdForQuestionAnswering(tape.config)
+    head.longbird.load_state_dict(tape.state_dict())
+    assert head.eval()(**inputs).start_logits.shape == inputs["input_ids"].shape
 
 
 def test_predict_rows_inserts_the_models_nulls(monkeypatch, articles, tokenizer):

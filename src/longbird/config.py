@@ -249,9 +249,12 @@ class LongBirdConfig(PreTrainedConfig):
                              "(qa_null_every=0): set qa_null_every or qa_ranking_weight=0")
         if self.qa_null_every < 0:
             raise ValueError(f"qa_null_every must be >= 0 (0: no regional nulls); got {self.qa_null_every}")
-        if self.qa_null_every and (self.position != "absolute" or self.attention == "littlebird"):
+        if self.qa_null_every and (not self.uses_position_table or self.attention == "littlebird"):
             # a null takes position 0 deep in the window: a learned table reads that as the [CLS] row, but BiALiBi
-            # and TAPE take distances from the position ids, and the null would sit thousands of tokens away
-            raise ValueError(f"qa_null_every needs absolute positions and bigbird or full attention (the kobigbird and "
-                             f"full presets); this model has position={self.position!r}, "
-                             f"attention={self.attention!r}: set qa_null_every=0")
+            # and RoPE-initialised TAPE states take distances from the position ids, and the null would sit thousands
+            # of tokens away. Identity-initialised TAPE keeps the source's table and starts its states at e = 1 for
+            # every token (positions/tape.py), so a null there is read as with absolute positions.
+            raise ValueError(f"qa_null_every needs a position table (absolute positions, or TAPE with "
+                             f"tape_init='identity') and bigbird or full attention; this model has "
+                             f"position={self.position!r}, tape_init={self.tape_init!r}, attention={self.attention!r}: "
+                             f"set qa_null_every=0")

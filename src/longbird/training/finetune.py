@@ -69,6 +69,10 @@ class FinetuneSettings:
     # Learning rate of the BiALiBi slopes (α, β, γ; LittleBird §3.1) when set: they start at ALiBi's 0.004-0.63 and
     # move ~lr per Adam step, so at the encoder's 1e-4 a short run leaves them where they started.
     slope_learning_rate: float | None = None
+    # Learning rate of the TAPE maps (every `tape_*` parameter: W_post, the feed-forward side's maps, the phase clock
+    # and gate; positions/tape.py) when set. W_post, W1 and the phase gate start at zero (a converted model equals its
+    # source), and at the encoder's 5e-5 an update moves them ~5e-5: a short run leaves the position states at e = 1.
+    tape_learning_rate: float | None = None
     # Batches of windows of similar length (Trainer's "group_by_length" sampling: random megabatches of 50 batches,
     # sorted by length within): a batch is padded to its longest window, so random batches of KorQuAD paragraphs
     # (median 295 of 512 tokens) spend a third of their tokens on padding. The lengths come from the dataset's own
@@ -107,7 +111,10 @@ class FinetuneSettings:
                    self.gradient_accumulation_steps >= 1, "at least 1"),
                   ("--save-steps", self.save_steps, self.save_steps >= 0, "0 (no checkpoints) or more"),
                   ("--logging-steps", self.logging_steps, self.logging_steps >= 1, "at least 1"),
-                  ("--warmup-ratio", self.warmup_ratio, 0 <= self.warmup_ratio < 1, "in [0, 1)"))
+                  ("--warmup-ratio", self.warmup_ratio, 0 <= self.warmup_ratio < 1, "in [0, 1)"),
+                  *((option, rate, rate > 0, "a positive number (leave it out for --learning-rate)")
+                    for option, rate in (("--slope-learning-rate", self.slope_learning_rate),
+                                         ("--tape-learning-rate", self.tape_learning_rate)) if rate is not None))
         for option, value, valid, expected in checks:
             if not valid:
                 raise ValueError(f"{option} must be {expected}; got {value}")
@@ -146,10 +153,11 @@ class LongBirdTrainer(Trainer):
     and a quiet progress bar; a Padding Insertion collator passed as `data_collator` is switched off for evaluation
     and prediction."""
 
-    def __init__(self, *args, slope_learning_rate: float | None = None,
+    def __init__(self, *args, slope_learning_rate: float | None = None, tape_learning_rate: float | None = None,
                  padding_insertion: PaddingInsertion | None = None, budget: TrainingBudget | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.slope_learning_rate = slope_learning_rate
+        self.tape_learning_rate = tape_learning_rate
         self.padding_insertion = padding_insertion
         self.budget = budget
         if budget is not None:
@@ -170,18 +178,22 @@ class LongBirdTrainer(Trainer):
         return self.lr_scheduler
 
     def create_optimizer(self, model=None):
-        """Trainer's optimiser, with the BiALiBi slopes in a group of their own at `slope_learning_rate` if set (the
-        schedule scales that group like the others)."""
+        """Trainer's optimiser, with the BiALiBi slopes at `slope_learning_rate` and the TAPE maps at
+        `tape_learning_rate` in groups of their own where set (no weight decay; the schedule scales those groups like
+        the others)."""
         fresh = self.optimizer is None
         optimizer = super().create_optimizer(model)
-        if not fresh or self.slope_learning_rate is None:
+        if not fresh:
             return optimizer
-        slopes = [p for n, p in (model or self.model).named_parameters() if ".bialibi." in n and p.requires_grad]
-        if slopes:
-            chosen = {id(p) for p in slopes}
+        named = [(n, p) for n, p in (model or self.model).named_parameters() if p.requires_grad]
+        for marker, rate in ((".bialibi.", self.slope_learning_rate), ("tape_", self.tape_learning_rate)):
+            own = [p for n, p in named if marker in n]
+            if rate is None or not own:
+                continue
+            chosen = {id(p) for p in own}
             for group in optimizer.param_groups:
                 group["params"] = [p for p in group["params"] if id(p) not in chosen]
-            optimizer.add_param_group({"params": slopes, "weight_decay": 0.0, "lr": self.slope_learning_rate})
+            optimizer.add_param_group({"params": own, "weight_decay": 0.0, "lr": rate})
         return optimizer
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
@@ -365,6 +377,7 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
     trainer = (trainer_class or LongBirdTrainer)(
         model=model, args=arguments, train_dataset=items, processing_class=tokenizer,
         data_collator=collator or PaddedBatches(pad), slope_learning_rate=settings.slope_learning_rate,
+        tape_learning_rate=settings.tape_learning_rate,
         padding_insertion=make_padding_insertion(model, tokenizer, settings), budget=budget,
         **(trainer_kwargs or {}))
     finished = False
