@@ -227,6 +227,23 @@ def test_invalid_training_numbers_are_refused_before_anything_runs(tiny_source, 
     assert not out.exists()
 
 
+@pytest.mark.parametrize("command", ["finetune-qa", "finetune-cls"])
+def test_a_tape_learning_rate_needs_a_positive_number_and_a_tape_model(tiny_source, tmp_path, command):
+    """--tape-learning-rate (the TAPE maps' own rate): 0 is refused before anything runs, and so is a rate for a model
+    without TAPE maps (it would silently change nothing), in one line and without writing OUT."""
+    data = {"finetune-qa": PAGES[0], "finetune-cls": tmp_path / "docs.jsonl"}[command]
+    (tmp_path / "docs.jsonl").write_text('{"text": "a", "label": "x"}\n{"text": "b", "label": "y"}\n',
+                                         encoding="utf-8")
+    out = tmp_path / "out"
+    args = [command, "--model", str(tiny_source), "--train", str(data), "--out", str(out), "--max-steps", "1"]
+    _fails_in_one_line(args + ["--tape-learning-rate", "0"], "--tape-learning-rate must be a positive number")
+    _fails_in_one_line(args + ["--preset", "kobigbird", "--tape-learning-rate", "1e-3"],
+                       "--tape-learning-rate sets the rate of a TAPE model's maps, and this model has none")
+    assert not out.exists()
+    result = runner.invoke(app, args + ["--preset", "tape", "--max-length", "256", "--tape-learning-rate", "1e-3"])
+    assert result.exit_code == 0, result.output
+
+
 def test_min_probability_turns_a_weak_answer_into_no_answer(tiny_qa, tmp_path):
     """`--min-probability`: the best span below it is 'no answer' (exit 1, null fields, how close it came); at 0 the
     same question is answered; a value outside [0, 1] is refused before the model loads."""

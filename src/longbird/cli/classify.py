@@ -26,6 +26,7 @@ from .options import (
     SaveTotalLimit,
     Seed,
     TaskPeft,
+    TapeLearningRate,
     TrainDevice,
     TrainWordEmbeddings,
 )
@@ -43,6 +44,7 @@ def finetune_cls(
     batch_size: BatchSize = 4, seed: Seed = 0, padding_insertion: Flag = False, bf16: Flag = False, fp16: Fp16 = False,
     device: TrainDevice = "auto", train_word_embeddings: TrainWordEmbeddings = False, save_steps: SaveSteps = 0,
     save_total_limit: SaveTotalLimit = None, logging_steps: FinetuneLoggingSteps = 20, peft: TaskPeft = None,
+    tape_learning_rate: TapeLearningRate = None,
     compile: Compile = False, resume: Resume = False, overwrite: Overwrite = False,
 ):
     """Fine-tune long-document classification (windows of a long document share its label)."""

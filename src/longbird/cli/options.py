@@ -17,6 +17,8 @@ CORPUS_HELP = ("Text/JSONL files or directories (repeatable; default: the reposi
                "Korean, laws and bills, with the KorQuAD 1.0 dev-split articles held out)")
 SLOPE_LR_HELP = ("Learning rate of the BiALiBi slopes (littlebird; default: --learning-rate, which barely moves them "
                  "in a short run)")
+TAPE_LR_HELP = ("Learning rate of the TAPE maps (every tape_* parameter of a TAPE model; default: --learning-rate, "
+                "which barely moves them from their zero start in a short run)")
 PEFT_HELP = "tape: train only the TAPE maps (+ the task head) of a TAPE model; saves only what was trained"
 TASK_PEFT_HELP = ("tape: train only the TAPE maps and the task head of a TAPE model (--preset tape); OUT then holds "
                   "only what was trained")
@@ -76,6 +78,7 @@ FinetuneLoggingSteps = Annotated[int, typer.Option(
 Peft = Annotated[str | None, typer.Option(help=PEFT_HELP)]
 TaskPeft = Annotated[str | None, typer.Option(help=TASK_PEFT_HELP)]
 SlopeLearningRate = Annotated[float | None, typer.Option(help=SLOPE_LR_HELP)]
+TapeLearningRate = Annotated[float | None, typer.Option(help=TAPE_LR_HELP)]
 GradientAccumulationSteps = Annotated[int, typer.Option(help="Batches summed per optimiser update")]
 GradientCheckpointing = Annotated[bool, typer.Option(help="Recompute layers in backward")]
 

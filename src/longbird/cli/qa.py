@@ -42,6 +42,7 @@ from .options import (
     Seed,
     Split,
     TaskPeft,
+    TapeLearningRate,
     TrainDevice,
     TrainWordEmbeddings,
 )
@@ -121,6 +122,7 @@ def finetune_qa(
     padding_insertion: PaddingInsertion = False, bf16: MixedBf16 = False, fp16: Fp16 = False,
     device: TrainDevice = "auto", train_word_embeddings: TrainWordEmbeddings = False, save_steps: SaveSteps = 0,
     save_total_limit: SaveTotalLimit = None, logging_steps: FinetuneLoggingSteps = 20, peft: TaskPeft = None,
+    tape_learning_rate: TapeLearningRate = None,
     group_by_length: GroupByLength = False, compile: Compile = False, resume: Resume = False,
     overwrite: Overwrite = False,
     teacher: Teacher = None, teacher_weight: TeacherWeight = 0.5, teacher_temperature: TeacherTemperature = 1.0,

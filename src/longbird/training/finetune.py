@@ -344,6 +344,9 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
         from .peft import tape_peft
 
         tape_peft(model)
+    if settings.tape_learning_rate is not None and not any("tape_" in name for name, _ in model.named_parameters()):
+        raise ValueError("--tape-learning-rate sets the rate of a TAPE model's maps, and this model has none: convert "
+                         "with --preset tape, or leave --tape-learning-rate out")
     arguments = TrainingArguments(
         output_dir=str(checkpoint_dir if keep else Path(out_dir) / "trainer"),
         per_device_train_batch_size=settings.batch_size,
