@@ -25,8 +25,8 @@ from .options import (
     SaveSteps,
     SaveTotalLimit,
     Seed,
-    TaskPeft,
     TapeLearningRate,
+    TaskPeft,
     TrainDevice,
     TrainWordEmbeddings,
 )

@@ -41,8 +41,8 @@ from .options import (
     SaveTotalLimit,
     Seed,
     Split,
-    TaskPeft,
     TapeLearningRate,
+    TaskPeft,
     TrainDevice,
     TrainWordEmbeddings,
 )
