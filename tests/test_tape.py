@@ -173,6 +173,27 @@ def test_kernels_with_tape_equal_the_dense_reference(attention, length, init):
         assert any(p.grad is not None and p.grad.abs().max() > 0 for n, p in model.named_parameters() if part in n)
 
 
+@pytest.mark.parametrize("attention", EXACT_AT_SOURCE_LENGTH)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tape_attention_on_the_cpu_runs_sdpas_fused_kernel(attention, dtype):
+    """With the states beside V, V is twice as wide as Q and K, and SDPA's CPU dispatch then takes its math path, which
+    stores every score (a 4K-token TAPE + BigBird forward ran 4.7x slower than its kobigbird twin that way). Q and K
+    are padded to V's width with zero columns (`attention.full.as_wide_as_value`), so every attention call of a TAPE
+    forward, dense and blocked, runs the fused kernel; the values against the dense reference are the test above."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = longbird.convert(make_source("bert"), preset="tape", max_length=256, attention=attention,
+                             **KERNELS[attention]).eval()
+    _perturb_tape(model)
+    input_ids, attention_mask = make_batch(150)  # past the source length: BigBird runs its blocked kernel
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16), \
+            profile(activities=[ProfilerActivity.CPU]) as trace:
+        model(input_ids=input_ids, attention_mask=attention_mask)
+    calls = {event.key: event.count for event in trace.key_averages() if "scaled_dot_product" in event.key}
+    assert not any("math" in name for name in calls), calls
+    assert sum(count for name, count in calls.items() if "flash" in name) >= model.config.num_hidden_layers, calls
+
+
 def _states_after_each_layer(model, input_ids, attention_mask):
     """The TAPE states each layer hands to the next (its output's last element)."""
     seen = []

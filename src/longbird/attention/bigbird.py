@@ -15,15 +15,16 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
+from .full import as_wide_as_value
 from .patterns import BigBirdPattern
 from .tracing import outside_the_trace
 from .workspace import scratch_buffer
 
 
-def _masked_attention(query, key, value, mask, dropout_p=0.0):
+def _masked_attention(query, key, value, mask, dropout_p=0.0, scale=None):
     """SDPA with a bool mask (True = may attend). SDPA gives zeros (and zero gradients) for rows with no
     allowed key, and a bool mask is faster on CPU than the equivalent additive float bias."""
-    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p)
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p, scale=scale)
 
 
 def _gather_blocks(blocks, index, workspace, name):
@@ -60,6 +61,8 @@ def bigbird_attention(
     n, block = pattern.num_blocks, pattern.block_size
     if length != n * block:
         raise ValueError(f"bigbird_attention expects length = num_blocks * block_size = {n * block}; got {length}")
+    # TAPE's wider V: q and k padded once here (before the gather), so every SDPA call below runs the fused kernel
+    query, key, scale = as_wide_as_value(query, key, value)
 
     # Global query blocks: dense rows over their keys (ITC: all; block 0 of "first-reads-source": its first
     # first_block_keys key blocks, a prefix, so a slice).
@@ -68,24 +71,24 @@ def bigbird_attention(
     if pattern.last_global and n > 1 and first_keys == length:  # ITC: both global blocks in one call
         global_query = torch.cat([query[:, :, :block], query[:, :, length - block:]], dim=2)  # (b, h, 2b, d)
         global_out = _masked_attention(global_query, key, value,
-                                       key_mask[:, None, None, :].expand(batch, 1, 1, length), dropout_p)
+                                       key_mask[:, None, None, :].expand(batch, 1, 1, length), dropout_p, scale)
         first_out, last_out = global_out[:, :, :block], global_out[:, :, block:]
     else:
         first_out = _masked_attention(query[:, :, :block], key[:, :, :first_keys], value[:, :, :first_keys],
-                                      key_mask[:, None, None, :first_keys], dropout_p)
+                                      key_mask[:, None, None, :first_keys], dropout_p, scale)
         last_out = None
         if pattern.last_global and n > 1:
             last_out = _masked_attention(query[:, :, length - block:], key, value, key_mask[:, None, None, :],
-                                         dropout_p)
+                                         dropout_p, scale)
     outputs = [first_out]
     if end > 1:
-        outputs.append(_middle_attention(query, key, value, key_mask, pattern, workspace, dropout_p))
+        outputs.append(_middle_attention(query, key, value, key_mask, pattern, workspace, dropout_p, scale))
     if last_out is not None:
         outputs.append(last_out)
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
 
 
-def _middle_attention(query, key, value, key_mask, pattern: BigBirdPattern, workspace, dropout_p):
+def _middle_attention(query, key, value, key_mask, pattern: BigBirdPattern, workspace, dropout_p, scale=None):
     """Middle query blocks 1..end-1: gather window + global + random key blocks per (head, block)."""
     batch, heads, _, dim = query.shape
     value_dim = value.shape[-1]
@@ -103,5 +106,5 @@ def _middle_attention(query, key, value, key_mask, pattern: BigBirdPattern, work
         middle_query.reshape(batch, rows, block, dim),
         key_blocks.view(batch, rows, m * block, dim),
         value_blocks.view(batch, rows, m * block, value_dim),
-        mask_blocks.reshape(batch, rows, 1, m * block), dropout_p,
+        mask_blocks.reshape(batch, rows, 1, m * block), dropout_p, scale,
     ).reshape(batch, heads, (end - 1) * block, value_dim)  # CUDA SDPA may return a non-contiguous layout

@@ -23,6 +23,9 @@ PRESET_SETTINGS = {
     "full": dict(attention="full", position="absolute"),
     # TAPE's preset: full attention, the source's absolute table, identity states updated in every layer
     "tape": dict(attention="full", position="tape", tape_init="identity"),
+    # TAPE over kobigbird's block-sparse attention (the states beside V through the blocked kernels)
+    "tape-bigbird": dict(attention="bigbird", position="tape", tape_init="identity", block_size=64,
+                         num_random_blocks=3),
 }
 BASELINES = ("hf-bigbird", "hf-longformer", "sdpa-roberta")
 
