@@ -72,7 +72,7 @@ import sys, time
 from pathlib import Path
 
 from longbird.cli import app
-from longbird.training.finetune import LongBirdTrainer
+from longbird.training.trainer import LongBirdTrainer
 
 PAUSE_AT, SIGNAL = int(sys.argv[1]), Path(sys.argv[2])
 save_the_rest = LongBirdTrainer._save_optimizer_and_scheduler

@@ -164,7 +164,7 @@ def test_rss_distillation_adds_the_span_loss_and_the_teacher_reads_its_mask(tiny
 
 def test_slope_learning_rate_puts_the_bialibi_slopes_in_their_own_group():
     from longbird.heads import LongBirdForSpanSelection
-    from longbird.training.finetune import LongBirdTrainer
+    from longbird.training.trainer import LongBirdTrainer
     from transformers import TrainingArguments
 
     model = LongBirdForSpanSelection(longbird.convert(make_source("bert"), preset="littlebird", max_length=256,
@@ -188,7 +188,8 @@ def test_tape_learning_rate_puts_every_tape_map_in_its_own_group():
     from transformers import TrainingArguments
 
     from longbird.heads import LongBirdForQuestionAnswering
-    from longbird.training.finetune import FinetuneSettings, LongBirdTrainer
+    from longbird.training.finetune import FinetuneSettings
+    from longbird.training.trainer import LongBirdTrainer
 
     arguments = TrainingArguments(output_dir="unused", learning_rate=1e-4, use_cpu=True, report_to=[])
     model = LongBirdForQuestionAnswering(longbird.convert(make_source("bert"), preset="tape", attention="bigbird",

@@ -135,7 +135,7 @@ def test_length_grouped_batches_come_from_the_datasets_own_lengths(tmp_path):
     from transformers import TrainingArguments
 
     import longbird
-    from longbird.training.finetune import LongBirdTrainer
+    from longbird.training.trainer import LongBirdTrainer
 
     from conftest import make_source
 

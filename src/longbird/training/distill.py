@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from ..attention.reference import AttentionRecord, recording_attention
 from ..modeling import REFERENCE, enable_checkpointing
-from .finetune import LongBirdTrainer
+from .trainer import LongBirdTrainer
 
 
 def attention_kl(teacher: tuple[torch.Tensor, ...], student: list[AttentionRecord], key_mask: torch.Tensor):

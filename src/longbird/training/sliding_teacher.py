@@ -32,7 +32,7 @@ import torch
 
 from ..data.batching import PaddedBatches
 from ..data.windows import PairTemplate, window_ranges
-from .finetune import LongBirdTrainer
+from .trainer import LongBirdTrainer
 
 QUESTION_TOKENS = "question_tokens"  # the item field that says where the question ends (data/windows.QAWindows)
 
