@@ -307,3 +307,33 @@ def test_a_server_wide_window_is_the_default_of_requests_that_name_none(tiny_qa)
         "window_length"] == 128
     with pytest.raises(ValueError, match="must lie in 1..256"):
         Reader(tiny_qa, window_length=1024)
+
+
+def test_warm_up_reads_a_short_a_full_and_two_many_window_documents(reader):
+    """`Reader.warm_up` reads the shapes requests bring (dense, a full sparse window, batches of several windows) and
+    answers nothing a client sees; the tiny reader is eager, so this checks the documents, not compilation."""
+    records = reader.warm_up()
+    window = reader.windows_for()[0]
+    assert [r["windows"] for r in records][:2] == [1, 1] and 2 <= records[2]["windows"] < records[3]["windows"], records
+    assert records[0]["tokens"] < window // 4 and records[1]["tokens"] > window * 3 // 4, (records, window)
+    assert all(r["seconds"] >= 0 for r in records)
+    assert not reader.compiled
+
+
+def test_a_server_with_a_compiled_model_warms_up_before_its_first_request(tiny_qa, monkeypatch, page):
+    """With `--compile` the startup runs `Reader.warm_up` (before the worker thread starts, so nothing else uses the
+    model); an eager server does not. The compilation itself is not run here (minutes on the CPU): warm_up is
+    recorded, and the model marked compiled as `nn.Module.compile` marks it."""
+    calls = []
+    monkeypatch.setattr(Reader, "warm_up", lambda self: calls.append(self) or [])
+    eager = Reader(tiny_qa)
+    with TestClient(create_app(eager)) as client:
+        assert client.get("/health").status_code == 200
+    assert calls == []
+    compiled = Reader(tiny_qa)
+    compiled.model.base_model.compile()  # lazy: nothing compiles until a forward, and the warm-up is recorded
+    assert compiled.compiled
+    with TestClient(create_app(compiled)) as client:
+        assert calls == [compiled]
+        context, question = page
+        assert client.post("/answer", json={"question": question, "document": context[:2000]}).status_code == 200

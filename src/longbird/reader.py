@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -271,6 +272,39 @@ class Reader:
             vectors.append(torch.nn.functional.normalize(vector, dim=-1) if normalize else vector)
         return {"embeddings": [v.tolist() for v in vectors], "dimension": int(vectors[0].shape[-1]),
                 "tokens": tokens}
+
+    @property
+    def compiled(self) -> bool:
+        """The encoder was compiled with torch.compile (`compile=True`, `--compile`): its first calls compile."""
+        return getattr(self.model.base_model, "_compiled_call_impl", None) is not None
+
+    def warm_up(self) -> list[dict]:
+        """Read four synthetic documents the way requests are read, so that a compiled model compiles before the
+        first real request rather than during it: one far shorter than a window (dense attention), one filling a
+        window (sparse beyond the source length) and two of several windows (batches of several). torch.compile
+        compiles the first shape it sees and recompiles with dynamic sizes when one changes; without a warm-up the
+        first three requests of the compiled long reader took 27.7, 5.2 and 21.5 s (docs/serve.md). Shapes the
+        warm-up does not bring can still compile later. Returns one record per document: its tokens, windows and
+        seconds."""
+        window_length = self.windows_for()[0] if self.task == "qa" else self._length(None)
+        unit = "문서를 읽는다. "
+        per_unit = max(1, len(self.tokenizer(unit, add_special_tokens=False)["input_ids"]))
+        records = []
+        # the full window leaves room for the question, the separators and a long reader's regional nulls (one per
+        # 128 tokens past 512: 28 at 4,096)
+        for tokens in (max(8, window_length // 8), window_length - max(16, window_length // 32),
+                       window_length * 3 // 2, window_length * 5 // 2):
+            document = unit * max(1, tokens // per_unit)
+            started = time.perf_counter()
+            if self.task == "qa":
+                reading = self.answer("무엇을 읽는가?", document)
+                windows, read = reading.windows, reading.tokens
+            elif self.task == "classification":
+                windows, read = self.classify(document)["windows"], tokens
+            else:
+                windows, read = None, self.embed([document])["tokens"]
+            records.append({"tokens": read, "windows": windows, "seconds": time.perf_counter() - started})
+        return records
 
     def _length(self, window_length: int | None) -> int:
         limit = self.model.config.max_position_embeddings

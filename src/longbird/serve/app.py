@@ -85,6 +85,15 @@ class Metrics:
         self.tokens = Counter("longbird_tokens", "Tokens read", registry=self.registry)
 
 
+def _warm_up(reader: Reader) -> None:
+    """Startup of a server with a compiled model: the warm-up documents compile its graphs while the server does not
+    yet accept connections, so no client waits for a compilation."""
+    started = time.perf_counter()
+    records = reader.warm_up()
+    logger.info("compiled graphs warmed up in %.1f s (%s)", time.perf_counter() - started,
+                ", ".join(f"{r['tokens']} tokens: {r['seconds']:.1f} s" for r in records))
+
+
 def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI:
     """The application serving `reader` under `settings`."""
     from .. import __version__
@@ -95,6 +104,8 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
     state = {"admitted": 0}
     batcher = WindowBatcher(reader, settings.max_batch_tokens)
     app.state.batcher = batcher
+    if reader.compiled:  # compile before the first request, not during it (`Reader.warm_up`)
+        app.router.on_startup.append(lambda: _warm_up(reader))
     app.router.on_startup.append(batcher.start)
     app.router.on_shutdown.append(batcher.close)
     if settings.cors_origins:
