@@ -33,10 +33,10 @@ class QuietProgressCallback(ProgressCallback):
 
 
 class LongBirdTrainer(Trainer):
-    """Trainer with Padding Insertion on training batches (`padding_insertion`), the BiALiBi slopes' own learning rate,
-    a time budget (`budget`: it stops the run, and the linear schedule decays to 0 where it ends), atomic checkpoints
-    and a quiet progress bar; a Padding Insertion collator passed as `data_collator` is switched off for evaluation
-    and prediction."""
+    """Trainer with Padding Insertion on training batches (`padding_insertion`), the BiALiBi slopes' and the TAPE
+    maps' own learning rates, a time budget (`budget`: it stops the run, and the linear schedule decays to 0 where it
+    ends), atomic checkpoints and a quiet progress bar; a Padding Insertion collator passed as `data_collator` is
+    switched off for evaluation and prediction."""
 
     def __init__(self, *args, slope_learning_rate: float | None = None, tape_learning_rate: float | None = None,
                  padding_insertion: PaddingInsertion | None = None, budget: TrainingBudget | None = None, **kwargs):
