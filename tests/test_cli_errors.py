@@ -244,6 +244,17 @@ def test_a_tape_learning_rate_needs_a_positive_number_and_a_tape_model(tiny_sour
     assert result.exit_code == 0, result.output
 
 
+@pytest.mark.parametrize("command", ["distill", "pretrain"])
+def test_a_slope_learning_rate_that_is_not_positive_is_refused(tiny_source, tmp_path, command):
+    """--slope-learning-rate (the BiALiBi slopes' own rate) 0 or below: refused in one line before anything runs, as
+    --learning-rate is (it used to be handed to the optimiser as given)."""
+    out = tmp_path / "out"
+    source = ["--teacher" if command == "distill" else "--model", str(tiny_source)]
+    _fails_in_one_line([command, *source, "--output-dir", str(out), "--slope-learning-rate", "0"],
+                       "--slope-learning-rate must be a positive number")
+    assert not out.exists()
+
+
 def test_min_probability_turns_a_weak_answer_into_no_answer(tiny_qa, tmp_path):
     """`--min-probability`: the best span below it is 'no answer' (exit 1, null fields, how close it came); at 0 the
     same question is answered; a value outside [0, 1] is refused before the model loads."""
