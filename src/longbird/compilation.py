@@ -21,3 +21,9 @@ def compile_encoder(model: torch.nn.Module, mode: str | None = None) -> torch.nn
     encoder = model.base_model
     encoder.compile(mode=mode)
     return model
+
+
+def encoder_is_compiled(model: torch.nn.Module) -> bool:
+    """`model`'s longbird encoder was compiled in place (`compile_encoder`, or `nn.Module.compile` on it): its first
+    calls of each kind of input compile."""
+    return getattr(model.base_model, "_compiled_call_impl", None) is not None

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from .checkpoints import check_tokenizer, load_on_device
+from .compilation import encoder_is_compiled
 from .data.batching import PaddedBatches
 from .data.classification import document_windows
 from .data.features import QAFeature, question_token_count
@@ -276,7 +277,7 @@ class Reader:
     @property
     def compiled(self) -> bool:
         """The encoder was compiled with torch.compile (`compile=True`, `--compile`): its first calls compile."""
-        return getattr(self.model.base_model, "_compiled_call_impl", None) is not None
+        return encoder_is_compiled(self.model)
 
     def warm_up(self) -> list[dict]:
         """Read four synthetic documents the way requests are read, so that a compiled model compiles before the

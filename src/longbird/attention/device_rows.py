@@ -27,6 +27,7 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
+from .full import as_wide_as_value
 from .patterns import bigbird_pattern, local_window
 from .rows import real_lengths_on_device
 from .tracing import exporting, outside_the_trace
@@ -134,6 +135,8 @@ def bigbird_rows_on_device(query: torch.Tensor, key: torch.Tensor, value: torch.
     """One BigBird layer with each row's own plan, chosen on the device. query/key (B, H, L, d), value (B, H, L, d_v),
     L = N·b > F; key_mask (B, L) bool; `plan` a `dispatch.PlanInGraph` (the layer and the config's pattern
     arguments). Returns (B, H, L, d_v); 0 in the blocks past each row's end."""
+    # TAPE's wider V: q and k padded to its width on the CPU, as in the blocked kernel (attention/full.py)
+    query, key, scale = as_wide_as_value(query, key, value)
     batch, heads, length, dim = query.shape
     value_dim = value.shape[-1]
     b, threshold = plan.block_size, plan.full_max_length
@@ -162,6 +165,7 @@ def bigbird_rows_on_device(query: torch.Tensor, key: torch.Tensor, value: torch.
         query.reshape(batch, heads, n_max, b, dim)[:, :, 1:].reshape(batch, slots, b, dim),
         key_blocks.reshape(batch, slots, width * b, dim), value_blocks.reshape(batch, slots, width * b, value_dim),
         attn_mask=_exported_mask(mask.reshape(batch, slots, 1, width * b), query.dtype), dropout_p=dropout_p,
+        scale=scale,
     ).reshape(batch, heads, n_max - 1, b, value_dim)
 
     # Block 0: every key (ITC) or its first `first_block_reach` blocks; a full row's first ceil(F / b) blocks.
@@ -171,7 +175,7 @@ def bigbird_rows_on_device(query: torch.Tensor, key: torch.Tensor, value: torch.
     first_mask = key_mask[:, :read] & ((torch.arange(read, device=device) < prefix)[None] | full[:, None])
     first_out = F.scaled_dot_product_attention(query[:, :, :b], key[:, :, :read], value[:, :, :read],
                                                attn_mask=_exported_mask(first_mask[:, None, None, :], query.dtype),
-                                               dropout_p=dropout_p)
+                                               dropout_p=dropout_p, scale=scale)
     out = torch.cat([first_out[:, :, None], middle_out], dim=2)  # (B, H, N, b, d_v)
     block_index = torch.arange(n_max, device=device)[None, :]
     if plan.last_global:  # a sparse row's last block n_i - 1 reads every real key
@@ -179,7 +183,7 @@ def bigbird_rows_on_device(query: torch.Tensor, key: torch.Tensor, value: torch.
                                                                  last_block.clamp(min=0)]  # (B, H, b, d)
         last_out = F.scaled_dot_product_attention(last_query, key, value,
                                                   attn_mask=_exported_mask(key_mask[:, None, None, :], query.dtype),
-                                                  dropout_p=dropout_p)
+                                                  dropout_p=dropout_p, scale=scale)
         is_last = ((block_index == last_block[:, None]) & ~full[:, None])[:, None, :, None, None]
         out = torch.where(is_last, last_out[:, :, None], out)
     inside = (block_index < blocks[:, None])[:, None, :, None, None]
