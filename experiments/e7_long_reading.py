@@ -67,6 +67,10 @@ Methods (ablation rows of issue 24; `--methods` picks):
   with TAPE position states (`preset="tape"`, BigBird attention, identity init, so it starts equal to the kobigbird
   conversion), every weight trained at the row's rate and the TAPE maps, zero at init, at 1e-3
   (`tape_learning_rate`): contextual position states that could tell apart the copied positions past 512.
+- kobigbird-long-b128qn-cuts-ranked-teacher (round 12): -cuts-ranked with the paragraph reader as teacher on every
+  cut (training/cut_teacher.py, weight `--teacher-weight`): the reader reads the cut's text (its nulls left out) in one
+  window of its own layout, and its null-relative scores, every null at 0, are soft targets per region and across
+  regions: what the long layout costs near the answer (round 10) taught back by the reader that does not pay it.
 - full-long: dense attention at 4096 (an upper reference on the CPU).
 
 Usage: python experiments/e7_long_reading.py --reader qa-model/kobigbird-e5-korquad [--cpu-minutes 60]
@@ -197,6 +201,11 @@ METHODS = {
     "tape-long-b128qn-cuts-ranked": Method("tape", LONG, LONG, 1024,
                                            B128QN | {"attention": "bigbird", "qa_ranking_weight": 0.5},
                                            cut=SOURCE_WINDOW, tape_learning_rate=1e-3),
+    # round 12: round 10's route with the paragraph reader as teacher on every cut (training/cut_teacher.py): it reads
+    # the cut's text in one window of its own layout and its null-relative scores are soft targets in the long layout
+    "kobigbird-long-b128qn-cuts-ranked-teacher": Method("kobigbird", LONG, LONG, 1024,
+                                                        B128QN | {"qa_ranking_weight": 0.5}, cut=SOURCE_WINDOW,
+                                                        teacher=True),
     "littlebird-long-teacher": Method("littlebird", LONG, LONG, 1024, {}, teacher=True),
     "full-long": Method("full", LONG, LONG, 1024, COPY),
 }

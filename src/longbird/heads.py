@@ -139,6 +139,47 @@ def _masked(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(~allowed, torch.finfo(logits.dtype).min)
 
 
+def region_members(region_nulls: torch.Tensor, valid: torch.Tensor, max_regions: int | None = None):
+    """The regions of a batch with regional nulls: (nulls (B, R), each region's null index, `l` where a row has fewer
+    regions; exists (B, R) bool; member (B, R, l) bool, the tokens of each region, a row's missing regions padded with
+    a one-token region at 0 so that no softmax over a region is all -inf, whose backward is NaN). `max_regions`: a
+    bound known from the shapes (`NullRegions.max_regions`), so that nothing is read back to the host (a compiled
+    training step keeps one graph); default: counted from the batch."""
+    length = region_nulls.shape[1]
+    positions = torch.arange(length, device=region_nulls.device)
+    null_tokens = valid & is_null(region_nulls)
+    count = min(length, max_regions) if max_regions is not None else int(null_tokens.sum(-1).max())
+    nulls = torch.where(null_tokens, positions, length).sort(-1).values[:, :count]  # (B, R); `length`: no region
+    exists = nulls < length
+    member = valid[:, None, :] & (region_nulls[:, None, :] == nulls[:, :, None])  # (B, R, l)
+    return nulls, exists, member | (~exists[..., None] & (positions == 0))
+
+
+def answer_regions(nulls: torch.Tensor, exists: torch.Tensor, region_nulls: torch.Tensor,
+                   start_targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(kept (B,), answered (B,), positive (B, R)): the rows with a target, those with the answer in the window, and
+    the region holding the gold start."""
+    kept = start_targets != IGNORE_INDEX
+    target = start_targets.clamp(min=0)
+    answered = kept & (target > 0)
+    answer_region = region_nulls.gather(1, target[:, None])  # (B, 1)
+    return kept, answered, exists & answered[:, None] & (nulls == answer_region)
+
+
+def mean_over_regions(per_region: torch.Tensor, exists: torch.Tensor, kept: torch.Tensor, answered: torch.Tensor,
+                      positive: torch.Tensor) -> torch.Tensor:
+    """A batch's loss from per-region losses (B, R), weighted as `regional_start_loss` says: a row with the answer is
+    the mean of its answer region's loss and the mean over its other regions, a row without it the mean over its
+    regions; the mean is over the rows kept."""
+    negative = exists & ~positive
+    loss_positive = per_region.masked_fill(~positive, 0).sum(-1)
+    loss_negative = per_region.masked_fill(~negative, 0).sum(-1) / negative.sum(-1).clamp(min=1)
+    has_negative = negative.any(-1)
+    row = torch.where(answered & has_negative, (loss_positive + loss_negative) / 2,
+                      torch.where(answered, loss_positive, loss_negative))
+    return row.masked_fill(~kept, 0).sum() / kept.sum().clamp(min=1)
+
+
 def regional_start_loss(start_logits: torch.Tensor, region_nulls: torch.Tensor, valid: torch.Tensor,
                         start_targets: torch.Tensor, max_regions: int | None = None) -> torch.Tensor:
     """The start loss with regional nulls (data/null_regions.py): one softmax per region (its null and its tokens),
@@ -149,33 +190,15 @@ def regional_start_loss(start_logits: torch.Tensor, region_nulls: torch.Tensor, 
     add nothing; the mean is over the rest.
 
     start_logits (B, l) float; region_nulls (B, l) long, the index of each token's null (a null is its own);
-    valid (B, l) bool: the real tokens; start_targets (B,) long (IGNORE_INDEX: ignored). `max_regions`: a bound on
-    the regions of a row known from the shapes (`NullRegions.max_regions`), so that no value is read back to the
-    host (a compiled training step keeps one graph); default: counted from the batch."""
-    length = start_logits.shape[1]
-    positions = torch.arange(length, device=start_logits.device)
-    null_tokens = valid & is_null(region_nulls)
-    count = min(length, max_regions) if max_regions is not None else int(null_tokens.sum(-1).max())
-    nulls = torch.where(null_tokens, positions, length).sort(-1).values[:, :count]  # (B, R); `length`: no region
-    exists = nulls < length
-    member = valid[:, None, :] & (region_nulls[:, None, :] == nulls[:, :, None])  # (B, R, l)
-    # A row with fewer regions pads with a one-token region: no all -inf softmax (whose backward is NaN)
-    member = member | (~exists[..., None] & (positions == 0))
+    valid (B, l) bool: the real tokens; start_targets (B,) long (IGNORE_INDEX: ignored). `max_regions`: as
+    `region_members`."""
+    nulls, exists, member = region_members(region_nulls, valid, max_regions)
     log_p = torch.log_softmax(start_logits.float()[:, None, :].masked_fill(~member, float("-inf")), -1)
-    kept = start_targets != IGNORE_INDEX
+    kept, answered, positive = answer_regions(nulls, exists, region_nulls, start_targets)
     target = start_targets.clamp(min=0)
-    answered = kept & (target > 0)
-    answer_region = region_nulls.gather(1, target[:, None])  # (B, 1)
-    positive = exists & answered[:, None] & (nulls == answer_region)
     region_target = torch.where(positive, target[:, None], torch.where(exists, nulls, 0))
     loss = -log_p.gather(2, region_target[..., None]).squeeze(-1)
-    negative = exists & ~positive
-    loss_positive = loss.masked_fill(~positive, 0).sum(-1)
-    loss_negative = loss.masked_fill(~negative, 0).sum(-1) / negative.sum(-1).clamp(min=1)
-    has_negative = negative.any(-1)
-    row = torch.where(answered & has_negative, (loss_positive + loss_negative) / 2,
-                      torch.where(answered, loss_positive, loss_negative))
-    return row.masked_fill(~kept, 0).sum() / kept.sum().clamp(min=1)
+    return mean_over_regions(loss, exists, kept, answered, positive)
 
 
 def cross_region_ranking_loss(start_logits: torch.Tensor, region_nulls: torch.Tensor, valid: torch.Tensor,

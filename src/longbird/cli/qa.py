@@ -62,8 +62,9 @@ SavedAnswerTokens = Annotated[int | None, typer.Option(
     min=1, help="Longest answer span `answer` and `evaluate` decode with this model (saved in its config; default 64)")]
 MaxStepsOverEpochs = Annotated[int, typer.Option(help="Stop after N optimiser steps (overrides --epochs)")]
 Teacher = Annotated[Path | None, typer.Option(help="Distil from this short QA model (e.g. `make qa-model`) read in "
-                                                 "sliding windows of its trained length: its merged span "
-                                                 "distributions are soft targets beside the gold labels")]
+                                                 "sliding windows of its trained length (with --cut-windows: each "
+                                                 "cut read in one window of its own): its span distributions are "
+                                                 "soft targets beside the gold labels")]
 TeacherWeight = Annotated[float, typer.Option(min=0.0, max=1.0, help="Weight of the teacher's soft targets in the "
                                                                      "loss (the gold labels get the rest)")]
 CPUMinutes = Annotated[float | None, typer.Option(min=0.001, help="Stop after this many minutes of CPU time (all "

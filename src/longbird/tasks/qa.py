@@ -130,21 +130,20 @@ def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "
     add_tag_tokens(tokenizer, model)  # always, so the model can read HTML pages later (`longbird answer`)
     check_tokenizer(model, tokenizer)
     window_length = window_length or model.config.max_position_embeddings
-    if cut_windows is not None and teacher is not None:
-        raise ValueError("a sliding teacher reads whole long windows, not cuts of them: train with the teacher or "
-                         "with cut_windows, not both")
     # Built on demand: each document tokenized once, only the drawn windows kept as token ranges (data/windows.py);
     # with cuts the negative draw is the cuts' (data/layout_cuts.py), so every long window is kept here.
     items = QAWindows(tokenizer, rows, window_length, doc_stride, max_windows,
                       1.0 if cut_windows else negative_fraction, settings.seed,
-                      token_types=model.config.type_vocab_size >= 2, with_question_tokens=teacher is not None,
+                      token_types=model.config.type_vocab_size >= 2,
+                      with_question_tokens=teacher is not None and cut_windows is None,
                       max_question_tokens=question_limit(model, tokenizer, window_length),
                       null_regions=NullRegions.of(model.config, tokenizer))
     if cut_windows is not None:
         items = LayoutCuts(items, cut_windows, model.config.block_size, cut_overlap, negative_fraction,
                            settings.seed)
     distillation = ({} if teacher is None else
-                    sliding_teacher(teacher, tokenizer, items, settings, teacher_weight, teacher_temperature))
+                    sliding_teacher(teacher, tokenizer, items, settings, teacher_weight, teacher_temperature,
+                                    cuts=cut_windows is not None))
     metrics = train(model, tokenizer, items, out.parent / f".{out.name}.work", settings,
                     checkpoint_dir=out.parent / f"{out.name}.checkpoints", **distillation.pop("trainer", {}))
 
@@ -158,16 +157,25 @@ def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "
                         (model_path, preset, max_length))
     return {**metrics, "windows": items.windows, "training_windows": len(items)}
 
-def sliding_teacher(teacher_path, tokenizer, items: QAWindows, settings: FinetuneSettings, weight: float,
-                    temperature: float) -> dict:
-    """What `finetune_qa` needs to distil from a sliding short reader: {"trainer": train()'s trainer arguments,
-    "teacher": the record of the teacher kept in longbird_finetune.json}."""
+def sliding_teacher(teacher_path, tokenizer, items: QAWindows | LayoutCuts, settings: FinetuneSettings,
+                    weight: float, temperature: float, cuts: bool = False) -> dict:
+    """What `finetune_qa` needs to distil from a short reader: {"trainer": train()'s trainer arguments, "teacher": the
+    record of the teacher kept in longbird_finetune.json}. On whole long windows the teacher reads them in sliding
+    windows (training/sliding_teacher.py); on `cuts` of them it reads each cut in one window of its own
+    (training/cut_teacher.py)."""
+    from ..training.cut_teacher import CutTeacher, CutTeacherTrainer
     from ..training.sliding_teacher import SlidingTeacher, SlidingTeacherTrainer
 
     model, teacher_tokenizer = load_on_device(teacher_path, LongBirdForQuestionAnswering)
     if teacher_tokenizer.get_vocab() != tokenizer.get_vocab():
         raise ValueError(f"the teacher {teacher_path} reads another vocabulary than the model being trained: the "
                          "teacher must be a QA model fine-tuned from the same source (e.g. `make qa-model`)")
+    if cuts:
+        teacher = CutTeacher(model, items.long.template, temperature, bf16=settings.bf16)
+        record = {"model": str(teacher_path), "reads": "each cut in one window", "weight": weight,
+                  "temperature": temperature}
+        return {"trainer": {"trainer_class": CutTeacherTrainer,
+                            "trainer_kwargs": {"teacher": teacher, "teacher_weight": weight}}, "teacher": record}
     window, stride = trained_windows(teacher_path)
     window = window or model.config.max_position_embeddings
     stride = stride if stride is not None else min(128, window // 4)
