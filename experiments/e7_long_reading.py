@@ -71,6 +71,9 @@ Methods (ablation rows of issue 24; `--methods` picks):
   cut (training/cut_teacher.py, weight `--teacher-weight`): the reader reads the cut's text (its nulls left out) in one
   window of its own layout, and its null-relative scores, every null at 0, are soft targets per region and across
   regions: what the long layout costs near the answer (round 10) taught back by the reader that does not pay it.
+- kobigbird-long-b128qn-cuts-ranked-teacher-within (round 12): the same with `teacher_targets="within-region"`: per
+  region the teacher's distribution over the region's own tokens (its null left out) and no ranking term, so the
+  teacher says where in a region the answer would start and the gold labels alone say whether it is there.
 - full-long: dense attention at 4096 (an upper reference on the CPU).
 
 Usage: python experiments/e7_long_reading.py --reader qa-model/kobigbird-e5-korquad [--cpu-minutes 60]
@@ -130,6 +133,7 @@ class Method(NamedTuple):
     padding_insertion: bool = False  # train with Padding Insertion (LittleBird §3.4: gaps in the position ids)
     cut: int | None = None  # train on cuts of this many tokens from the long windows (data/layout_cuts.py)
     tape_learning_rate: float | None = None  # the TAPE maps' own rate (FinetuneSettings.tape_learning_rate)
+    teacher_targets: str = "null-relative"  # on cuts: what the teacher's start scores teach (training/cut_teacher.py)
 
     @property
     def reading(self) -> tuple[int, int]:
@@ -206,6 +210,11 @@ METHODS = {
     "kobigbird-long-b128qn-cuts-ranked-teacher": Method("kobigbird", LONG, LONG, 1024,
                                                         B128QN | {"qa_ranking_weight": 0.5}, cut=SOURCE_WINDOW,
                                                         teacher=True),
+    # round 12, second row: the teacher's start scores only within each region (its null left to the gold labels):
+    # where in a region, not whether; the first row's null-relative targets carry a window-level "not here"
+    "kobigbird-long-b128qn-cuts-ranked-teacher-within": Method("kobigbird", LONG, LONG, 1024,
+                                                               B128QN | {"qa_ranking_weight": 0.5}, cut=SOURCE_WINDOW,
+                                                               teacher=True, teacher_targets="within-region"),
     "littlebird-long-teacher": Method("littlebird", LONG, LONG, 1024, {}, teacher=True),
     "full-long": Method("full", LONG, LONG, 1024, COPY),
 }
@@ -270,7 +279,8 @@ def train_method(name: str, start: Path, train, run_dir: Path, args, reader: Pat
     metrics = finetune_qa(start, train, run_dir, data_format="korquad1-articles", window_length=window,
                           doc_stride=stride, negative_fraction=args.negative_fraction, settings=settings,
                           overwrite=True, teacher=reader if method.teacher else None,
-                          teacher_weight=args.teacher_weight, cut_windows=method.cut, cut_overlap=128)
+                          teacher_weight=args.teacher_weight, teacher_targets=method.teacher_targets,
+                          cut_windows=method.cut, cut_overlap=128)
     history = metrics["log_history"]
     return {"batch_size": batch, "cpu_budget": metrics["cpu_budget"], "tokens_seen": metrics["tokens_seen"],
             "training_windows": metrics["training_windows"], "windows": metrics["windows"],

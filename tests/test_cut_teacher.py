@@ -148,7 +148,47 @@ def test_the_soft_start_loss_is_the_per_region_kl_weighted_as_the_gold_loss(weig
     ignored = regional_divergence(relative, logits, nulls.expand(2, -1), torch.ones(2, length, dtype=torch.bool),
                                   torch.tensor([IGNORE_INDEX, 0]), ranking_weight=weight)
     expected_one = reference(relative[1], logits[1].detach(), region_nulls, 0, weight)
-    assert abs(float(ignored) - expected_one) < 1e-5  # a row without a target adds nothing
+    assert abs(float(ignored.detach()) - expected_one) < 1e-5  # a row without a target adds nothing
+
+
+def test_within_region_targets_leave_the_nulls_to_the_gold_labels():
+    """targets="within-region": per region the KL over its own tokens only (nulls out), no ranking term; a region
+    that is a null alone adds 0 and no NaN to the gradient."""
+    ids, region_nulls, _ = cut_with_nulls(regions=(5, 0, 7))  # the second inserted region is its null alone
+    length = len(ids)
+    nulls = torch.tensor(region_nulls)
+    is_null = nulls == torch.arange(length)
+    generator = torch.Generator().manual_seed(4)
+    relative = torch.randn(2, length, generator=generator).masked_fill(is_null, 0.0)
+    logits = torch.randn(2, length, generator=generator, requires_grad=True)
+    targets = torch.tensor([region_nulls.index(region_nulls[-1]) + 2, 0])
+    got = regional_divergence(relative, logits, nulls.expand(2, -1), torch.ones(2, length, dtype=torch.bool), targets,
+                              ranking_weight=0.5, targets="within-region")
+    expected = 0.0
+    for row in range(2):
+        regions = sorted(set(region_nulls))
+        kls = {}
+        for null in regions:
+            members = [i for i, n in enumerate(region_nulls) if n == null and i != null]
+            if not members:
+                kls[null] = 0.0
+                continue
+            p = torch.softmax(relative[row, members].double(), 0)
+            q = torch.softmax(logits[row, members].detach().double(), 0)
+            kls[null] = float((p * (p.log() - q.log())).sum())
+        if targets[row] > 0:
+            answer = region_nulls[int(targets[row])]
+            others = [kls[n] for n in regions if n != answer]
+            expected += (kls[answer] + sum(others) / len(others)) / 2 / 2
+        else:
+            expected += sum(kls.values()) / len(kls) / 2
+    assert abs(float(got.detach()) - expected) < 1e-5
+    got.backward()
+    assert torch.isfinite(logits.grad).all() and logits.grad.abs().sum() > 0
+    assert float(logits.grad[:, is_null].abs().sum()) == 0.0  # no null is taught by the teacher
+    with pytest.raises(ValueError, match="within-region"):
+        regional_divergence(relative, logits, nulls.expand(2, -1), torch.ones(2, length, dtype=torch.bool), targets,
+                            targets="everything")
 
 
 def test_a_student_with_its_teachers_null_relative_scores_diverges_by_rounding_only():
@@ -206,5 +246,13 @@ def test_finetune_qa_on_cuts_distils_from_the_teacher_end_to_end(tmp_path, monke
     assert len(calls) == 2 and all(shape[1] <= 96 and max(lengths) <= 97 for shape, lengths in calls)
     record = json.loads((out / "longbird_finetune.json").read_text())
     assert record["teacher"] == {"model": str(short), "reads": "each cut in one window", "weight": 0.7,
-                                 "temperature": 1.0}
+                                 "temperature": 1.0, "start_targets": "null-relative"}
     assert record["cut_windows"] == 96
+    # teacher targets other than the default need a teacher on cuts, and must be one of the two
+    for extra, message in ((["--teacher-targets", "within-region"], "--cut-windows"),
+                           (["--teacher-targets", "within-region", "--teacher", str(short)], "--cut-windows"),
+                           (["--teacher-targets", "all", "--teacher", str(short), "--cut-windows", "96"],
+                            "not one of")):
+        result = runner.invoke(app, ["finetune-qa", *common, "--out", str(tmp_path / "refused"), *extra])
+        assert result.exit_code == 1 and message in result.output, result.output
+        assert not (tmp_path / "refused").exists()

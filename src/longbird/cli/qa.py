@@ -79,6 +79,10 @@ WarmupRatio = Annotated[float, typer.Option(help="Fraction of --max-steps (or of
                                                  "learning rate up from 0; give 0 with --cpu-minutes, which stops a "
                                                  "run long before --max-steps")]
 TeacherTemperature = Annotated[float, typer.Option(min=0.01, help="Temperature of the teacher's distributions")]
+TeacherTargets = Annotated[str, typer.Option(help="With --cut-windows: null-relative (every region's null and tokens "
+                                                  "scored as the teacher scores them against its [CLS]) or "
+                                                  "within-region (each region's tokens only, its null left to the "
+                                                  "gold labels)")]
 CutWindows = Annotated[int | None, typer.Option(min=2, help="Train on windows of this many tokens cut from the long "
                                                             "windows: the model's first block, then a span of "
                                                             "tokens, each with its long-window position and null "
@@ -127,6 +131,7 @@ def finetune_qa(
     group_by_length: GroupByLength = False, compile: Compile = False, resume: Resume = False,
     overwrite: Overwrite = False,
     teacher: Teacher = None, teacher_weight: TeacherWeight = 0.5, teacher_temperature: TeacherTemperature = 1.0,
+    teacher_targets: TeacherTargets = "null-relative",
     cpu_minutes: CPUMinutes = None, wall_minutes: WallMinutes = None, lr_scheduler: LRScheduler = "linear",
     warmup_ratio: WarmupRatio = 0.1, cut_windows: CutWindows = None, cut_overlap: CutOverlap = 128,
 ):
@@ -139,7 +144,7 @@ def finetune_qa(
                   negative_fraction=negative_fraction, max_examples=max_examples, settings=settings,
                   overwrite=overwrite, qa_head=qa_head, split=split, max_answer_tokens=max_answer_tokens,
                   teacher=teacher, teacher_weight=teacher_weight, teacher_temperature=teacher_temperature,
-                  cut_windows=cut_windows, cut_overlap=cut_overlap)
+                  teacher_targets=teacher_targets, cut_windows=cut_windows, cut_overlap=cut_overlap)
     print_metrics(f"fine-tuned QA model saved to {out}", metrics)
 
 

@@ -97,18 +97,27 @@ def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "
                 max_windows: int | None = None, negative_fraction: float = 1.0, max_examples: int | None = None,
                 settings: FinetuneSettings | None = None, overwrite: bool = False, qa_head: str | None = None,
                 split: str | None = None, max_answer_tokens: int | None = None, teacher=None,
-                teacher_weight: float = 0.5, teacher_temperature: float = 1.0,
+                teacher_weight: float = 0.5, teacher_temperature: float = 1.0, teacher_targets: str = "null-relative",
                 conversion: dict | None = None, cut_windows: int | None = None, cut_overlap: int = 128) -> dict:
     """Fine-tune a QA model and save it (with its tokenizer, which gains the HTML tag tokens) to `out`.
     `window_length` (default: the model's maximum) is the feature window; `max_windows=1` trains on the first window
     only (truncation). With `teacher` (a fine-tuned short QA model directory) the loss mixes the gold labels with
     the teacher's span distributions read in sliding windows of its trained length (training/sliding_teacher.py),
-    `teacher_weight` of the soft part at `teacher_temperature`. `conversion`: LongBirdConfig values for a source that
-    is converted (e.g. {"tape_phase": False}); ignored by a longbird directory, which keeps its own.
+    `teacher_weight` of the soft part at `teacher_temperature`; on cuts it reads each cut whole, and
+    `teacher_targets` says what its start scores teach each region (training/cut_teacher.py). `conversion`:
+    LongBirdConfig values for a source that is converted (e.g. {"tape_phase": False}); ignored by a longbird
+    directory, which keeps its own.
     `cut_windows`: train on windows of this many tokens cut from the long windows (the model's first block, then
     consecutive tokens overlapping by about `cut_overlap`), each token with its long-window position and null
     (data/layout_cuts.py); the negative draw applies to the cuts."""
+    from ..training.cut_teacher import TARGETS
+
     settings = settings or FinetuneSettings()
+    if teacher_targets not in TARGETS:
+        raise ValueError(f"--teacher-targets {teacher_targets!r} is not one of {', '.join(TARGETS)}")
+    if teacher_targets != "null-relative" and (teacher is None or cut_windows is None):
+        raise ValueError(f"teacher targets {teacher_targets!r} apply to a teacher reading cuts: give --teacher with "
+                         "--cut-windows, or leave --teacher-targets out")
     out = Path(out)
     check_output(out, overwrite)
     rows = train_data if isinstance(train_data, Dataset) else read_qa_data(train_data, data_format, split)[0]
@@ -143,7 +152,7 @@ def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "
                            settings.seed)
     distillation = ({} if teacher is None else
                     sliding_teacher(teacher, tokenizer, items, settings, teacher_weight, teacher_temperature,
-                                    cuts=cut_windows is not None))
+                                    cuts=cut_windows is not None, start_targets=teacher_targets))
     metrics = train(model, tokenizer, items, out.parent / f".{out.name}.work", settings,
                     checkpoint_dir=out.parent / f"{out.name}.checkpoints", **distillation.pop("trainer", {}))
 
@@ -158,7 +167,8 @@ def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "
     return {**metrics, "windows": items.windows, "training_windows": len(items)}
 
 def sliding_teacher(teacher_path, tokenizer, items: QAWindows | LayoutCuts, settings: FinetuneSettings,
-                    weight: float, temperature: float, cuts: bool = False) -> dict:
+                    weight: float, temperature: float, cuts: bool = False, start_targets: str = "null-relative"
+                    ) -> dict:
     """What `finetune_qa` needs to distil from a short reader: {"trainer": train()'s trainer arguments, "teacher": the
     record of the teacher kept in longbird_finetune.json}. On whole long windows the teacher reads them in sliding
     windows (training/sliding_teacher.py); on `cuts` of them it reads each cut in one window of its own
@@ -171,9 +181,10 @@ def sliding_teacher(teacher_path, tokenizer, items: QAWindows | LayoutCuts, sett
         raise ValueError(f"the teacher {teacher_path} reads another vocabulary than the model being trained: the "
                          "teacher must be a QA model fine-tuned from the same source (e.g. `make qa-model`)")
     if cuts:
-        teacher = CutTeacher(model, items.long.template, temperature, bf16=settings.bf16)
+        teacher = CutTeacher(model, items.long.template, temperature, bf16=settings.bf16,
+                             start_targets=start_targets)
         record = {"model": str(teacher_path), "reads": "each cut in one window", "weight": weight,
-                  "temperature": temperature}
+                  "temperature": temperature, "start_targets": start_targets}
         return {"trainer": {"trainer_class": CutTeacherTrainer,
                             "trainer_kwargs": {"teacher": teacher, "teacher_weight": weight}}, "teacher": record}
     window, stride = trained_windows(teacher_path)

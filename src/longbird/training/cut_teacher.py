@@ -42,6 +42,7 @@ from .sliding_teacher import divergence
 from .trainer import LongBirdTrainer
 
 MASKED = -1e30  # below this a head's logit is masked (heads._masked fills the dtype's minimum)
+TARGETS = ("null-relative", "within-region")  # what the soft start loss asks of each region (module docstring)
 
 
 @dataclass
@@ -57,9 +58,13 @@ class CutTargets:
 class CutTeacher:
     """A short QA reader that reads every cut of a batch in one window of its own (module docstring)."""
 
-    def __init__(self, model, template: PairTemplate, temperature: float = 1.0, bf16: bool = False):
+    def __init__(self, model, template: PairTemplate, temperature: float = 1.0, bf16: bool = False,
+                 start_targets: str = "null-relative"):
         if temperature <= 0:
             raise ValueError(f"the distillation temperature must be positive; got {temperature}")
+        if start_targets not in TARGETS:
+            raise ValueError(f"teacher targets {start_targets!r} are not one of {', '.join(TARGETS)}")
+        self.start_targets = start_targets
         # Trainer's bf16 autocasts the student's forward only (accelerate wraps the prepared model), so the teacher
         # asks for its own, with its Linear weights stored in bf16 once (the same arithmetic: precision.py)
         self.model = model.eval().requires_grad_(False)
@@ -127,20 +132,29 @@ class CutTeacher:
 
 def regional_divergence(relative: torch.Tensor, start_logits: torch.Tensor, region_nulls: torch.Tensor | None,
                         valid: torch.Tensor, start_targets: torch.Tensor, max_regions: int | None = None,
-                        ranking_weight: float = 0.0) -> torch.Tensor:
+                        ranking_weight: float = 0.0, targets: str = "null-relative") -> torch.Tensor:
     """The soft start loss (module docstring): per region KL(P_T || P_S), weighted as the gold regional loss, and with
     `ranking_weight` w, (1 - w) of it + w * the KL over the cross-region ranking softmax. `relative` (B, l): the
     teacher's null-relative scores (0 at the nulls); `start_logits` (B, l) the student's, already divided by the
-    temperature; without `region_nulls` the window is one region ([CLS] its null)."""
+    temperature; without `region_nulls` the window is one region ([CLS] its null). `targets="within-region"`: each
+    region's distribution over its own tokens, its null left out, and no ranking term (`TARGETS`)."""
+    if targets not in TARGETS:
+        raise ValueError(f"teacher targets {targets!r} are not one of {', '.join(TARGETS)}")
     device = start_logits.device
     relative = relative.to(device)
     if region_nulls is None:
         region_nulls = torch.zeros_like(valid, dtype=torch.long)
     nulls, exists, member = region_members(region_nulls, valid, max_regions)
     student = start_logits.float()
+    within = targets == "within-region"
+    if within:
+        member = member & ~is_null(region_nulls)[:, None, :]
 
     def kl(teacher_scores: torch.Tensor, student_scores: torch.Tensor, support: torch.Tensor) -> torch.Tensor:
-        """KL over the last dimension within `support` (a row with no support diverges by 0)."""
+        """KL over the last dimension within `support`. A row with no support (a region of a null alone) diverges by
+        0: it reads its first element on both sides, so no softmax is all -inf (whose backward is NaN)."""
+        first = torch.arange(support.shape[-1], device=support.device) == 0
+        support = support | (~support.any(-1, keepdim=True) & first)
         teacher_log = torch.log_softmax(teacher_scores.masked_fill(~support, float("-inf")), -1)
         student_log = torch.log_softmax(student_scores.masked_fill(~support, float("-inf")), -1)
         teacher_log, student_log = teacher_log.masked_fill(~support, 0.0), student_log.masked_fill(~support, 0.0)
@@ -150,7 +164,7 @@ def regional_divergence(relative: torch.Tensor, start_logits: torch.Tensor, regi
     per_region = kl(relative[:, None, :], student[:, None, :], member)  # (B, R)
     kept, answered, positive = answer_regions(nulls, exists, region_nulls, start_targets)
     loss = mean_over_regions(per_region, exists, kept, answered, positive)
-    if not ranking_weight:
+    if within or not ranking_weight:
         return loss
     options = valid & ~is_null(region_nulls)
     student_relative = student - student.gather(1, region_nulls.clamp(min=0))
@@ -181,9 +195,11 @@ class CutTeacherTrainer(LongBirdTrainer):
         valid = inputs["attention_mask"].bool()
         start_targets = inputs["start_positions"].masked_fill(inputs["start_positions"] >= valid.shape[1],
                                                               IGNORE_INDEX)
-        start = regional_divergence(targets.relative, outputs.start_logits / temperature, inputs.get("region_nulls"),
-                                    valid, start_targets, NullRegions.max_regions(config, valid.shape[1]),
-                                    config.qa_ranking_weight if inputs.get("region_nulls") is not None else 0.0)
+        region_nulls = inputs.get("region_nulls")
+        regional = region_nulls is not None  # else the cut is one region, its [CLS] the null
+        start = regional_divergence(targets.relative, outputs.start_logits / temperature, region_nulls, valid,
+                                    start_targets, NullRegions.max_regions(config, valid.shape[1]) if regional else 1,
+                                    config.qa_ranking_weight if regional else 0.0, self.teacher.start_targets)
         soft = (start + divergence(targets.end, outputs.end_logits / temperature, targets.has_end)) / 2
         loss = (1 - self.teacher_weight) * outputs.loss + self.teacher_weight * temperature ** 2 * soft
         return (loss, outputs) if return_outputs else loss
