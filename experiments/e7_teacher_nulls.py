@@ -1,0 +1,82 @@
+"""E7 round 12: what the paragraph reader's null-relative targets say about regions without the answer.
+
+On training cuts of round 10's long layout (data/layout_cuts.py, the train side of E7's split), the teacher
+(training/cut_teacher.py) reads each cut in one window; for every later region of a cut that does not hold the answer
+(the first region, with the question, left out), this counts how often its target gives the region's null less than
+half of the region's probability, i.e. says a token there beats "not here", where the gold labels give the null all
+of it. Cuts with the answer and without are counted apart: the teacher's [CLS] reads the whole cut, so its scores are
+relative to a window-level "not here".
+
+Usage: python experiments/e7_teacher_nulls.py --reader qa-model/kobigbird-e5-korquad \\
+           --layout experiments/runs/e7_round9_amx/kobigbird-long-b128qn-cuts-ranked [--cuts 160]
+Writes experiments/results/e7_teacher_nulls.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from longbird.checkpoints import load_task_model  # noqa: E402
+from longbird.data.batching import PaddedBatches  # noqa: E402
+from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # noqa: E402
+from longbird.data.layout_cuts import LayoutCuts  # noqa: E402
+from longbird.data.null_regions import NullRegions  # noqa: E402
+from longbird.data.windows import QAWindows  # noqa: E402
+from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
+from longbird.tasks.qa import question_limit  # noqa: E402
+from longbird.training.cut_teacher import CutTeacher  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reader", type=Path, required=True, help="The teacher (make qa-model)")
+    parser.add_argument("--layout", type=Path, required=True, help="A long reader whose layout the cuts take")
+    parser.add_argument("--questions", type=int, default=400, help="Train-side questions to cut from")
+    parser.add_argument("--cuts", type=int, default=160, help="Cuts read, evenly spaced over all of them")
+    parser.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "e7_teacher_nulls.json")
+    args = parser.parse_args()
+    rows, _ = read_korquad_v1_articles(ROOT / "data" / "korquad" / "KorQuAD_v1.0_dev.json")
+    train = split_by_title(rows)["train"]
+    train = train.select(range(min(args.questions, len(train))))
+    layout, tokenizer = load_task_model(args.layout, LongBirdForQuestionAnswering)
+    teacher_model, _ = load_task_model(args.reader, LongBirdForQuestionAnswering)
+    windows = QAWindows(tokenizer, train, 4096, 1024, None, 1.0, 0, token_types=False,
+                        max_question_tokens=question_limit(layout, tokenizer, 4096),
+                        null_regions=NullRegions.of(layout.config, tokenizer))
+    cuts = LayoutCuts(windows, 512, layout.config.block_size, 128, 0.1, 0)  # E7's cuts: 512 tokens, overlap 128
+    teacher = CutTeacher(teacher_model, windows.template, bf16=False)
+    collate = PaddedBatches(layout.config.pad_token_id)
+    picked = list(range(0, len(cuts), max(1, len(cuts) // args.cuts)))[:args.cuts]
+    counts = {"with the answer": {"cuts": 0, "regions": 0, "null below half": 0},
+              "without": {"cuts": 0, "regions": 0, "null below half": 0}}
+    for begin in range(0, len(picked), 16):
+        batch = collate([cuts[i] for i in picked[begin:begin + 16]])
+        targets = teacher.targets(batch)
+        for row in range(len(batch["input_ids"])):
+            gold = int(batch["start_positions"][row])
+            region_nulls, valid = batch["region_nulls"][row], batch["attention_mask"][row].bool()
+            group = counts["with the answer" if gold > 0 else "without"]
+            group["cuts"] += 1
+            answer_region = int(region_nulls[gold]) if gold > 0 else None
+            for null in sorted({int(n) for n in region_nulls[valid]}):
+                if null in (0, answer_region):
+                    continue
+                members = torch.nonzero((region_nulls == null) & valid).flatten()
+                p_null = torch.softmax(targets.relative[row, members], 0)[members == null]
+                group["regions"] += 1
+                group["null below half"] += int(p_null.item() < 0.5)
+    result = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "counts": counts}
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(counts))
+
+
+if __name__ == "__main__":
+    main()
