@@ -74,6 +74,9 @@ Methods (ablation rows of issue 24; `--methods` picks):
 - kobigbird-long-b128qn-cuts-ranked-teacher-within (round 12): the same with `teacher_targets="within-region"`: per
   region the teacher's distribution over the region's own tokens (its null left out) and no ranking term, so the
   teacher says where in a region the answer would start and the gold labels alone say whether it is there.
+- kobigbird-long-b128qn-cuts-ranked-teacher-marginal (round 12): `teacher_targets="marginal"`: the teacher's one
+  softmax over the cut marginalised per region, each token its probability and the region's null the rest (the
+  answer starts elsewhere or nowhere), and the ranking term as in -teacher.
 - full-long: dense attention at 4096 (an upper reference on the CPU).
 
 Usage: python experiments/e7_long_reading.py --reader qa-model/kobigbird-e5-korquad [--cpu-minutes 60]
@@ -215,6 +218,12 @@ METHODS = {
     "kobigbird-long-b128qn-cuts-ranked-teacher-within": Method("kobigbird", LONG, LONG, 1024,
                                                                B128QN | {"qa_ranking_weight": 0.5}, cut=SOURCE_WINDOW,
                                                                teacher=True, teacher_targets="within-region"),
+    # round 12, third row: the teacher's window distribution marginalised per region (a region's null gets the
+    # probability that the answer starts anywhere else or nowhere): a region's "not here", not the window's
+    "kobigbird-long-b128qn-cuts-ranked-teacher-marginal": Method("kobigbird", LONG, LONG, 1024,
+                                                                 B128QN | {"qa_ranking_weight": 0.5},
+                                                                 cut=SOURCE_WINDOW, teacher=True,
+                                                                 teacher_targets="marginal"),
     "littlebird-long-teacher": Method("littlebird", LONG, LONG, 1024, {}, teacher=True),
     "full-long": Method("full", LONG, LONG, 1024, COPY),
 }

@@ -186,9 +186,50 @@ def test_within_region_targets_leave_the_nulls_to_the_gold_labels():
     got.backward()
     assert torch.isfinite(logits.grad).all() and logits.grad.abs().sum() > 0
     assert float(logits.grad[:, is_null].abs().sum()) == 0.0  # no null is taught by the teacher
-    with pytest.raises(ValueError, match="within-region"):
+    with pytest.raises(ValueError, match="marginal"):
         regional_divergence(relative, logits, nulls.expand(2, -1), torch.ones(2, length, dtype=torch.bool), targets,
                             targets="everything")
+
+
+def test_marginal_targets_give_each_null_the_teachers_probability_that_the_answer_starts_elsewhere():
+    """targets="marginal": the teacher's one window softmax (non-null tokens and its [CLS]); in region r a token keeps
+    its probability and the null gets 1 - the region's sum. A teacher sure of one token in one region then gives every
+    other region's null (nearly) all of that region, as the gold labels do."""
+    ids, region_nulls, _ = cut_with_nulls(regions=(5, 7, 3))
+    length = len(ids)
+    nulls = torch.tensor(region_nulls)
+    is_null = nulls == torch.arange(length)
+    generator = torch.Generator().manual_seed(6)
+    relative = torch.randn(2, length, generator=generator).masked_fill(is_null, 0.0)
+    sure = region_nulls.index(region_nulls[-1]) + 1  # a token of the last region
+    relative[1, sure] = 40.0
+    logits = torch.randn(2, length, generator=generator, requires_grad=True)
+    valid = torch.ones(2, length, dtype=torch.bool)
+    targets = torch.tensor([sure, 0])
+    got = regional_divergence(relative, logits, nulls.expand(2, -1), valid, targets, targets="marginal")
+    expected = 0.0
+    window = [i for i in range(length) if not is_null[i] or i == 0]
+    for row in range(2):
+        p_window = torch.softmax(relative[row, window].double(), 0)
+        p_of = dict(zip(window, p_window.tolist()))
+        kls = {}
+        for null in sorted(set(region_nulls)):
+            tokens = [i for i, n in enumerate(region_nulls) if n == null and i != null]
+            elsewhere = sum(p_of[i] for i in window if i not in tokens)  # = 1 - the region's sum, without cancelling
+            target = torch.tensor([elsewhere] + [p_of[i] for i in tokens], dtype=torch.double)
+            q = torch.softmax(logits[row, [null, *tokens]].detach().double(), 0)
+            kls[null] = float((target * (target.log() - q.log())).sum())
+            if row == 1 and null != region_nulls[sure]:
+                assert target[0] > 1 - 1e-9  # the teacher is sure the answer is elsewhere: "not here"
+        if targets[row] > 0:
+            answer = region_nulls[int(targets[row])]
+            others = [kls[n] for n in kls if n != answer]
+            expected += (kls[answer] + sum(others) / len(others)) / 2 / 2
+        else:
+            expected += sum(kls.values()) / len(kls) / 2
+    assert abs(float(got.detach()) - expected) < 1e-5
+    got.backward()
+    assert torch.isfinite(logits.grad).all() and logits.grad.abs().sum() > 0
 
 
 def test_a_student_with_its_teachers_null_relative_scores_diverges_by_rounding_only():

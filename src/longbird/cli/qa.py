@@ -80,9 +80,10 @@ WarmupRatio = Annotated[float, typer.Option(help="Fraction of --max-steps (or of
                                                  "run long before --max-steps")]
 TeacherTemperature = Annotated[float, typer.Option(min=0.01, help="Temperature of the teacher's distributions")]
 TeacherTargets = Annotated[str, typer.Option(help="With --cut-windows: null-relative (every region's null and tokens "
-                                                  "scored as the teacher scores them against its [CLS]) or "
+                                                  "scored as the teacher scores them against its [CLS]), "
                                                   "within-region (each region's tokens only, its null left to the "
-                                                  "gold labels)")]
+                                                  "gold labels) or marginal (the teacher's window distribution "
+                                                  "per region, the null the rest)")]
 CutWindows = Annotated[int | None, typer.Option(min=2, help="Train on windows of this many tokens cut from the long "
                                                             "windows: the model's first block, then a span of "
                                                             "tokens, each with its long-window position and null "

@@ -42,7 +42,7 @@ from .sliding_teacher import divergence
 from .trainer import LongBirdTrainer
 
 MASKED = -1e30  # below this a head's logit is masked (heads._masked fills the dtype's minimum)
-TARGETS = ("null-relative", "within-region")  # what the soft start loss asks of each region (module docstring)
+TARGETS = ("null-relative", "within-region", "marginal")  # what the soft start loss asks of each region (docstring)
 
 
 @dataclass
@@ -137,7 +137,10 @@ def regional_divergence(relative: torch.Tensor, start_logits: torch.Tensor, regi
     `ranking_weight` w, (1 - w) of it + w * the KL over the cross-region ranking softmax. `relative` (B, l): the
     teacher's null-relative scores (0 at the nulls); `start_logits` (B, l) the student's, already divided by the
     temperature; without `region_nulls` the window is one region ([CLS] its null). `targets="within-region"`: each
-    region's distribution over its own tokens, its null left out, and no ranking term (`TARGETS`)."""
+    region's distribution over its own tokens, its null left out, and no ranking term. `targets="marginal"`: the
+    teacher's one softmax over its window (every non-null token and its [CLS]) marginalised per region: a token keeps
+    its probability, the region's null gets the rest, 1 - the region's tokens' sum, the probability that the answer
+    starts anywhere else or nowhere: a region's "not here" instead of the window's (`TARGETS`)."""
     if targets not in TARGETS:
         raise ValueError(f"teacher targets {targets!r} are not one of {', '.join(TARGETS)}")
     device = start_logits.device
@@ -147,8 +150,18 @@ def regional_divergence(relative: torch.Tensor, start_logits: torch.Tensor, regi
     nulls, exists, member = region_members(region_nulls, valid, max_regions)
     student = start_logits.float()
     within = targets == "within-region"
+    null_tokens = is_null(region_nulls)
     if within:
-        member = member & ~is_null(region_nulls)[:, None, :]
+        member = member & ~null_tokens[:, None, :]
+    teacher = relative[:, None, :]
+    if targets == "marginal":
+        positions = torch.arange(valid.shape[1], device=device)
+        window = valid & (~null_tokens | (positions == 0))  # what the teacher's softmax ran over
+        log_p = relative.masked_fill(~window, float("-inf"))
+        log_p = log_p - torch.logsumexp(log_p, -1, keepdim=True)
+        rest = window[:, None, :] & ~(member & ~null_tokens[:, None, :])  # starts outside the region's tokens, or none
+        log_null = torch.logsumexp(log_p[:, None, :].masked_fill(~rest, float("-inf")), -1)  # (B, R), stable
+        teacher = torch.where(positions == nulls[..., None], log_null[..., None], log_p[:, None, :])
 
     def kl(teacher_scores: torch.Tensor, student_scores: torch.Tensor, support: torch.Tensor) -> torch.Tensor:
         """KL over the last dimension within `support`. A row with no support (a region of a null alone) diverges by
@@ -161,12 +174,12 @@ def regional_divergence(relative: torch.Tensor, start_logits: torch.Tensor, regi
         terms = teacher_log.exp() * (teacher_log - student_log)  # no inf - inf outside the support
         return torch.where(support, terms, torch.zeros_like(terms)).sum(-1)
 
-    per_region = kl(relative[:, None, :], student[:, None, :], member)  # (B, R)
+    per_region = kl(teacher, student[:, None, :], member)  # (B, R)
     kept, answered, positive = answer_regions(nulls, exists, region_nulls, start_targets)
     loss = mean_over_regions(per_region, exists, kept, answered, positive)
     if within or not ranking_weight:
         return loss
-    options = valid & ~is_null(region_nulls)
+    options = valid & ~null_tokens
     student_relative = student - student.gather(1, region_nulls.clamp(min=0))
     no_answer = torch.zeros(len(student), 1, device=device)
     support = torch.cat([options, torch.ones_like(no_answer, dtype=torch.bool)], -1)
