@@ -4,8 +4,9 @@ On training cuts of round 10's long layout (data/layout_cuts.py, the train side 
 (training/cut_teacher.py) reads each cut in one window; for every later region of a cut that does not hold the answer
 (the first region, with the question, left out), this counts how often its target gives the region's null less than
 half of the region's probability, i.e. says a token there beats "not here", where the gold labels give the null all
-of it. Cuts with the answer and without are counted apart: the teacher's [CLS] reads the whole cut, so its scores are
-relative to a window-level "not here".
+of it: with the null-relative targets and with the marginal ones (`--teacher-targets`). Cuts with the answer and
+without are counted apart: the teacher's [CLS] reads the whole cut, so its scores are relative to a window-level
+"not here".
 
 Usage: python experiments/e7_teacher_nulls.py --reader qa-model/kobigbird-e5-korquad \\
            --layout experiments/runs/e7_round9_amx/kobigbird-long-b128qn-cuts-ranked [--cuts 160]
@@ -55,8 +56,8 @@ def main() -> None:
     teacher = CutTeacher(teacher_model, windows.template, bf16=False)
     collate = PaddedBatches(layout.config.pad_token_id)
     picked = list(range(0, len(cuts), max(1, len(cuts) // args.cuts)))[:args.cuts]
-    counts = {"with the answer": {"cuts": 0, "regions": 0, "null below half": 0},
-              "without": {"cuts": 0, "regions": 0, "null below half": 0}}
+    counts = {group: {"cuts": 0, "regions": 0, "null below half": 0, "marginal null below half": 0}
+              for group in ("with the answer", "without")}
     for begin in range(0, len(picked), 16):
         batch = collate([cuts[i] for i in picked[begin:begin + 16]])
         targets = teacher.targets(batch)
@@ -66,6 +67,10 @@ def main() -> None:
             group = counts["with the answer" if gold > 0 else "without"]
             group["cuts"] += 1
             answer_region = int(region_nulls[gold]) if gold > 0 else None
+            # --teacher-targets marginal: the teacher's one softmax over its window (non-null tokens and its [CLS])
+            inserted = (region_nulls == torch.arange(len(region_nulls))) & (torch.arange(len(region_nulls)) > 0)
+            window = valid & ~inserted
+            p_window = torch.softmax(targets.relative[row].masked_fill(~window, float("-inf")), 0)
             for null in sorted({int(n) for n in region_nulls[valid]}):
                 if null in (0, answer_region):
                     continue
@@ -73,6 +78,8 @@ def main() -> None:
                 p_null = torch.softmax(targets.relative[row, members], 0)[members == null]
                 group["regions"] += 1
                 group["null below half"] += int(p_null.item() < 0.5)
+                tokens = (region_nulls == null) & valid & ~inserted
+                group["marginal null below half"] += int(1 - p_window[tokens].sum().item() < 0.5)
     result = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "counts": counts}
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(counts))

@@ -75,3 +75,22 @@ def test_finetune_qa_compile_trains_and_saves_a_plain_model(tiny_source, tmp_pat
         names = list(weights.keys())
     assert names and not any("_orig_mod" in name for name in names)
     assert Reader(out).task == "qa"
+
+
+def test_a_compiled_encoders_batches_are_padded_to_its_block_multiple():
+    """compilation.batch_multiple: the encoder's block size once it is compiled (so every batch takes the same side of
+    the encoder's own padding branch, on which torch.compile guards), None eagerly; PaddedBatches pads to it."""
+    from longbird.compilation import batch_multiple
+    from longbird.data.batching import PaddedBatches
+
+    model = longbird.convert(make_source("bert"), preset="kobigbird", max_length=256, block_size=BLOCK).eval()
+    assert batch_multiple(model) is None
+    compile_encoder(model)  # compiles at its first call, not here
+    assert batch_multiple(model) == BLOCK
+    items = [{"input_ids": [5] * 9, "attention_mask": [1] * 9, "start_positions": 3},
+             {"input_ids": [6] * 4, "attention_mask": [1] * 4, "start_positions": 0}]
+    batch = PaddedBatches(1, BLOCK)(items)
+    assert batch["input_ids"].shape == (2, 2 * BLOCK) and batch["attention_mask"].sum(1).tolist() == [9, 4]
+    assert batch["input_ids"][0, 9:].eq(1).all() and batch["start_positions"].tolist() == [3, 0]
+    assert PaddedBatches(1, BLOCK)(items[:1])["input_ids"].shape == (1, 2 * BLOCK)
+    assert PaddedBatches(1)(items)["input_ids"].shape == (2, 9)

@@ -27,3 +27,16 @@ def encoder_is_compiled(model: torch.nn.Module) -> bool:
     """`model`'s longbird encoder was compiled in place (`compile_encoder`, or `nn.Module.compile` on it): its first
     calls of each kind of input compile."""
     return getattr(model.base_model, "_compiled_call_impl", None) is not None
+
+
+def batch_multiple(model: torch.nn.Module) -> int | None:
+    """What a compiled encoder's batches are padded to a multiple of (`PaddedBatches(multiple=...)`), else None.
+
+    Why: the encoder right-pads a batch to its block size's multiple when the batch is not one already
+    (`modeling.py`), and with dynamic shapes torch.compile guards on that branch. Serving then compiled the same
+    graph again for the first batch of each kind, one length a multiple of the block and one not: a 23-second
+    request after warm-up (docs/serve.md). A batch that arrives already padded (masked keys, rows the decoding never
+    reads) always takes the same side of the branch, as the encoder's own padding would have made it."""
+    if not encoder_is_compiled(model):
+        return None
+    return getattr(model.config, "block_size", None)

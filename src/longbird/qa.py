@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
+from .compilation import batch_multiple
 from .data.batching import PaddedBatches, plan_batches
 from .data.features import MAX_QUESTION_TOKENS, QAFeature, features_for_rows
 from .data.html import ProcessedDocument
@@ -163,7 +164,8 @@ def run_windows(model, features: list[QAFeature], top_k: int,
     (len(input_ids),) that narrows where its k best starts may lie (within the document; E7's diagnosis reads an
     answer's neighbourhood only)."""
     model.eval()
-    collate = PaddedBatches(model.config.pad_token_id if model.config.pad_token_id is not None else 0)
+    collate = PaddedBatches(model.config.pad_token_id if model.config.pad_token_id is not None else 0,
+                            batch_multiple(model))
     batch = {name: tensor.to(model.device) for name, tensor in
              collate([feature.model_inputs() for feature in features]).items()}
     candidates = _document_tokens(features, batch["input_ids"].shape[1])

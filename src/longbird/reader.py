@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from .checkpoints import check_tokenizer, load_on_device
-from .compilation import encoder_is_compiled
+from .compilation import batch_multiple, encoder_is_compiled
 from .data.batching import PaddedBatches
 from .data.classification import document_windows
 from .data.features import QAFeature, question_token_count
@@ -318,7 +318,7 @@ class Reader:
         """`pick(outputs)` of `module` (default: the model) over `windows` as one padded batch; with `pooled`, the
         mean over every real token of all the windows of `pick`'s (B, l, h) states."""
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        batch = {k: v.to(self.model.device) for k, v in PaddedBatches(pad)(windows).items()}
+        batch = {k: v.to(self.model.device) for k, v in PaddedBatches(pad, batch_multiple(self.model))(windows).items()}
         picked = pick((module or self.model)(**batch))
         if not pooled:
             return picked.cpu()

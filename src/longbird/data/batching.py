@@ -7,13 +7,17 @@ import torch
 
 
 class PaddedBatches:
-    """Pads a list of feature dicts to the longest one; keeps labels as they are."""
+    """Pads a list of feature dicts to the longest one, rounded up to a multiple of `multiple` when given (a compiled
+    encoder then sees one kind of length: compilation.batch_multiple); keeps labels as they are."""
 
-    def __init__(self, pad_token_id: int):
+    def __init__(self, pad_token_id: int, multiple: int | None = None):
         self.pad_token_id = pad_token_id
+        self.multiple = multiple
 
     def __call__(self, items: list[dict]) -> dict[str, torch.Tensor]:
         longest = max(len(item["input_ids"]) for item in items)
+        if self.multiple:
+            longest = -(-longest // self.multiple) * self.multiple
         batch: dict[str, torch.Tensor] = {}
         for key in items[0]:
             values = [item[key] for item in items]

@@ -13,12 +13,20 @@ The teacher's window for a cut: the cut's tokens without its inserted nulls (its
 closing tokens appended when the cut does not end with them and they fit the teacher's positions, read with the
 teacher's positions 0..n-1. Targets, in the cut's own positions:
 - start: the teacher's null-relative scores s_T(t) - s_T([CLS]), the score the library ranks spans by across windows
-  (`qa.DEFAULT_SCORING`), every null of the cut at 0 (a region's "not here", as the teacher's [CLS] is its window's).
-  The soft loss mirrors the gold one (heads.py): per region, KL(P_T || P_S) over its null and its tokens, weighted as
-  `regional_start_loss` weights regions; and, with `config.qa_ranking_weight` w, (1 - w) of it plus w of the KL over
-  the softmax that `cross_region_ranking_loss` takes (every non-null token's null-relative score and one "no answer"
-  at 0). The teacher reads the cut in one window, so its scores in different regions are comparable: it teaches the
-  ranking across regions too.
+  (`qa.DEFAULT_SCORING`), every null of the cut at 0. The soft loss mirrors the gold one (heads.py): per region,
+  KL(P_T || P_S) over its null and its tokens, weighted as `regional_start_loss` weights regions; and, with
+  `config.qa_ranking_weight` w, (1 - w) of it plus w of the KL over the softmax that `cross_region_ranking_loss`
+  takes (every non-null token's null-relative score and one "no answer" at 0). The teacher reads the cut in one
+  window, so its scores in different regions are comparable: it teaches the ranking across regions too.
+  What each region's target is (`TARGETS`, `--teacher-targets`):
+  - "null-relative": softmax over the region's null at 0 and its tokens' s_T. But the teacher's [CLS] reads the
+    whole cut, so its "not here" is the window's: in a cut with the answer every token of every region scores high
+    against it, and the target says a token beats the null in regions without the answer (E7 round 12 counted 121 of
+    130 such regions, experiments/e7_teacher_nulls.py), where the gold labels say "null";
+  - "within-region": the teacher's distribution over the region's own tokens, the null left to the gold labels, no
+    soft ranking term;
+  - "marginal": the teacher's one softmax over its window marginalised per region: each token keeps its
+    probability, the null gets the rest (the answer starts elsewhere or nowhere), a region's "not here".
 - end: the teacher's P(end | gold start) for the conditional head (LittleBird A.2; answered cuts only), its end
   distribution for the linear head, over the cut's non-null tokens (`sliding_teacher.divergence`).
 
