@@ -26,7 +26,8 @@ def compile_encoder(model: torch.nn.Module, mode: str | None = None) -> torch.nn
 def encoder_is_compiled(model: torch.nn.Module) -> bool:
     """`model`'s longbird encoder was compiled in place (`compile_encoder`, or `nn.Module.compile` on it): its first
     calls of each kind of input compile."""
-    return getattr(model.base_model, "_compiled_call_impl", None) is not None
+    encoder = getattr(model, "base_model", None)  # stand-ins for a model in tests have none: not compiled
+    return getattr(encoder, "_compiled_call_impl", None) is not None
 
 
 def batch_multiple(model: torch.nn.Module) -> int | None:
