@@ -104,6 +104,15 @@ def test_the_teacher_reads_a_cut_without_its_nulls_and_every_null_scores_zero():
     assert not bool(negative.has_end[0]) and torch.isfinite(negative.relative[0]).all()
 
 
+def weighted_as_the_gold_loss(kls: dict, answer: int | None) -> float:
+    """One row's loss from per-region KLs {null: kl}: the answer region's against the mean of the others (or the mean
+    of all without the answer), as heads.regional_start_loss weighs regions."""
+    if answer is None:
+        return sum(kls.values()) / len(kls)
+    others = [kl for null, kl in kls.items() if null != answer]
+    return (kls[answer] + sum(others) / len(others)) / 2 if others else kls[answer]
+
+
 def reference(relative, logits, region_nulls, target, weight):
     """The soft start loss of one row by loops: per region KL over its null and tokens, the answer region's against
     the mean of the others (or the mean of all without the answer), plus `weight` of the ranking KL."""
@@ -114,12 +123,7 @@ def reference(relative, logits, region_nulls, target, weight):
         p = torch.softmax(relative[members].double(), 0)
         q = torch.softmax(logits[members].double(), 0)
         kls[null] = float((p * (p.log() - q.log())).sum())
-    if target > 0:
-        answer = int(region_nulls[target])
-        others = [kls[n] for n in regions if n != answer]
-        regional = (kls[answer] + sum(others) / len(others)) / 2 if others else kls[answer]
-    else:
-        regional = sum(kls.values()) / len(kls)
+    regional = weighted_as_the_gold_loss(kls, int(region_nulls[target]) if target > 0 else None)
     options = [i for i, n in enumerate(region_nulls) if n != i]
     student = torch.tensor([float(logits[i] - logits[region_nulls[i]]) for i in options] + [0.0], dtype=torch.double)
     teacher = torch.tensor([float(relative[i]) for i in options] + [0.0], dtype=torch.double)
@@ -176,12 +180,7 @@ def test_within_region_targets_leave_the_nulls_to_the_gold_labels():
             p = torch.softmax(relative[row, members].double(), 0)
             q = torch.softmax(logits[row, members].detach().double(), 0)
             kls[null] = float((p * (p.log() - q.log())).sum())
-        if targets[row] > 0:
-            answer = region_nulls[int(targets[row])]
-            others = [kls[n] for n in regions if n != answer]
-            expected += (kls[answer] + sum(others) / len(others)) / 2 / 2
-        else:
-            expected += sum(kls.values()) / len(kls) / 2
+        expected += weighted_as_the_gold_loss(kls, region_nulls[int(targets[row])] if targets[row] > 0 else None) / 2
     assert abs(float(got.detach()) - expected) < 1e-5
     got.backward()
     assert torch.isfinite(logits.grad).all() and logits.grad.abs().sum() > 0
@@ -221,12 +220,7 @@ def test_marginal_targets_give_each_null_the_teachers_probability_that_the_answe
             kls[null] = float((target * (target.log() - q.log())).sum())
             if row == 1 and null != region_nulls[sure]:
                 assert target[0] > 1 - 1e-9  # the teacher is sure the answer is elsewhere: "not here"
-        if targets[row] > 0:
-            answer = region_nulls[int(targets[row])]
-            others = [kls[n] for n in kls if n != answer]
-            expected += (kls[answer] + sum(others) / len(others)) / 2 / 2
-        else:
-            expected += sum(kls.values()) / len(kls) / 2
+        expected += weighted_as_the_gold_loss(kls, region_nulls[int(targets[row])] if targets[row] > 0 else None) / 2
     assert abs(float(got.detach()) - expected) < 1e-5
     got.backward()
     assert torch.isfinite(logits.grad).all() and logits.grad.abs().sum() > 0
