@@ -35,9 +35,9 @@ def batch_multiple(model: torch.nn.Module) -> int | None:
 
     Why: the encoder right-pads a batch to its block size's multiple when the batch is not one already
     (`modeling.py`), and with dynamic shapes torch.compile guards on that branch. Serving then compiled the same
-    graph again for the first batch of each kind, one length a multiple of the block and one not: a 23-second
-    request after warm-up (docs/serve.md). A batch that arrives already padded (masked keys, rows the decoding never
-    reads) always takes the same side of the branch, as the encoder's own padding would have made it."""
+    graph again for the first batch of the other kind, a length that is a multiple of the block or one that is not:
+    a 7.3-second request after the warm-up (docs/serve.md). A batch that arrives already padded (masked keys, rows
+    the decoding never reads) always takes the same side of the branch."""
     if not encoder_is_compiled(model):
         return None
     return getattr(model.config, "block_size", None)
