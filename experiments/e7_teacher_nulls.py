@@ -33,7 +33,7 @@ from longbird.data.null_regions import NullRegions  # noqa: E402
 from longbird.data.windows import QAWindows  # noqa: E402
 from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
 from longbird.tasks.qa import question_limit  # noqa: E402
-from longbird.training.cut_teacher import CutTeacher  # noqa: E402
+from longbird.training.cut_teacher import CutTeacher, region_targets  # noqa: E402
 
 
 def main() -> None:
@@ -58,28 +58,28 @@ def main() -> None:
     picked = list(range(0, len(cuts), max(1, len(cuts) // args.cuts)))[:args.cuts]
     counts = {group: {"cuts": 0, "regions": 0, "null below half": 0, "marginal null below half": 0}
               for group in ("with the answer", "without")}
+    kinds = {"null below half": "null-relative", "marginal null below half": "marginal"}
     for begin in range(0, len(picked), 16):
         batch = collate([cuts[i] for i in picked[begin:begin + 16]])
-        targets = teacher.targets(batch)
+        relative = teacher.targets(batch).relative
+        valid = batch["attention_mask"].bool()
+        # each region's target as the training loss builds it (training/cut_teacher.region_targets)
+        p_null = {}
+        for key, kind in kinds.items():
+            nulls, exists, member, scores = region_targets(relative, batch["region_nulls"], valid, kind)
+            probabilities = torch.softmax(scores.masked_fill(~member, float("-inf")), -1)
+            p_null[key] = probabilities.gather(2, nulls.clamp(max=valid.shape[1] - 1)[..., None])[..., 0]  # (B, R)
         for row in range(len(batch["input_ids"])):
             gold = int(batch["start_positions"][row])
-            region_nulls, valid = batch["region_nulls"][row], batch["attention_mask"][row].bool()
             group = counts["with the answer" if gold > 0 else "without"]
             group["cuts"] += 1
-            answer_region = int(region_nulls[gold]) if gold > 0 else None
-            # --teacher-targets marginal: the teacher's one softmax over its window (non-null tokens and its [CLS])
-            inserted = (region_nulls == torch.arange(len(region_nulls))) & (torch.arange(len(region_nulls)) > 0)
-            window = valid & ~inserted
-            p_window = torch.softmax(targets.relative[row].masked_fill(~window, float("-inf")), 0)
-            for null in sorted({int(n) for n in region_nulls[valid]}):
-                if null in (0, answer_region):
-                    continue
-                members = torch.nonzero((region_nulls == null) & valid).flatten()
-                p_null = torch.softmax(targets.relative[row, members], 0)[members == null]
+            answer_region = int(batch["region_nulls"][row, gold]) if gold > 0 else None
+            for index, null in enumerate(nulls[row].tolist()):
+                if not exists[row, index] or null in (0, answer_region):
+                    continue  # the first region holds the question; the answer's region is the gold's
                 group["regions"] += 1
-                group["null below half"] += int(p_null.item() < 0.5)
-                tokens = (region_nulls == null) & valid & ~inserted
-                group["marginal null below half"] += int(1 - p_window[tokens].sum().item() < 0.5)
+                for key in kinds:
+                    group[key] += int(p_null[key][row, index].item() < 0.5)
     result = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "counts": counts}
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(counts))

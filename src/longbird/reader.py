@@ -73,7 +73,7 @@ def predict_documents(model, tokenizer, texts, window_length: int | None = None,
     model.eval()
     window_length = window_length or model.config.max_position_embeddings
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    collate = PaddedBatches(pad)
+    collate = PaddedBatches(pad, batch_multiple(model))  # a compiled encoder: one kind of length
     def logits(text):
         batch = collate(document_windows(tokenizer, text, window_length, stride))
         return model(**{name: tensor.to(model.device) for name, tensor in batch.items()}).logits.float().mean(dim=0)

@@ -151,8 +151,8 @@ def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "
         items = LayoutCuts(items, cut_windows, model.config.block_size, cut_overlap, negative_fraction,
                            settings.seed)
     distillation = ({} if teacher is None else
-                    sliding_teacher(teacher, tokenizer, items, settings, teacher_weight, teacher_temperature,
-                                    cuts=cut_windows is not None, start_targets=teacher_targets))
+                    distillation_teacher(teacher, tokenizer, items, settings, teacher_weight, teacher_temperature,
+                                         cuts=cut_windows is not None, start_targets=teacher_targets))
     metrics = train(model, tokenizer, items, out.parent / f".{out.name}.work", settings,
                     checkpoint_dir=out.parent / f"{out.name}.checkpoints", **distillation.pop("trainer", {}))
 
@@ -166,9 +166,9 @@ def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "
                         (model_path, preset, max_length))
     return {**metrics, "windows": items.windows, "training_windows": len(items)}
 
-def sliding_teacher(teacher_path, tokenizer, items: QAWindows | LayoutCuts, settings: FinetuneSettings,
-                    weight: float, temperature: float, cuts: bool = False, start_targets: str = "null-relative"
-                    ) -> dict:
+def distillation_teacher(teacher_path, tokenizer, items: QAWindows | LayoutCuts, settings: FinetuneSettings,
+                         weight: float, temperature: float, cuts: bool = False, start_targets: str = "null-relative"
+                         ) -> dict:
     """What `finetune_qa` needs to distil from a short reader: {"trainer": train()'s trainer arguments, "teacher": the
     record of the teacher kept in longbird_finetune.json}. On whole long windows the teacher reads them in sliding
     windows (training/sliding_teacher.py); on `cuts` of them it reads each cut in one window of its own

@@ -46,8 +46,7 @@ from ..data.null_regions import NullRegions, is_null
 from ..data.windows import PairTemplate
 from ..heads import IGNORE_INDEX, answer_regions, mean_over_regions, region_members
 from ..precision import bf16_autocast, store_encoder_linears_in
-from .sliding_teacher import divergence
-from .trainer import LongBirdTrainer
+from .sliding_teacher import TeacherTrainer, divergence
 
 MASKED = -1e30  # below this a head's logit is masked (heads._masked fills the dtype's minimum)
 TARGETS = ("null-relative", "within-region", "marginal")  # what the soft start loss asks of each region (docstring)
@@ -138,38 +137,46 @@ class CutTeacher:
         return CutTargets(relative, torch.log_softmax(end, -1), has_end)
 
 
+def region_targets(relative: torch.Tensor, region_nulls: torch.Tensor, valid: torch.Tensor,
+                   targets: str = "null-relative", max_regions: int | None = None):
+    """What each region of a batch of cuts is taught (module docstring): (nulls, exists, member, scores) as
+    `heads.region_members` gives the first three (with `targets="within-region"` the nulls are no members), and
+    `scores` (B, R, l) whose softmax over `member` is each region's target. `relative` (B, l): the teacher's
+    null-relative scores (0 at the nulls). `targets="marginal"`: the teacher's one softmax over its window (every
+    non-null token and its [CLS]) marginalised per region: a token keeps its probability, the region's null gets the
+    rest, 1 - the region's tokens' sum, the probability that the answer starts anywhere else or nowhere: a region's
+    "not here" instead of the window's (`TARGETS`)."""
+    if targets not in TARGETS:
+        raise ValueError(f"teacher targets {targets!r} are not one of {', '.join(TARGETS)}")
+    nulls, exists, member = region_members(region_nulls, valid, max_regions)
+    null_tokens = is_null(region_nulls)
+    if targets == "within-region":
+        member = member & ~null_tokens[:, None, :]
+    if targets != "marginal":
+        return nulls, exists, member, relative[:, None, :]
+    positions = torch.arange(valid.shape[1], device=valid.device)
+    window = valid & (~null_tokens | (positions == 0))  # what the teacher's softmax ran over
+    log_p = relative.masked_fill(~window, float("-inf"))
+    log_p = log_p - torch.logsumexp(log_p, -1, keepdim=True)
+    rest = window[:, None, :] & ~(member & ~null_tokens[:, None, :])  # starts outside the region's tokens, or none
+    log_null = torch.logsumexp(log_p[:, None, :].masked_fill(~rest, float("-inf")), -1)  # (B, R), stable
+    return nulls, exists, member, torch.where(positions == nulls[..., None], log_null[..., None], log_p[:, None, :])
+
+
 def regional_divergence(relative: torch.Tensor, start_logits: torch.Tensor, region_nulls: torch.Tensor | None,
                         valid: torch.Tensor, start_targets: torch.Tensor, max_regions: int | None = None,
                         ranking_weight: float = 0.0, targets: str = "null-relative") -> torch.Tensor:
-    """The soft start loss (module docstring): per region KL(P_T || P_S), weighted as the gold regional loss, and with
-    `ranking_weight` w, (1 - w) of it + w * the KL over the cross-region ranking softmax. `relative` (B, l): the
-    teacher's null-relative scores (0 at the nulls); `start_logits` (B, l) the student's, already divided by the
-    temperature; without `region_nulls` the window is one region ([CLS] its null). `targets="within-region"`: each
-    region's distribution over its own tokens, its null left out, and no ranking term. `targets="marginal"`: the
-    teacher's one softmax over its window (every non-null token and its [CLS]) marginalised per region: a token keeps
-    its probability, the region's null gets the rest, 1 - the region's tokens' sum, the probability that the answer
-    starts anywhere else or nowhere: a region's "not here" instead of the window's (`TARGETS`)."""
-    if targets not in TARGETS:
-        raise ValueError(f"teacher targets {targets!r} are not one of {', '.join(TARGETS)}")
+    """The soft start loss (module docstring): per region KL(P_T || P_S) against `region_targets`, weighted as the
+    gold regional loss, and with `ranking_weight` w, (1 - w) of it + w * the KL over the cross-region ranking softmax
+    (none with `targets="within-region"`). `relative` (B, l): the teacher's null-relative scores (0 at the nulls);
+    `start_logits` (B, l) the student's, already divided by the temperature; without `region_nulls` the window is one
+    region ([CLS] its null)."""
     device = start_logits.device
     relative = relative.to(device)
     if region_nulls is None:
         region_nulls = torch.zeros_like(valid, dtype=torch.long)
-    nulls, exists, member = region_members(region_nulls, valid, max_regions)
+    nulls, exists, member, teacher = region_targets(relative, region_nulls, valid, targets, max_regions)
     student = start_logits.float()
-    within = targets == "within-region"
-    null_tokens = is_null(region_nulls)
-    if within:
-        member = member & ~null_tokens[:, None, :]
-    teacher = relative[:, None, :]
-    if targets == "marginal":
-        positions = torch.arange(valid.shape[1], device=device)
-        window = valid & (~null_tokens | (positions == 0))  # what the teacher's softmax ran over
-        log_p = relative.masked_fill(~window, float("-inf"))
-        log_p = log_p - torch.logsumexp(log_p, -1, keepdim=True)
-        rest = window[:, None, :] & ~(member & ~null_tokens[:, None, :])  # starts outside the region's tokens, or none
-        log_null = torch.logsumexp(log_p[:, None, :].masked_fill(~rest, float("-inf")), -1)  # (B, R), stable
-        teacher = torch.where(positions == nulls[..., None], log_null[..., None], log_p[:, None, :])
 
     def kl(teacher_scores: torch.Tensor, student_scores: torch.Tensor, support: torch.Tensor) -> torch.Tensor:
         """KL over the last dimension within `support`. A row with no support (a region of a null alone) diverges by
@@ -185,9 +192,9 @@ def regional_divergence(relative: torch.Tensor, start_logits: torch.Tensor, regi
     per_region = kl(teacher, student[:, None, :], member)  # (B, R)
     kept, answered, positive = answer_regions(nulls, exists, region_nulls, start_targets)
     loss = mean_over_regions(per_region, exists, kept, answered, positive)
-    if within or not ranking_weight:
+    if targets == "within-region" or not ranking_weight:
         return loss
-    options = valid & ~null_tokens
+    options = valid & ~is_null(region_nulls)
     student_relative = student - student.gather(1, region_nulls.clamp(min=0))
     no_answer = torch.zeros(len(student), 1, device=device)
     support = torch.cat([options, torch.ones_like(no_answer, dtype=torch.bool)], -1)
@@ -196,17 +203,8 @@ def regional_divergence(relative: torch.Tensor, start_logits: torch.Tensor, regi
     return (1 - ranking_weight) * loss + ranking_weight * ranking
 
 
-class CutTeacherTrainer(LongBirdTrainer):
-    """`LongBirdTrainer` whose loss mixes the gold labels with a `CutTeacher`'s targets (module docstring)."""
-
-    def __init__(self, *args, teacher: CutTeacher, teacher_weight: float = 0.5, **kwargs):
-        if not 0.0 <= teacher_weight <= 1.0:
-            raise ValueError(f"the teacher's weight must lie in [0, 1]; got {teacher_weight}")
-        super().__init__(*args, **kwargs)
-        if self.padding_insertion is not None:
-            raise ValueError("distillation on cuts cannot be combined with Padding Insertion (the gaps would move the "
-                             "positions the teacher's targets are laid on); leave --padding-insertion out")
-        self.teacher, self.teacher_weight = teacher, teacher_weight
+class CutTeacherTrainer(TeacherTrainer):
+    """`TeacherTrainer` whose soft targets are a `CutTeacher`'s (module docstring)."""
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         outputs = model(**inputs)
@@ -222,5 +220,5 @@ class CutTeacherTrainer(LongBirdTrainer):
                                     start_targets, NullRegions.max_regions(config, valid.shape[1]) if regional else 1,
                                     config.qa_ranking_weight if regional else 0.0, self.teacher.start_targets)
         soft = (start + divergence(targets.end, outputs.end_logits / temperature, targets.has_end)) / 2
-        loss = (1 - self.teacher_weight) * outputs.loss + self.teacher_weight * temperature ** 2 * soft
+        loss = self.mixed(outputs.loss, soft)
         return (loss, outputs) if return_outputs else loss

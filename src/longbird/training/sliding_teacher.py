@@ -169,18 +169,27 @@ def divergence(teacher_log_probs: torch.Tensor, student_logits: torch.Tensor, ro
     return terms.sum() / rows.sum().to(terms.device)
 
 
-class SlidingTeacherTrainer(LongBirdTrainer):
-    """`LongBirdTrainer` whose loss mixes the gold labels with a `SlidingTeacher`'s merged targets (module docstring).
-    Items carry `question_tokens` (`QAWindows(..., with_question_tokens=True)`)."""
+class TeacherTrainer(LongBirdTrainer):
+    """`LongBirdTrainer` for distillation from a short reader (`SlidingTeacherTrainer` here, `CutTeacherTrainer` in
+    training/cut_teacher.py): the teacher and its weight, checked, and the Hinton mix of the two losses."""
 
-    def __init__(self, *args, teacher: SlidingTeacher, teacher_weight: float = 0.5, **kwargs):
+    def __init__(self, *args, teacher, teacher_weight: float = 0.5, **kwargs):
         if not 0.0 <= teacher_weight <= 1.0:
             raise ValueError(f"the teacher's weight must lie in [0, 1]; got {teacher_weight}")
         super().__init__(*args, **kwargs)
         if self.padding_insertion is not None:
-            raise ValueError("distillation from the sliding reader cannot be combined with Padding Insertion (the "
-                             "gaps would move the tokens the teacher scores); leave --padding-insertion out")
+            raise ValueError("distillation from a short reader cannot be combined with Padding Insertion (the gaps "
+                             "would move the tokens the teacher scores); leave --padding-insertion out")
         self.teacher, self.teacher_weight = teacher, teacher_weight
+
+    def mixed(self, gold: torch.Tensor, soft: torch.Tensor) -> torch.Tensor:
+        """(1 - weight) * the gold loss + weight * T^2 * the soft one (Hinton et al. 2015)."""
+        return (1 - self.teacher_weight) * gold + self.teacher_weight * self.teacher.temperature ** 2 * soft
+
+
+class SlidingTeacherTrainer(TeacherTrainer):
+    """`TeacherTrainer` whose soft targets are a `SlidingTeacher`'s merged ones (module docstring). Items carry
+    `question_tokens` (`QAWindows(..., with_question_tokens=True)`)."""
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         question_tokens = inputs.pop(QUESTION_TOKENS)
@@ -191,5 +200,5 @@ class SlidingTeacherTrainer(LongBirdTrainer):
         temperature = self.teacher.temperature
         soft = (divergence(targets.start, outputs.start_logits / temperature, every_row)
                 + divergence(targets.end, outputs.end_logits / temperature, targets.has_end)) / 2
-        loss = (1 - self.teacher_weight) * outputs.loss + self.teacher_weight * temperature ** 2 * soft
+        loss = self.mixed(outputs.loss, soft)
         return (loss, outputs) if return_outputs else loss
