@@ -77,6 +77,13 @@ Methods (ablation rows of issue 24; `--methods` picks):
 - kobigbird-long-b128qn-cuts-ranked-teacher-marginal (round 12): `teacher_targets="marginal"`: the teacher's one
   softmax over the cut marginalised per region, each token its probability and the region's null the rest (the
   answer starts elsewhere or nowhere), and the ranking term as in -teacher.
+- sliding-512-linked-ranked (round 13): sliding-512's windows, linked (linked_windows.py): the paragraph reader with a
+  gated exchange between the [CLS] states of one question's windows in every layer (zero at init: it reads as
+  sliding-512's start), trained on groups of at most 4 windows of a question (every window with the answer, the rest
+  drawn from its other windows; data/window_groups.py) with half of the start loss one softmax over the null-relative
+  scores of the group's windows (`qa_ranking_weight=0.5`), the gates at their own rate; read in sliding 512-token
+  windows, every window of a question in one batch and linked. Every window is what the source reads (no copied
+  positions, no regional nulls), and the windows of a document can compare what they read.
 - full-long: dense attention at 4096 (an upper reference on the CPU).
 
 Usage: python experiments/e7_long_reading.py --reader qa-model/kobigbird-e5-korquad [--cpu-minutes 60]
@@ -137,6 +144,8 @@ class Method(NamedTuple):
     cut: int | None = None  # train on cuts of this many tokens from the long windows (data/layout_cuts.py)
     tape_learning_rate: float | None = None  # the TAPE maps' own rate (FinetuneSettings.tape_learning_rate)
     teacher_targets: str = "null-relative"  # on cuts: what the teacher's start scores teach (training/cut_teacher.py)
+    linked: int | None = None  # train linked windows on groups of at most this many windows (data/window_groups.py)
+    link_learning_rate: float | None = None  # the link gates' own rate (FinetuneSettings.link_learning_rate)
 
     @property
     def reading(self) -> tuple[int, int]:
@@ -224,6 +233,12 @@ METHODS = {
                                                                  B128QN | {"qa_ranking_weight": 0.5},
                                                                  cut=SOURCE_WINDOW, teacher=True,
                                                                  teacher_targets="marginal"),
+    # round 13: sliding windows that read each other: the paragraph reader with linked windows (the [CLS] states of
+    # one question's windows exchanged through a gate per layer, zero at init), trained on groups of 4 windows of a
+    # question with the cross-window ranking term, the gates at 5e-3 (set before the run, not tuned)
+    "sliding-512-linked-ranked": Method("full", SOURCE_WINDOW, SOURCE_WINDOW, 128,
+                                        {"linked_windows": True, "qa_ranking_weight": 0.5}, linked=4,
+                                        link_learning_rate=5e-3),
     "littlebird-long-teacher": Method("littlebird", LONG, LONG, 1024, {}, teacher=True),
     "full-long": Method("full", LONG, LONG, 1024, COPY),
 }
@@ -278,18 +293,19 @@ def train_method(name: str, start: Path, train, run_dir: Path, args, reader: Pat
     method = METHODS[name]
     window, stride = method.window, method.stride
     # sliding windows share the token budget per update (--batch-tokens); whole articles come --long-batch-size at once
-    tokens = method.cut or window
+    tokens = (method.cut or window) * (method.linked or 1)  # a linked row's batch counts groups of windows
     batch = max(1, round(args.batch_tokens / tokens)) if tokens < LONG else args.long_batch_size
     settings = FinetuneSettings(learning_rate=args.learning_rate, max_steps=args.max_steps, batch_size=batch,
                                 bf16=args.bf16, progress=True, logging_steps=10, group_by_length=True,
                                 lr_scheduler="constant", warmup_ratio=0.0, cpu_minutes=args.cpu_minutes,
                                 padding_insertion=method.padding_insertion,
-                                tape_learning_rate=method.tape_learning_rate)
+                                tape_learning_rate=method.tape_learning_rate,
+                                link_learning_rate=method.link_learning_rate)
     metrics = finetune_qa(start, train, run_dir, data_format="korquad1-articles", window_length=window,
                           doc_stride=stride, negative_fraction=args.negative_fraction, settings=settings,
                           overwrite=True, teacher=reader if method.teacher else None,
                           teacher_weight=args.teacher_weight, teacher_targets=method.teacher_targets,
-                          cut_windows=method.cut, cut_overlap=128)
+                          cut_windows=method.cut, cut_overlap=128, linked_groups=method.linked)
     history = metrics["log_history"]
     return {"batch_size": batch, "cpu_budget": metrics["cpu_budget"], "tokens_seen": metrics["tokens_seen"],
             "training_windows": metrics["training_windows"], "windows": metrics["windows"],
@@ -398,7 +414,7 @@ def main() -> None:
                                     "eval_cpu_seconds": eval_seconds, "eval_machine": results["machine"],
                                     "train_window": trainer.window, "train_doc_stride": trainer.stride,
                                     "trained_by": trained_by, "padding_insertion": trainer.padding_insertion,
-                                    "train_cut": trainer.cut}
+                                    "train_cut": trainer.cut, "train_linked": trainer.linked}
         write_file_atomically(args.out / f"{args.name}_predictions" / f"{name}.json",
                               json.dumps(predictions, ensure_ascii=False, indent=1) + "\n")
         write_results(results, buckets, args.out, args.name)

@@ -119,6 +119,11 @@ class LongBirdConfig(PreTrainedConfig):
     # With regional nulls, the weight w of the cross-region ranking term in the start loss ((1 - w) per-region loss +
     # w ranking; heads.py `cross_region_ranking_loss`, E7 round 10). 0: the per-region loss alone. A training setting.
     qa_ranking_weight: float = 0.0
+    # Linked windows (linked_windows.py, E7 round 13): sliding windows of one document read in one batch, whose [CLS]
+    # states read each other's in every layer through a gated residual (zero at init: the model reads as unlinked).
+    # The rows of a document are named by the forward's `document_ids`; without them every row is its own document.
+    # With qa_ranking_weight the start loss ranks null-relative scores across the windows of a document.
+    linked_windows: bool = False
 
     def __post_init__(self, **kwargs):
         if self.embedding_size is None:
@@ -244,9 +249,12 @@ class LongBirdConfig(PreTrainedConfig):
             raise ValueError(f"qa_max_answer_tokens must be >= 1; got {self.qa_max_answer_tokens}")
         if not 0 <= self.qa_ranking_weight <= 1:
             raise ValueError(f"qa_ranking_weight must lie in [0, 1]; got {self.qa_ranking_weight}")
-        if self.qa_ranking_weight and not self.qa_null_every:
-            raise ValueError("qa_ranking_weight ranks spans across regional nulls, and this model has none "
-                             "(qa_null_every=0): set qa_null_every or qa_ranking_weight=0")
+        if self.qa_ranking_weight and not (self.qa_null_every or self.linked_windows):
+            raise ValueError("qa_ranking_weight ranks spans across regional nulls or linked windows, and this model "
+                             "has neither (qa_null_every=0, linked_windows=False): set one or qa_ranking_weight=0")
+        if self.linked_windows and self.attention == "littlebird":
+            raise ValueError("linked_windows links the [CLS] states of windows read with full or BigBird attention; "
+                             "LittleBird's layers carry pack states instead: use preset full or kobigbird")
         if self.qa_null_every < 0:
             raise ValueError(f"qa_null_every must be >= 0 (0: no regional nulls); got {self.qa_null_every}")
         if self.qa_null_every and (not self.uses_position_table or self.attention == "littlebird"):

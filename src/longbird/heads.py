@@ -18,6 +18,7 @@ from transformers.modeling_outputs import (
 
 from .config import LongBirdConfig
 from .data.null_regions import NullRegions, is_null
+from .linked_windows import cross_window_ranking_loss
 from .modeling import LongBirdModel, LongBirdPreTrainedModel
 
 
@@ -237,13 +238,16 @@ class LongBirdForQuestionAnswering(LongBirdPreTrainedModel):
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, start_positions=None, end_positions=None, output_hidden_states=None,
-                return_dict=None, top_k: int | None = None, start_candidates=None, region_nulls=None, **kwargs):
+                return_dict=None, top_k: int | None = None, start_candidates=None, region_nulls=None,
+                document_ids=None, **kwargs):
         """`start_candidates` (B, l) bool, optional: where the k best starts may be picked (e.g. the document
         tokens when decoding); the returned `start_logits` are not restricted by it. `region_nulls` (B, l) long,
         optional: each token's regional null (data/null_regions.py); with labels the start loss is then taken per
-        region (`regional_start_loss`). Decoding reads it from the features, not from here."""
+        region (`regional_start_loss`). Decoding reads it from the features, not from here. `document_ids` (B,)
+        long, optional: with `config.linked_windows`, the rows of one document are linked (linked_windows.py) and
+        with labels and `qa_ranking_weight` the start loss ranks across them (`cross_window_ranking_loss`)."""
         outputs = self.longbird(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                                output_hidden_states=output_hidden_states)
+                                output_hidden_states=output_hidden_states, document_ids=document_ids)
         hidden = outputs.last_hidden_state
         batch, length = hidden.shape[:2]
         valid = (attention_mask.bool() if attention_mask is not None
@@ -284,6 +288,9 @@ class LongBirdForQuestionAnswering(LongBirdPreTrainedModel):
             weight = self.config.qa_ranking_weight
             if weight and region_nulls is not None:
                 ranking = cross_region_ranking_loss(start_logits, region_nulls, valid, start_targets)
+                start_loss = (1 - weight) * start_loss + weight * ranking
+            elif weight and document_ids is not None and self.config.linked_windows:
+                ranking = cross_window_ranking_loss(start_logits, valid, start_targets, document_ids, IGNORE_INDEX)
                 start_loss = (1 - weight) * start_loss + weight * ranking
             loss = (start_loss + _mean_cross_entropy(end_logits, end_targets)) / 2
         return LongBirdQuestionAnsweringOutput(

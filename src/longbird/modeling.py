@@ -24,6 +24,7 @@ from .attention.tracing import check_dynamic_length, graph_cannot_branch_on_data
 from .config import LongBirdConfig
 from .dispatch import PlanInGraph, SparseBackend, choose_backend
 from .layers import LittleBirdLayer, LongBirdEmbeddings, LongBirdLayer, LongBirdSelfAttention
+from .linked_windows import WindowLinks
 from .positions import tape as tape_states
 from .positions.alibi import BiALiBi, alibi_slopes
 
@@ -61,6 +62,8 @@ class LongBirdEncoder(nn.Module):
             # P: s learned pack vectors at the input, carried from layer to layer (LittleBird §3.3).
             self.pack_embeddings = nn.Parameter(torch.randn(config.pack_size, config.hidden_size)
                                                 * config.initializer_range)
+        if config.linked_windows:  # the [CLS] states of one document's windows read each other (linked_windows.py)
+            self.links = WindowLinks(config.num_hidden_layers)
 
     def uses_sparse_attention(self, length: int) -> bool:
         """Whether a row of `length` real tokens takes the sparse pattern: decided per row, never per batch, and the
@@ -97,7 +100,10 @@ class LongBirdEncoder(nn.Module):
             return checkpoint(layer.__call__, *args)
         return layer(*args)
 
-    def forward(self, hidden_states, key_mask, position_ids, use_reference=False, output_hidden_states=False):
+    def forward(self, hidden_states, key_mask, position_ids, use_reference=False, output_hidden_states=False,
+                document_ids=None):
+        """`document_ids` (B,) long: with `config.linked_windows`, rows of one document are linked
+        (linked_windows.py); None links no row."""
         config = self.config
         length = hidden_states.shape[1]
         check_dynamic_length(length, config.block_size, config.attention, config.full_attention_threshold)
@@ -147,6 +153,8 @@ class LongBirdEncoder(nn.Module):
             else:
                 hidden_states, tape = self._call_layer(layer, hidden_states, key_mask, plan, use_reference,
                                                        workspace, backend, tape, backend=backend)
+            if document_ids is not None and hasattr(self, "links"):
+                hidden_states = self.links(index, layer, hidden_states, document_ids)
             if output_hidden_states:
                 all_hidden.append(hidden_states[:, :length])
         return hidden_states[:, :length], all_hidden
@@ -206,6 +214,8 @@ class LongBirdPreTrainedModel(PreTrainedModel):
             module.tape_phase_gate.zero_()
         elif isinstance(module, LongBirdSelfAttention) and hasattr(module, "tape_post"):
             module.tape_post.zero_()
+        elif isinstance(module, WindowLinks):  # gates zero: linked windows read as unlinked at init
+            module.gates.zero_()
 
 
 class LongBirdModel(LongBirdPreTrainedModel):
@@ -263,6 +273,7 @@ class LongBirdModel(LongBirdPreTrainedModel):
         inputs_embeds=None,
         output_hidden_states=None,
         return_dict=None,
+        document_ids=None,
         **kwargs,
     ):
         batch, length = self._check_inputs(input_ids, inputs_embeds, token_type_ids, position_ids)
@@ -279,7 +290,7 @@ class LongBirdModel(LongBirdPreTrainedModel):
         use_reference = self.config._attn_implementation == REFERENCE
         output_hidden_states = bool(output_hidden_states or self.config.output_hidden_states)
         sequence_output, all_hidden = self.encoder(
-            hidden_states, attention_mask.bool(), position_ids, use_reference, output_hidden_states
+            hidden_states, attention_mask.bool(), position_ids, use_reference, output_hidden_states, document_ids
         )
         pooled = self.pooler(sequence_output) if self.pooler is not None else None
         output = BaseModelOutputWithPooling(

@@ -173,6 +173,8 @@ def run_windows(model, features: list[QAFeature], top_k: int,
         for row, allowed in enumerate(start_candidates):  # past len(allowed) is padding: already False
             candidates[row, :len(allowed)] &= allowed
     candidates = candidates.to(model.device)
+    if getattr(model.config, "linked_windows", False):  # the windows of one question are linked (linked_windows.py)
+        batch["document_ids"] = torch.tensor(document_ids(features), device=model.device)
     out = model(**batch, top_k=top_k, start_candidates=candidates)
     # Decoding is Python over a few candidates: on the CPU, whatever device the model ran on.
     start_top, end_top, start_logits = (t.float().cpu() if t.is_floating_point() else t.cpu()
@@ -206,7 +208,8 @@ def score_windows(model, features: list[QAFeature], batch_size: int = 4, top_k: 
     length (`data.batching.plan_batches`: less padding). `start_candidates` as in `run_windows`, one per feature."""
     top_k = top_k or model.config.qa_top_k
     windows: list[WindowCandidates | None] = [None] * len(features)
-    batches = plan_batches([len(feature.input_ids) for feature in features], max_windows=batch_size)
+    batches = (question_batches(features, batch_size) if getattr(model.config, "linked_windows", False)
+               else plan_batches([len(feature.input_ids) for feature in features], max_windows=batch_size))
     for batch in tqdm(batches, desc="predicting", unit="batch", disable=not progress):
         chunk = [features[index] for index in batch]
         allowed = None if start_candidates is None else [start_candidates[index] for index in batch]
@@ -216,6 +219,29 @@ def score_windows(model, features: list[QAFeature], batch_size: int = 4, top_k: 
                 window.spans = [span for span in window.spans if span[1] < len(allowed[row]) and allowed[row][span[1]]]
             windows[index] = window
     return windows
+
+
+def document_ids(features: list[QAFeature]) -> list[int]:
+    """Per feature, the index of its question (example id) in order of first appearance: the rows a model with linked
+    windows links (linked_windows.py)."""
+    seen: dict[str, int] = {}
+    return [seen.setdefault(feature.example_id, len(seen)) for feature in features]
+
+
+def question_batches(features: list[QAFeature], batch_size: int) -> list[list[int]]:
+    """Batches that hold every window of a question (linked windows read each other, so a question is never split):
+    whole questions in order while the batch holds at most `batch_size` windows; a question with more windows goes
+    alone."""
+    by_question: dict[str, list[int]] = {}
+    for index, feature in enumerate(features):
+        by_question.setdefault(feature.example_id, []).append(index)
+    batches: list[list[int]] = []
+    for indices in by_question.values():
+        if batches and len(batches[-1]) + len(indices) <= batch_size:
+            batches[-1].extend(indices)
+        else:
+            batches.append(list(indices))
+    return batches
 
 
 def merge_windows(windows: list[WindowCandidates], documents: dict[str, ProcessedDocument],

@@ -89,6 +89,13 @@ CutWindows = Annotated[int | None, typer.Option(min=2, help="Train on windows of
                                                             "tokens, each with its long-window position and null "
                                                             "(a sliding window's cost, the long reading's layout)")]
 CutOverlap = Annotated[int, typer.Option(min=0, help="Tokens shared by neighbouring cuts (about; with --cut-windows)")]
+LinkedWindows = Annotated[int | None, typer.Option(min=1, help="For a model with linked windows (convert with --set "
+                                                             "linked_windows=true): train on groups of at most N "
+                                                             "windows of one question, every window with the answer "
+                                                             "and others of its document, linked in their batch; "
+                                                             "--batch-size counts groups")]
+LinkLearningRate = Annotated[float | None, typer.Option(help="Learning rate of the link gates of a model with linked "
+                                                             "windows (default: --learning-rate)")]
 
 EvaluatedModel = Annotated[Path, typer.Option(help="Fine-tuned longbird QA or classification directory")]
 EvaluationData = Annotated[list[Path], typer.Option("--data", help="Evaluation data (repeatable for korquad2)")]
@@ -135,6 +142,7 @@ def finetune_qa(
     teacher_targets: TeacherTargets = "null-relative",
     cpu_minutes: CPUMinutes = None, wall_minutes: WallMinutes = None, lr_scheduler: LRScheduler = "linear",
     warmup_ratio: WarmupRatio = 0.1, cut_windows: CutWindows = None, cut_overlap: CutOverlap = 128,
+    linked_windows: LinkedWindows = None, link_learning_rate: LinkLearningRate = None,
 ):
     """Fine-tune extractive QA on long documents (Trainer; `accelerate launch` for several GPUs)."""
     settings = training_settings(locals())
@@ -145,7 +153,8 @@ def finetune_qa(
                   negative_fraction=negative_fraction, max_examples=max_examples, settings=settings,
                   overwrite=overwrite, qa_head=qa_head, split=split, max_answer_tokens=max_answer_tokens,
                   teacher=teacher, teacher_weight=teacher_weight, teacher_temperature=teacher_temperature,
-                  teacher_targets=teacher_targets, cut_windows=cut_windows, cut_overlap=cut_overlap)
+                  teacher_targets=teacher_targets, cut_windows=cut_windows, cut_overlap=cut_overlap,
+                  linked_groups=linked_windows)
     print_metrics(f"fine-tuned QA model saved to {out}", metrics)
 
 

@@ -122,7 +122,11 @@ class WindowBatcher:
         lengths = [len(job.request.features[index].input_ids) for job, index in windows]
         self.stats["most_requests_in_a_pass"] = max(self.stats["most_requests_in_a_pass"], len(jobs))
         model = self.reader.model
-        for batch in plan_batches(lengths, max_tokens=self.max_batch_tokens):
+        # linked windows (linked_windows.py) read every window of their request together and no other request's
+        batches = ([[i for i, (owner, _) in enumerate(windows) if owner is job] for job in jobs]
+                   if getattr(model.config, "linked_windows", False)
+                   else plan_batches(lengths, max_tokens=self.max_batch_tokens))
+        for batch in batches:
             members = [windows[i] for i in batch]
             features = [job.request.features[index] for job, index in members]
             with self.reader._precision():

@@ -16,6 +16,7 @@ from ..data.html import add_tag_tokens
 from ..data.korquad import read_korquad_v1_articles, read_korquad_v2, read_squad_paragraphs, split_by_title
 from ..data.layout_cuts import LayoutCuts
 from ..data.null_regions import NullRegions
+from ..data.window_groups import LinkedBatches, WindowGroups
 from ..data.windows import PairTemplate, QAWindows
 from ..heads import LongBirdForQuestionAnswering
 from ..metrics.korquad import korquad_v1, korquad_v2, squad_v1
@@ -98,7 +99,8 @@ def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "
                 settings: FinetuneSettings | None = None, overwrite: bool = False, qa_head: str | None = None,
                 split: str | None = None, max_answer_tokens: int | None = None, teacher=None,
                 teacher_weight: float = 0.5, teacher_temperature: float = 1.0, teacher_targets: str = "null-relative",
-                conversion: dict | None = None, cut_windows: int | None = None, cut_overlap: int = 128) -> dict:
+                conversion: dict | None = None, cut_windows: int | None = None, cut_overlap: int = 128,
+                linked_groups: int | None = None) -> dict:
     """Fine-tune a QA model and save it (with its tokenizer, which gains the HTML tag tokens) to `out`.
     `window_length` (default: the model's maximum) is the feature window; `max_windows=1` trains on the first window
     only (truncation). With `teacher` (a fine-tuned short QA model directory) the loss mixes the gold labels with
@@ -109,7 +111,10 @@ def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "
     directory, which keeps its own.
     `cut_windows`: train on windows of this many tokens cut from the long windows (the model's first block, then
     consecutive tokens overlapping by about `cut_overlap`), each token with its long-window position and null
-    (data/layout_cuts.py); the negative draw applies to the cuts."""
+    (data/layout_cuts.py); the negative draw applies to the cuts.
+    `linked_groups`: for a model with linked windows (`config.linked_windows`), train on groups of at most this many
+    windows of one question (every window with the answer, the rest drawn from its others; data/window_groups.py),
+    each group's rows linked in its batch; `settings.batch_size` counts groups. `negative_fraction` is not used then."""
     from ..training.cut_teacher import TARGETS
 
     settings = settings or FinetuneSettings()
@@ -118,6 +123,9 @@ def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "
     if teacher_targets != "null-relative" and (teacher is None or cut_windows is None):
         raise ValueError(f"teacher targets {teacher_targets!r} apply to a teacher reading cuts: give --teacher with "
                          "--cut-windows, or leave --teacher-targets out")
+    if linked_groups is not None and (teacher is not None or cut_windows is not None):
+        raise ValueError("--linked-windows trains groups of sliding windows; it does not combine with --teacher or "
+                         "--cut-windows: leave those out")
     out = Path(out)
     check_output(out, overwrite)
     rows = train_data if isinstance(train_data, Dataset) else read_qa_data(train_data, data_format, split)[0]
@@ -139,10 +147,13 @@ def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "
     add_tag_tokens(tokenizer, model)  # always, so the model can read HTML pages later (`longbird answer`)
     check_tokenizer(model, tokenizer)
     window_length = window_length or model.config.max_position_embeddings
+    if linked_groups is not None and not model.config.linked_windows:
+        raise ValueError(f"--linked-windows {linked_groups} trains linked windows, and {model_path} has no links: "
+                         "convert the reader with --set linked_windows=true first")
     # Built on demand: each document tokenized once, only the drawn windows kept as token ranges (data/windows.py);
     # with cuts the negative draw is the cuts' (data/layout_cuts.py), so every long window is kept here.
     items = QAWindows(tokenizer, rows, window_length, doc_stride, max_windows,
-                      1.0 if cut_windows else negative_fraction, settings.seed,
+                      1.0 if cut_windows or linked_groups else negative_fraction, settings.seed,
                       token_types=model.config.type_vocab_size >= 2,
                       with_question_tokens=teacher is not None and cut_windows is None,
                       max_question_tokens=question_limit(model, tokenizer, window_length),
@@ -150,17 +161,23 @@ def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "
     if cut_windows is not None:
         items = LayoutCuts(items, cut_windows, model.config.block_size, cut_overlap, negative_fraction,
                            settings.seed)
+    collator = None
+    if linked_groups is not None:
+        items = WindowGroups(items, linked_groups, settings.seed)
+        collator = LinkedBatches(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
     distillation = ({} if teacher is None else
                     distillation_teacher(teacher, tokenizer, items, settings, teacher_weight, teacher_temperature,
                                          cuts=cut_windows is not None, start_targets=teacher_targets))
     metrics = train(model, tokenizer, items, out.parent / f".{out.name}.work", settings,
-                    checkpoint_dir=out.parent / f"{out.name}.checkpoints", **distillation.pop("trainer", {}))
+                    checkpoint_dir=out.parent / f"{out.name}.checkpoints", collator=collator,
+                    **distillation.pop("trainer", {}))
 
     summary = {"task": "qa", "data": data_record(train_data), "format": data_format, "split": split,
                "source_model": model_record(model_path, preset, max_length),
                "train_examples": len(rows), "windows": items.windows, "training_windows": len(items),
                "window_length": window_length, "doc_stride": doc_stride, "cut_windows": cut_windows,
-               "cut_overlap": cut_overlap if cut_windows else None, "settings": vars(settings), **distillation,
+               "cut_overlap": cut_overlap if cut_windows else None, "linked_groups": linked_groups,
+               "settings": vars(settings), **distillation,
                "processes": world_size(), **training_record(metrics)}
     write_trained_model(out, model, tokenizer, "longbird_finetune.json", summary, overwrite, settings,
                         (model_path, preset, max_length))

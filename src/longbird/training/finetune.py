@@ -70,6 +70,9 @@ class FinetuneSettings:
     # and gate; positions/tape.py) when set. W_post, W1 and the phase gate start at zero (a converted model equals its
     # source), and at the encoder's 5e-5 an update moves them ~5e-5: a short run leaves the position states at e = 1.
     tape_learning_rate: float | None = None
+    # Learning rate of the link gates of a model with linked windows (linked_windows.py: one scalar per layer, zero at
+    # init) when set; at the encoder's 5e-5 a short run leaves them near zero, i.e. the windows unlinked.
+    link_learning_rate: float | None = None
     # Batches of windows of similar length (Trainer's "group_by_length" sampling: random megabatches of 50 batches,
     # sorted by length within): a batch is padded to its longest window, so random batches of KorQuAD paragraphs
     # (median 295 of 512 tokens) spend a third of their tokens on padding. The lengths come from the dataset's own
@@ -111,7 +114,8 @@ class FinetuneSettings:
                   ("--warmup-ratio", self.warmup_ratio, 0 <= self.warmup_ratio < 1, "in [0, 1)"),
                   *((option, rate, rate > 0, "a positive number (leave it out for --learning-rate)")
                     for option, rate in (("--slope-learning-rate", self.slope_learning_rate),
-                                         ("--tape-learning-rate", self.tape_learning_rate)) if rate is not None))
+                                         ("--tape-learning-rate", self.tape_learning_rate),
+                                         ("--link-learning-rate", self.link_learning_rate)) if rate is not None))
         for option, value, valid, expected in checks:
             if not valid:
                 raise ValueError(f"{option} must be {expected}; got {value}")
@@ -215,6 +219,10 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
     if settings.tape_learning_rate is not None and not any("tape_" in name for name, _ in model.named_parameters()):
         raise ValueError("--tape-learning-rate sets the rate of a TAPE model's maps, and this model has none: convert "
                          "with --preset tape, or leave --tape-learning-rate out")
+    gates = any(name.endswith("links.gates") for name, _ in model.named_parameters())
+    if settings.link_learning_rate is not None and not gates:
+        raise ValueError("--link-learning-rate sets the rate of the link gates, and this model has none: convert with "
+                         "--set linked_windows=true, or leave --link-learning-rate out")
     arguments = TrainingArguments(
         output_dir=str(checkpoint_dir if keep else Path(out_dir) / "trainer"),
         per_device_train_batch_size=settings.batch_size,
@@ -248,7 +256,7 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
     trainer = (trainer_class or LongBirdTrainer)(
         model=model, args=arguments, train_dataset=items, processing_class=tokenizer,
         data_collator=collator or PaddedBatches(pad), slope_learning_rate=settings.slope_learning_rate,
-        tape_learning_rate=settings.tape_learning_rate,
+        tape_learning_rate=settings.tape_learning_rate, link_learning_rate=settings.link_learning_rate,
         padding_insertion=make_padding_insertion(model, tokenizer, settings), budget=budget,
         **(trainer_kwargs or {}))
     finished = False

@@ -39,10 +39,12 @@ class LongBirdTrainer(Trainer):
     switched off for evaluation and prediction."""
 
     def __init__(self, *args, slope_learning_rate: float | None = None, tape_learning_rate: float | None = None,
-                 padding_insertion: PaddingInsertion | None = None, budget: TrainingBudget | None = None, **kwargs):
+                 padding_insertion: PaddingInsertion | None = None, budget: TrainingBudget | None = None,
+                 link_learning_rate: float | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.slope_learning_rate = slope_learning_rate
         self.tape_learning_rate = tape_learning_rate
+        self.link_learning_rate = link_learning_rate
         self.padding_insertion = padding_insertion
         self.budget = budget
         if budget is not None:
@@ -63,15 +65,16 @@ class LongBirdTrainer(Trainer):
         return self.lr_scheduler
 
     def create_optimizer(self, model=None):
-        """Trainer's optimiser, with the BiALiBi slopes at `slope_learning_rate` and the TAPE maps at
-        `tape_learning_rate` in groups of their own where set (no weight decay; the schedule scales those groups like
-        the others)."""
+        """Trainer's optimiser, with the BiALiBi slopes at `slope_learning_rate`, the TAPE maps at
+        `tape_learning_rate` and the link gates at `link_learning_rate` in groups of their own where set (no weight
+        decay; the schedule scales those groups like the others)."""
         fresh = self.optimizer is None
         optimizer = super().create_optimizer(model)
         if not fresh:
             return optimizer
         named = [(n, p) for n, p in (model or self.model).named_parameters() if p.requires_grad]
-        for marker, rate in ((".bialibi.", self.slope_learning_rate), ("tape_", self.tape_learning_rate)):
+        for marker, rate in ((".bialibi.", self.slope_learning_rate), ("tape_", self.tape_learning_rate),
+                             ("links.gates", self.link_learning_rate)):
             own = [p for n, p in named if marker in n]
             if rate is None or not own:
                 continue
