@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 from conftest import BLOCK, VOCAB, assert_loss_equals_loop, korquad1_dev_questions, make_source
+from test_qa_cli import tiny_qa, tiny_source  # noqa: F401  (fixtures)
 
 import longbird
 from longbird.conversion import reconvert
@@ -270,3 +271,42 @@ def test_finetune_qa_trains_linked_windows_end_to_end_and_refuses_what_does_not_
                                      str(tmp_path / "refused"), *extra])
         assert result.exit_code == 1 and message in result.output, result.output
         assert not (tmp_path / "refused").exists()
+
+
+def test_the_server_reads_every_linked_request_as_if_alone(tiny_qa, tmp_path):
+    """Concurrent requests to a linked reader: each request's windows are linked among themselves only (a batch per
+    request), so every answer equals the reader's answer to that request alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fastapi.testclient import TestClient
+    from transformers import AutoTokenizer
+
+    from longbird.data.korquad import read_korquad_v2
+    from longbird.reader import Reader
+    from longbird.serve import ServeSettings, create_app
+    from test_qa_cli import PAGES
+
+    model = reconvert(LongBirdForQuestionAnswering.from_pretrained(tiny_qa), linked_windows=True)
+    set_gates(model, 2.0)  # a visible exchange
+    model.save_pretrained(tmp_path / "linked")
+    AutoTokenizer.from_pretrained(tiny_qa).save_pretrained(tmp_path / "linked")
+    reader = Reader(tmp_path / "linked")
+    document, question = (lambda row: (row["context"], row["question"]))(read_korquad_v2(PAGES[0])[0][0])
+    requests = [{"question": question if i % 2 else "무엇인가?", "document": document[: 3_000 + 4_000 * i],
+                 "window_length": 128} for i in range(4)]
+    app = create_app(reader, ServeSettings(max_batch_tokens=4_096, max_document_chars=400_000))
+    client = TestClient(app)
+    with ThreadPoolExecutor(4) as pool:
+        responses = list(pool.map(lambda body: client.post("/answer", json=body), requests))
+    assert all(r.status_code == 200 for r in responses), [r.text for r in responses]
+    for body, response in zip(requests, responses):
+        alone = reader.answer(body["question"], body["document"], window_length=128)
+        assert len(alone.answers) and alone.windows > 1
+        got = response.json()["answers"]
+        assert [(a["start"], a["end"]) for a in got] == [(a["start"], a["end"]) for a in alone.answers]
+        for served, expected in zip(got, alone.answers):  # the same function of the same rows; padding may round
+            assert served["score"] == pytest.approx(expected["score"], abs=1e-4)
+    unlinked = Reader(tiny_qa).answer(requests[3]["question"], requests[3]["document"], window_length=128)
+    assert unlinked.answers[0]["score"] != pytest.approx(
+        reader.answer(requests[3]["question"], requests[3]["document"], window_length=128).answers[0]["score"],
+        abs=1e-4)  # the links do change the reading
