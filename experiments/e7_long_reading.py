@@ -84,6 +84,10 @@ Methods (ablation rows of issue 24; `--methods` picks):
   scores of the group's windows (`qa_ranking_weight=0.5`), the gates at their own rate; read in sliding 512-token
   windows, every window of a question in one batch and linked. Every window is what the source reads (no copied
   positions, no regional nulls), and the windows of a document can compare what they read.
+- sliding-512-linked-ranked-g2 (round 13): the same with groups of at most 2 windows (the answer's window and one
+  other of its question), 8 groups per update: twice the questions per update of groups of 4.
+- sliding-512-grouped-ranked-g2 (round 13): -g2 with the gates at the rows' rate (5e-5), so that they stay near zero:
+  the same groups and cross-window ranking term with the windows practically unlinked.
 - full-long: dense attention at 4096 (an upper reference on the CPU).
 
 Usage: python experiments/e7_long_reading.py --reader qa-model/kobigbird-e5-korquad [--cpu-minutes 60]
@@ -239,6 +243,15 @@ METHODS = {
     "sliding-512-linked-ranked": Method("full", SOURCE_WINDOW, SOURCE_WINDOW, 128,
                                         {"linked_windows": True, "qa_ranking_weight": 0.5}, linked=4,
                                         link_learning_rate=5e-3),
+    # round 13, second row: groups of 2 (the answer's window and one other), twice the questions per update: round 13's
+    # first row read near the answer 2.9 below sliding-512 on a quarter of its questions
+    "sliding-512-linked-ranked-g2": Method("full", SOURCE_WINDOW, SOURCE_WINDOW, 128,
+                                           {"linked_windows": True, "qa_ranking_weight": 0.5}, linked=2,
+                                           link_learning_rate=5e-3),
+    # round 13, third row: -g2 with the gates at the rows' 5e-5 (so they stay near zero: the windows practically
+    # unlinked), the same groups and ranking term: what the links add to the grouped training
+    "sliding-512-grouped-ranked-g2": Method("full", SOURCE_WINDOW, SOURCE_WINDOW, 128,
+                                            {"linked_windows": True, "qa_ranking_weight": 0.5}, linked=2),
     "littlebird-long-teacher": Method("littlebird", LONG, LONG, 1024, {}, teacher=True),
     "full-long": Method("full", LONG, LONG, 1024, COPY),
 }

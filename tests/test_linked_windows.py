@@ -273,18 +273,18 @@ def test_finetune_qa_trains_linked_windows_end_to_end_and_refuses_what_does_not_
         assert not (tmp_path / "refused").exists()
 
 
-def test_the_server_reads_every_linked_request_as_if_alone(tiny_qa, tmp_path):
+def test_the_server_reads_every_linked_request_as_if_alone(tiny_qa, tmp_path):  # noqa: F811 (the fixture)
     """Concurrent requests to a linked reader: each request's windows are linked among themselves only (a batch per
     request), so every answer equals the reader's answer to that request alone."""
     from concurrent.futures import ThreadPoolExecutor
 
     from fastapi.testclient import TestClient
+    from test_qa_cli import PAGES
     from transformers import AutoTokenizer
 
     from longbird.data.korquad import read_korquad_v2
     from longbird.reader import Reader
     from longbird.serve import ServeSettings, create_app
-    from test_qa_cli import PAGES
 
     model = reconvert(LongBirdForQuestionAnswering.from_pretrained(tiny_qa), linked_windows=True)
     set_gates(model, 2.0)  # a visible exchange
@@ -310,3 +310,13 @@ def test_the_server_reads_every_linked_request_as_if_alone(tiny_qa, tmp_path):
     assert unlinked.answers[0]["score"] != pytest.approx(
         reader.answer(requests[3]["question"], requests[3]["document"], window_length=128).answers[0]["score"],
         abs=1e-4)  # the links do change the reading
+
+
+def test_export_refuses_a_linked_reader(tmp_path):
+    from longbird.export import export
+
+    model = linked_reader()
+    model.save_pretrained(tmp_path / "linked")
+    for format in ("hf-bigbird", "onnx"):
+        with pytest.raises(ValueError, match="linked windows"):
+            export(tmp_path / "linked", tmp_path / f"out-{format}", format=format)

@@ -21,6 +21,11 @@ from .sources import resolve_model_directory
 
 EXPORT_FORMATS = ("hf-bigbird", "onnx")
 logger = logging.getLogger("longbird.export")
+# Neither format has an input that names each row's document: an exported linked reader would read its windows apart.
+LINKED_EXPORT = ("this model has linked windows (linked_windows=true), whose rows read the other windows of their "
+                 "document; an exported graph reads every row apart and would compute another function. Serve the "
+                 "longbird directory, or reconvert with --set linked_windows=false --set qa_ranking_weight=0 to "
+                 "export the unlinked reader")
 
 
 def to_bigbird_config(config: LongBirdConfig) -> BigBirdConfig:
@@ -32,6 +37,8 @@ def to_bigbird_config(config: LongBirdConfig) -> BigBirdConfig:
                          f"attention={config.attention!r}. Use the model as a longbird directory (Auto classes), or "
                          "export its graph: `longbird export --format onnx`, torch.export or torch.onnx.export "
                          "(docs/export.md)")
+    if config.linked_windows:
+        raise ValueError(LINKED_EXPORT)
     if config.embedding_size != config.hidden_size:
         raise ValueError(
             f"hf-bigbird has no embedding projection: embedding_size ({config.embedding_size}) != hidden_size "
@@ -193,6 +200,8 @@ def export_onnx(model_dir: str | os.PathLike, out: str | os.PathLike, overwrite:
     if config.get("model_type") != "longbird" and not peft:
         raise ValueError(f"{path} is not a longbird model (model_type {config.get('model_type')!r}); convert it "
                          "first (`longbird convert`)")
+    if config.get("linked_windows"):
+        raise ValueError(LINKED_EXPORT)
     model_class = saved_model_class(config)
     # a PEFT directory holds what TAPE trained and where its base is (load_task_model rebuilds it)
     model = load_task_model(path, model_class)[0] if peft else model_class.from_pretrained(path)
