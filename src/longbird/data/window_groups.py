@@ -5,8 +5,8 @@ A group holds every window with the answer and windows without it drawn at rando
 up to `size` windows, in document order. Why not all of a document's windows: E7's training questions have 17
 512-token windows each on average (82,390 for 4,843 questions), where the sliding reader (`--negative-fraction 0.1`)
 trains on about 2.9 (13,884); a few windows without the answer per question keep the budget on questions while every
-group still holds windows to rank against each other. Questions whose answer is in no window (an answer longer than the stride, or dropped by
-preprocessing) are left out and counted (`skipped`).
+group still holds windows to rank against each other. Questions whose answer is in no window (an answer longer than
+the stride, or dropped by preprocessing) are left out and counted (`skipped`).
 """
 
 from __future__ import annotations
