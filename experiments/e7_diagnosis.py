@@ -8,7 +8,9 @@ Every reader reads the article as in E7 (its window and stride, windows merged b
 minus "near" is what choosing among the article's places costs it. Sliding 512-token windows and a 4096-token
 reader are compared on the same questions, overall, by answer position (first 512 / beyond, and five finer classes
 of where the answer starts in the window) and by article length. A model named `DIR:WINDOW:STRIDE:dense` is read with
-full attention over its whole window (the same weights, `attention="full"`): what the sparse pattern costs.
+full attention over its whole window (the same weights, `attention="full"`): what the sparse pattern costs. A model
+named `DIR:WINDOW:STRIDE:unlinked` is a linked reader (linked_windows.py) read with its windows apart: what its links
+carry.
 
 Questions: `--questions test` are E7's test articles (the draw of e7_long_reading.py, for the analysis of a finished
 round), `--questions validation` the probe's validation articles (for choosing what to try next). Both sets are
@@ -126,8 +128,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reader", type=Path, required=True, help="The paragraph reader E7 started from")
     parser.add_argument("--model", action="append", required=True,
-                        help="NAME=DIR:WINDOW:STRIDE[:dense] (repeatable); ':dense' reads with full attention over "
-                             "the whole window, the same weights (what the sparse pattern costs)")
+                        help="NAME=DIR:WINDOW:STRIDE[:dense][:unlinked] (repeatable); ':dense' reads with full "
+                             "attention over the whole window, the same weights (what the sparse pattern costs); "
+                             "':unlinked' reads a linked reader's windows apart (its gates unused)")
     parser.add_argument("--questions", choices=("test", "validation"), default="test")
     parser.add_argument("--validation-questions", type=int, default=80)
     parser.add_argument("--readings", nargs="+", choices=READINGS, default=list(READINGS),
@@ -138,9 +141,11 @@ def main() -> None:
     models = {}
     for spec in args.model:
         name, _, rest = spec.partition("=")
+        unlinked = rest.endswith(":unlinked")
+        rest = rest.removesuffix(":unlinked")
         dense = rest.endswith(":dense")
         directory, window, stride = rest.removesuffix(":dense").rsplit(":", 2)
-        models[name] = (Path(directory), int(window), int(stride), dense)
+        models[name] = (Path(directory), int(window), int(stride), dense, unlinked)
     rows, _ = read_korquad_v1_articles(ROOT / "data" / "korquad" / "KorQuAD_v1.0_dev.json")
     split = split_by_title(rows)
     _, tokenizer = load_task_model(args.reader, LongBirdForQuestionAnswering)
@@ -165,9 +170,11 @@ def main() -> None:
                "questions": args.questions, "bf16": bf16, "articles": lengths,
                "held_out": held_out_record(split["train"], questions), "group_sizes":
                {name: len(ids) for name, ids in groups.items()}, "readers": {}}
-    for name, (directory, window, stride, dense) in models.items():
+    for name, (directory, window, stride, dense, unlinked) in models.items():
         model, model_tokenizer = load_task_model(directory, LongBirdForQuestionAnswering,
                                                  **({"attention": "full"} if dense else {}))
+        if unlinked:  # reading passes no document ids, so no row reads another (linked_windows.py)
+            model.config.linked_windows = False
         entry = {"model": str(directory), "window": window, "stride": stride, "attention": model.config.attention}
         for reading in args.readings:
             started = time.process_time()
