@@ -19,6 +19,7 @@ from transformers import AutoModel, AutoModelForMaskedLM, PreTrainedModel
 
 from .config import PRESETS, LongBirdConfig
 from .heads import LongBirdForMaskedLM
+from .linked_windows import GATES
 from .modeling import LongBirdModel
 from .positions import extend_position_table
 
@@ -192,7 +193,7 @@ def convert(
                 state[f"lm_head.{ours}.bias"] = full_state[theirs + ".bias"]
     missing, unexpected = model.load_state_dict(state, strict=False)
     # New parameters with no source counterpart keep their initialisation (ALiBi slopes, pack vectors, TAPE maps).
-    new = {name for name in missing if ".bialibi." in name or name.endswith(("pack_embeddings", LINK_GATES))
+    new = {name for name in missing if ".bialibi." in name or name.endswith(("pack_embeddings", GATES))
            or ".tape_" in name}
     tied = {"lm_head.decoder.weight"} if config.tie_word_embeddings else set()
     if set(missing) - tied - new or unexpected:
@@ -210,9 +211,8 @@ RECONVERTIBLE = ("max_position_embeddings", "block_size", "num_random_blocks", "
                  "position_extension", "taper_schedule", "taper_mode", "taper_tau", "taper_start",
                  "full_attention_max_length", "attention_backend", "global_blocks", "local_windows",
                  "qa_null_every", "qa_ranking_weight", "linked_windows")
-# linked_windows is the one setting with parameters of its own: the link gates, added at zero (the model reads as
-# before until they are trained) or dropped (linked_windows.py).
-LINK_GATES = "links.gates"
+# linked_windows is the one setting with parameters of its own: the link gates (GATES), added at zero (the model reads
+# as before until they are trained) or dropped (linked_windows.py).
 
 
 def reconvert(model: PreTrainedModel, **overrides: Any) -> PreTrainedModel:
@@ -254,6 +254,6 @@ def reconvert(model: PreTrainedModel, **overrides: Any) -> PreTrainedModel:
         torch.manual_seed(CONVERSION_SEED)
         new = type(model)(new_config)
     missing, unexpected = new.load_state_dict(state, strict=False)
-    if {n for n in missing if not n.endswith(LINK_GATES)} or {n for n in unexpected if not n.endswith(LINK_GATES)}:
+    if {n for n in missing if not n.endswith(GATES)} or {n for n in unexpected if not n.endswith(GATES)}:
         raise RuntimeError(f"reconvert left missing={missing} unexpected={unexpected}")
     return new.eval()

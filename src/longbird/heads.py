@@ -285,12 +285,12 @@ class LongBirdForQuestionAnswering(LongBirdPreTrainedModel):
             start_loss = (_mean_cross_entropy(start_logits, start_targets) if region_nulls is None
                           else regional_start_loss(start_logits, region_nulls, valid, start_targets,
                                                    NullRegions.max_regions(self.config, length)))
-            weight = self.config.qa_ranking_weight
-            if weight and region_nulls is not None:
+            weight, ranking = self.config.qa_ranking_weight, None
+            if weight and region_nulls is not None:  # across the regions of a window
                 ranking = cross_region_ranking_loss(start_logits, region_nulls, valid, start_targets)
-                start_loss = (1 - weight) * start_loss + weight * ranking
-            elif weight and document_ids is not None and self.config.linked_windows:
+            elif weight and document_ids is not None and self.config.linked_windows:  # across a document's windows
                 ranking = cross_window_ranking_loss(start_logits, valid, start_targets, document_ids, IGNORE_INDEX)
+            if ranking is not None:
                 start_loss = (1 - weight) * start_loss + weight * ranking
             loss = (start_loss + _mean_cross_entropy(end_logits, end_targets)) / 2
         return LongBirdQuestionAnsweringOutput(

@@ -37,6 +37,10 @@ import math
 import torch
 from torch import nn
 
+# The gates' parameter name in a model's state dict (the encoder holds WindowLinks as `links`): conversion adds or
+# drops it, and training gives it its own learning rate.
+GATES = "links.gates"
+
 
 class WindowLinks(nn.Module):
     """The gates g_l (one per layer, zero at init) and the exchange between the [CLS] states of linked rows."""

@@ -58,8 +58,8 @@ class WindowGroups:
 class LinkedBatches:
     """Collates groups into one padded batch of their windows with `document_ids` (B,): the group each row is from."""
 
-    def __init__(self, pad_token_id: int, multiple: int | None = None):
-        self.pad = PaddedBatches(pad_token_id, multiple)
+    def __init__(self, pad_token_id: int):
+        self.pad = PaddedBatches(pad_token_id)
 
     def __call__(self, groups: list[dict]) -> dict[str, torch.Tensor]:
         rows = [window for group in groups for window in group["windows"]]

@@ -20,6 +20,7 @@ from transformers import TrainingArguments
 
 from ..data.batching import PaddedBatches
 from ..data.features import QAFeature
+from ..linked_windows import GATES
 from ..precision import slow_bf16_warning
 from .budget import check_budget_minutes, training_budget
 from .padding_insertion import PaddingInsertion, sentence_end_token_ids
@@ -219,7 +220,7 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
     if settings.tape_learning_rate is not None and not any("tape_" in name for name, _ in model.named_parameters()):
         raise ValueError("--tape-learning-rate sets the rate of a TAPE model's maps, and this model has none: convert "
                          "with --preset tape, or leave --tape-learning-rate out")
-    gates = any(name.endswith("links.gates") for name, _ in model.named_parameters())
+    gates = any(name.endswith(GATES) for name, _ in model.named_parameters())
     if settings.link_learning_rate is not None and not gates:
         raise ValueError("--link-learning-rate sets the rate of the link gates, and this model has none: convert with "
                          "--set linked_windows=true, or leave --link-learning-rate out")

@@ -18,6 +18,7 @@ from transformers import ProgressCallback, Trainer
 from transformers.trainer_pt_utils import LengthGroupedSampler
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
+from ..linked_windows import GATES
 from .budget import TrainingBudget, budgeted_linear_factor
 from .padding_insertion import PaddingInsertion
 from .resume import publish_checkpoint
@@ -74,7 +75,7 @@ class LongBirdTrainer(Trainer):
             return optimizer
         named = [(n, p) for n, p in (model or self.model).named_parameters() if p.requires_grad]
         for marker, rate in ((".bialibi.", self.slope_learning_rate), ("tape_", self.tape_learning_rate),
-                             ("links.gates", self.link_learning_rate)):
+                             (GATES, self.link_learning_rate)):
             own = [p for n, p in named if marker in n]
             if rate is None or not own:
                 continue
