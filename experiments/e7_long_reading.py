@@ -88,6 +88,11 @@ Methods (ablation rows of issue 24; `--methods` picks):
   other of its question), 8 groups per update: twice the questions per update of groups of 4.
 - sliding-512-grouped-ranked-g2 (round 13): -g2 with the gates at the rows' rate (5e-5), so that they stay near zero:
   the same groups and cross-window ranking term with the windows practically unlinked.
+- sliding-512-linked-ranked-lexical-g2 (round 14): -linked-ranked-g2 with the window without the answer chosen as the
+  one whose text matches the question best by BM25 (`linked_negatives="lexical"`, data/window_groups.py) instead of
+  at random: the ranking term contrasts the answer's window with its likeliest distractor (Clark & Gardner 2018).
+- sliding-512-grouped-ranked-lexical-g2 (round 14): the same with the gates at the rows' rate (practically
+  unlinked): what the distractors do without the links.
 - full-long: dense attention at 4096 (an upper reference on the CPU).
 
 Usage: python experiments/e7_long_reading.py --reader qa-model/kobigbird-e5-korquad [--cpu-minutes 60]
@@ -150,6 +155,7 @@ class Method(NamedTuple):
     teacher_targets: str = "null-relative"  # on cuts: what the teacher's start scores teach (training/cut_teacher.py)
     linked: int | None = None  # train linked windows on groups of at most this many windows (data/window_groups.py)
     link_learning_rate: float | None = None  # the link gates' own rate (FinetuneSettings.link_learning_rate)
+    linked_negatives: str = "random"  # a linked group's windows without the answer: "random" or "lexical" (BM25)
 
     @property
     def reading(self) -> tuple[int, int]:
@@ -252,6 +258,15 @@ METHODS = {
     # unlinked), the same groups and ranking term: what the links add to the grouped training
     "sliding-512-grouped-ranked-g2": Method("full", SOURCE_WINDOW, SOURCE_WINDOW, 128,
                                             {"linked_windows": True, "qa_ranking_weight": 0.5}, linked=2),
+    # round 14: -linked-ranked-g2 and -grouped-ranked-g2 with the window without the answer the question's best BM25
+    # match among its windows (its likeliest distractor) instead of a random one: round 13 found the windows without
+    # the answer to be what teaches the ranking
+    "sliding-512-linked-ranked-lexical-g2": Method("full", SOURCE_WINDOW, SOURCE_WINDOW, 128,
+                                                   {"linked_windows": True, "qa_ranking_weight": 0.5}, linked=2,
+                                                   link_learning_rate=5e-3, linked_negatives="lexical"),
+    "sliding-512-grouped-ranked-lexical-g2": Method("full", SOURCE_WINDOW, SOURCE_WINDOW, 128,
+                                                    {"linked_windows": True, "qa_ranking_weight": 0.5}, linked=2,
+                                                    linked_negatives="lexical"),
     "littlebird-long-teacher": Method("littlebird", LONG, LONG, 1024, {}, teacher=True),
     "full-long": Method("full", LONG, LONG, 1024, COPY),
 }
@@ -318,7 +333,8 @@ def train_method(name: str, start: Path, train, run_dir: Path, args, reader: Pat
                           doc_stride=stride, negative_fraction=args.negative_fraction, settings=settings,
                           overwrite=True, teacher=reader if method.teacher else None,
                           teacher_weight=args.teacher_weight, teacher_targets=method.teacher_targets,
-                          cut_windows=method.cut, cut_overlap=128, linked_groups=method.linked)
+                          cut_windows=method.cut, cut_overlap=128, linked_groups=method.linked,
+                          linked_negatives=method.linked_negatives)
     history = metrics["log_history"]
     return {"batch_size": batch, "cpu_budget": metrics["cpu_budget"], "tokens_seen": metrics["tokens_seen"],
             "training_windows": metrics["training_windows"], "windows": metrics["windows"],
@@ -427,7 +443,8 @@ def main() -> None:
                                     "eval_cpu_seconds": eval_seconds, "eval_machine": results["machine"],
                                     "train_window": trainer.window, "train_doc_stride": trainer.stride,
                                     "trained_by": trained_by, "padding_insertion": trainer.padding_insertion,
-                                    "train_cut": trainer.cut, "train_linked": trainer.linked}
+                                    "train_cut": trainer.cut, "train_linked": trainer.linked,
+                                    "train_linked_negatives": trainer.linked_negatives if trainer.linked else None}
         write_file_atomically(args.out / f"{args.name}_predictions" / f"{name}.json",
                               json.dumps(predictions, ensure_ascii=False, indent=1) + "\n")
         write_results(results, buckets, args.out, args.name)

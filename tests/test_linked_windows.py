@@ -216,6 +216,54 @@ def test_a_group_holds_its_questions_answer_windows_and_others_of_its_document(e
         WindowGroups(e5_windows, 0)
 
 
+def bm25(query: list[int], texts: list[list[int]], k1: float = 1.5, b: float = 0.75, epsilon: float = 0.25):
+    """Okapi BM25 written out (Robertson & Zaragoza 2009, eq. 3.18's saturation with document-length normalisation;
+    IDF log((N - n + 0.5) / (n + 0.5)), negative ones floored at epsilon times the mean IDF, as rank_bm25 does)."""
+    n_docs, mean_length = len(texts), sum(map(len, texts)) / len(texts)
+    terms = {t for text in texts for t in text}
+    idf = {t: math.log((n_docs - sum(t in text for text in texts) + 0.5) / (sum(t in text for text in texts) + 0.5))
+           for t in terms}
+    floor = epsilon * sum(idf.values()) / len(idf)
+    idf = {t: (v if v >= 0 else floor) for t, v in idf.items()}
+    return [sum(idf.get(t, 0.0) * text.count(t) * (k1 + 1)
+                / (text.count(t) + k1 * (1 - b + b * len(text) / mean_length)) for t in dict.fromkeys(query))
+            for text in texts]
+
+
+def test_lexical_negatives_are_the_questions_best_bm25_matches():
+    from conftest import reading_tokenizer
+
+    from longbird.data.windows import QAWindows
+    from longbird.sources import e5_path
+
+    # 40 questions over whole articles: most have several windows without the answer to choose from
+    e5_windows = QAWindows(reading_tokenizer(e5_path()), korquad1_dev_questions(10), 128, 32, negative_fraction=1.0)
+    items, questions = e5_windows.items, e5_windows.items[:, 0]
+    lexical = WindowGroups(e5_windows, 2, negatives="lexical")
+    random_groups = WindowGroups(e5_windows, 2, seed=1)
+    assert [questions[g[0]] for g in lexical.groups] == [questions[g[0]] for g in random_groups.groups]
+    checked, shared = 0, {"lexical": 0, "random": 0}
+
+    def text(i):
+        return e5_windows.documents[int(items[i, 1])].ids[items[i, 2]:items[i, 3]].tolist()
+
+    for group, other in zip(lexical.groups, random_groups.groups):
+        negative = [i for i in group if items[i, 4] == 0]
+        if not negative:
+            continue
+        question = int(questions[group[0]])
+        candidates = [i for i in range(len(items)) if questions[i] == question and items[i, 4] == 0]
+        scores = bm25(e5_windows.questions[question], [text(i) for i in candidates])
+        assert scores[candidates.index(negative[0])] == pytest.approx(max(scores), rel=1e-9, abs=1e-12)
+        checked += 1
+        query = set(e5_windows.questions[question])
+        for name, chosen in (("lexical", negative[0]), ("random", [i for i in other if items[i, 4] == 0][0])):
+            shared[name] += len(query & set(text(chosen)))
+    assert checked >= 10 and shared["lexical"] > shared["random"]
+    with pytest.raises(ValueError, match="not one of random, lexical"):
+        WindowGroups(e5_windows, 2, negatives="hard")
+
+
 def test_reading_keeps_a_questions_windows_in_one_batch_and_links_them(monkeypatch):
     from longbird import qa
     from longbird.data.features import QAFeature
@@ -258,15 +306,20 @@ def test_finetune_qa_trains_linked_windows_end_to_end_and_refuses_what_does_not_
     assert result.exit_code == 0, result.output
     out = tmp_path / "trained"
     result = runner.invoke(app, ["finetune-qa", "--model", str(linked), *common, "--out", str(out),
-                                 "--linked-windows", "3", "--link-learning-rate", "0.01"])
+                                 "--linked-windows", "3", "--link-learning-rate", "0.01", "--linked-negatives",
+                                 "lexical"])
     assert result.exit_code == 0, result.output
     record = json.loads((out / "longbird_finetune.json").read_text())
     assert record["linked_groups"] == 3 and record["settings"]["link_learning_rate"] == 0.01
+    assert record["linked_negatives"] == "lexical"
     gates = LongBirdForQuestionAnswering.from_pretrained(out).longbird.encoder.links.gates
     assert gates.abs().min() > 1e-3  # two Adam steps at 0.01 moved every gate from 0
     for model, extra, message in ((short, ["--linked-windows", "3"], "has no links"),
                                   (linked, ["--linked-windows", "3", "--cut-windows", "64"], "--cut-windows"),
-                                  (short, ["--link-learning-rate", "0.01"], "link gates")):
+                                  (short, ["--link-learning-rate", "0.01"], "link gates"),
+                                  (linked, ["--linked-negatives", "lexical"], "give --linked-windows N too"),
+                                  (linked, ["--linked-windows", "3", "--linked-negatives", "hard"],
+                                   "not one of random, lexical")):
         result = runner.invoke(app, ["finetune-qa", "--model", str(model), *common, "--out",
                                      str(tmp_path / "refused"), *extra])
         assert result.exit_code == 1 and message in result.output, result.output

@@ -94,6 +94,9 @@ LinkedWindows = Annotated[int | None, typer.Option(min=1, help="For a model with
                                                              "windows of one question, every window with the answer "
                                                              "and others of its document, linked in their batch; "
                                                              "--batch-size counts groups")]
+LinkedNegatives = Annotated[str, typer.Option(help="With --linked-windows: the windows without the answer in a group, "
+                                                   "'random' or 'lexical' (those whose text matches the question best "
+                                                   "by BM25: the distractors)")]
 LinkLearningRate = Annotated[float | None, typer.Option(help="Learning rate of the link gates of a model with linked "
                                                              "windows (default: --learning-rate)")]
 
@@ -143,6 +146,7 @@ def finetune_qa(
     cpu_minutes: CPUMinutes = None, wall_minutes: WallMinutes = None, lr_scheduler: LRScheduler = "linear",
     warmup_ratio: WarmupRatio = 0.1, cut_windows: CutWindows = None, cut_overlap: CutOverlap = 128,
     linked_windows: LinkedWindows = None, link_learning_rate: LinkLearningRate = None,
+    linked_negatives: LinkedNegatives = "random",
 ):
     """Fine-tune extractive QA on long documents (Trainer; `accelerate launch` for several GPUs)."""
     settings = training_settings(locals())
@@ -154,7 +158,7 @@ def finetune_qa(
                   overwrite=overwrite, qa_head=qa_head, split=split, max_answer_tokens=max_answer_tokens,
                   teacher=teacher, teacher_weight=teacher_weight, teacher_temperature=teacher_temperature,
                   teacher_targets=teacher_targets, cut_windows=cut_windows, cut_overlap=cut_overlap,
-                  linked_groups=linked_windows)
+                  linked_groups=linked_windows, linked_negatives=linked_negatives)
     print_metrics(f"fine-tuned QA model saved to {out}", metrics)
 
 

@@ -16,7 +16,7 @@ from ..data.html import add_tag_tokens
 from ..data.korquad import read_korquad_v1_articles, read_korquad_v2, read_squad_paragraphs, split_by_title
 from ..data.layout_cuts import LayoutCuts
 from ..data.null_regions import NullRegions
-from ..data.window_groups import LinkedBatches, WindowGroups
+from ..data.window_groups import NEGATIVES, LinkedBatches, WindowGroups
 from ..data.windows import PairTemplate, QAWindows
 from ..heads import LongBirdForQuestionAnswering
 from ..metrics.korquad import korquad_v1, korquad_v2, squad_v1
@@ -100,7 +100,7 @@ def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "
                 split: str | None = None, max_answer_tokens: int | None = None, teacher=None,
                 teacher_weight: float = 0.5, teacher_temperature: float = 1.0, teacher_targets: str = "null-relative",
                 conversion: dict | None = None, cut_windows: int | None = None, cut_overlap: int = 128,
-                linked_groups: int | None = None) -> dict:
+                linked_groups: int | None = None, linked_negatives: str = "random") -> dict:
     """Fine-tune a QA model and save it (with its tokenizer, which gains the HTML tag tokens) to `out`.
     `window_length` (default: the model's maximum) is the feature window; `max_windows=1` trains on the first window
     only (truncation). With `teacher` (a fine-tuned short QA model directory) the loss mixes the gold labels with
@@ -114,7 +114,9 @@ def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "
     (data/layout_cuts.py); the negative draw applies to the cuts.
     `linked_groups`: for a model with linked windows (`config.linked_windows`), train on groups of at most this many
     windows of one question (every window with the answer, the rest drawn from its others; data/window_groups.py),
-    each group's rows linked in its batch; `settings.batch_size` counts groups. `negative_fraction` is not used then."""
+    each group's rows linked in its batch; `settings.batch_size` counts groups. `negative_fraction` is not used then;
+    `linked_negatives` says how the windows without the answer are chosen ("random", or "lexical": those that match
+    the question best by BM25)."""
     from ..training.cut_teacher import TARGETS
 
     settings = settings or FinetuneSettings()
@@ -126,6 +128,11 @@ def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "
     if linked_groups is not None and (teacher is not None or cut_windows is not None):
         raise ValueError("--linked-windows trains groups of sliding windows; it does not combine with --teacher or "
                          "--cut-windows: leave those out")
+    if linked_negatives not in NEGATIVES:
+        raise ValueError(f"--linked-negatives {linked_negatives!r} is not one of {', '.join(NEGATIVES)}")
+    if linked_negatives != "random" and linked_groups is None:
+        raise ValueError(f"--linked-negatives {linked_negatives} chooses the windows of a linked group: give "
+                         "--linked-windows N too, or leave --linked-negatives out")
     out = Path(out)
     check_output(out, overwrite)
     rows = train_data if isinstance(train_data, Dataset) else read_qa_data(train_data, data_format, split)[0]
@@ -166,7 +173,7 @@ def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "
                            settings.seed)
     collator = None
     if linked_groups is not None:
-        items = WindowGroups(items, linked_groups, settings.seed)
+        items = WindowGroups(items, linked_groups, settings.seed, linked_negatives)
         collator = LinkedBatches(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
     distillation = ({} if teacher is None else
                     distillation_teacher(teacher, tokenizer, items, settings, teacher_weight, teacher_temperature,
@@ -180,6 +187,7 @@ def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "
                "train_examples": len(rows), "windows": items.windows, "training_windows": len(items),
                "window_length": window_length, "doc_stride": doc_stride, "cut_windows": cut_windows,
                "cut_overlap": cut_overlap if cut_windows else None, "linked_groups": linked_groups,
+               "linked_negatives": linked_negatives if linked_groups is not None else None,
                "settings": vars(settings), **distillation,
                "processes": world_size(), **training_record(metrics)}
     write_trained_model(out, model, tokenizer, "longbird_finetune.json", summary, overwrite, settings,
