@@ -260,7 +260,7 @@ def tiny_classifier(tiny_source, tmp_path_factory):
 def test_classify_gives_the_probabilities_evaluate_scores_with(tiny_classifier, reader):
     import torch
 
-    from longbird.reader import predict_documents
+    from longbird.reader import document_windows, predict_documents
 
     model_dir, texts = tiny_classifier
     classifier = Reader(model_dir)
@@ -273,6 +273,13 @@ def test_classify_gives_the_probabilities_evaluate_scores_with(tiny_classifier, 
         expected, key=lambda label: -expected[label])
     for item in body["labels"]:
         assert item["probability"] == pytest.approx(expected[item["label"]], abs=1e-6)
+    windows = document_windows(classifier.tokenizer, long_text, 256, 32)
+    assert body["windows"] == len(windows) and body["tokens"] == sum(len(w["input_ids"]) for w in windows)
+    read, classify = [], classifier.classify
+    classifier.classify = lambda *args, **kwargs: read.append(classify(*args, **kwargs)) or read[-1]
+    records = classifier.warm_up()  # the tokens each warm-up document was read with, not the length aimed at
+    assert [(r["windows"], r["tokens"]) for r in records] == [(c["windows"], c["tokens"]) for c in read]
+    assert [r["windows"] for r in records][:2] == [1, 1] and records[3]["windows"] > records[2]["windows"] > 1
     refused = client.post("/answer", json={"question": "q", "document": "text"})
     assert refused.status_code == 422 and "classification model" in refused.json()["detail"]
     qa = TestClient(create_app(reader)).post("/classify", json={"document": "text"})

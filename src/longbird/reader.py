@@ -236,7 +236,7 @@ class Reader:
 
     def classify(self, document: str, window_length: int | None = None, stride: int = 128) -> dict:
         """Class probabilities of `document` (best first) from the mean of its windows' logits, as `evaluate --task
-        classification` scores it; `windows` read."""
+        classification` scores it; `windows` read and their `tokens` (special tokens included)."""
         self._require("classification", "classification")
         if not document or not document.strip():
             raise ValueError("the document is empty; give the text to classify")
@@ -247,7 +247,8 @@ class Reader:
             logits = self._forward(windows, lambda out: out.logits.float()).mean(0)
         probabilities = torch.softmax(logits, -1).tolist()
         labels = [{"label": self.model.config.id2label[i], "probability": p} for i, p in enumerate(probabilities)]
-        return {"labels": sorted(labels, key=lambda item: -item["probability"]), "windows": len(windows)}
+        return {"labels": sorted(labels, key=lambda item: -item["probability"]), "windows": len(windows),
+                "tokens": sum(len(window["input_ids"]) for window in windows)}
 
     def embed(self, texts: list[str], pooling: str = "mean", window_length: int | None = None,
               normalize: bool = False) -> dict:
@@ -301,7 +302,8 @@ class Reader:
                 reading = self.answer("무엇을 읽는가?", document)
                 windows, read = reading.windows, reading.tokens
             elif self.task == "classification":
-                windows, read = self.classify(document)["windows"], tokens
+                classified = self.classify(document)
+                windows, read = classified["windows"], classified["tokens"]
             else:
                 windows, read = None, self.embed([document])["tokens"]
             records.append({"tokens": read, "windows": windows, "seconds": time.perf_counter() - started})

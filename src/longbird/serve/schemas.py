@@ -104,6 +104,7 @@ class LabelProbability(BaseModel):
 class ClassifyResponse(BaseModel):
     labels: list[LabelProbability] = Field(description="Every label with its probability, best first")
     windows: int = Field(description="Windows read; their logits are averaged, as `evaluate` does")
+    tokens: int = Field(description="Tokens read (all windows)")
     model: str | None
     elapsed_ms: float
 
