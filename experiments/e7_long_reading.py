@@ -93,6 +93,8 @@ Methods (ablation rows of issue 24; `--methods` picks):
   at random: the ranking term contrasts the answer's window with its likeliest distractor (Clark & Gardner 2018).
 - sliding-512-grouped-ranked-lexical-g2 (round 14): the same with the gates at the rows' rate (practically
   unlinked): what the distractors do without the links.
+- sliding-512-grouped-lexical-g2 (round 14): -grouped-ranked-lexical-g2 without the ranking term: every window's own
+  start loss only, so sliding-512's training on the answer's windows and one distractor per question.
 - sliding-512-linked-ranked-lexical-g3 (round 14): -lexical-g2 with groups of at most 3 windows: the answer's window
   and the question's two best BM25 matches without the answer (5 groups per update).
 - full-long: dense attention at 4096 (an upper reference on the CPU).
@@ -269,6 +271,12 @@ METHODS = {
     "sliding-512-grouped-ranked-lexical-g2": Method("full", SOURCE_WINDOW, SOURCE_WINDOW, 128,
                                                     {"linked_windows": True, "qa_ranking_weight": 0.5}, linked=2,
                                                     linked_negatives="lexical"),
+    # round 14, fourth row: -grouped-ranked-lexical-g2 without the cross-window ranking term (qa_ranking_weight 0): each
+    # window's own start loss only, on the answer's window and its distractor, i.e. sliding-512's training with the
+    # windows without the answer chosen by BM25 (one per question) instead of drawn at 10 %
+    "sliding-512-grouped-lexical-g2": Method("full", SOURCE_WINDOW, SOURCE_WINDOW, 128,
+                                             {"linked_windows": True, "qa_ranking_weight": 0.0}, linked=2,
+                                             linked_negatives="lexical"),
     # round 14, third row: groups of 3 (the answer's window and the question's two best BM25 matches without it): the
     # lexical g2 row ranked at a cost of 4.2 F1 (sliding-512 6.0); does a second distractor lower it further?
     "sliding-512-linked-ranked-lexical-g3": Method("full", SOURCE_WINDOW, SOURCE_WINDOW, 128,
