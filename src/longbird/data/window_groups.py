@@ -49,7 +49,7 @@ class WindowGroups:
             raise ValueError(f"a group of linked windows holds at least one window; got {size}")
         if negatives not in NEGATIVES:
             raise ValueError(f"negatives {negatives!r} is not one of {', '.join(NEGATIVES)}")
-        self.long, self.size, self.windows, self.negatives = windows, size, windows.windows, negatives
+        self.long, self.size, self.windows = windows, size, windows.windows
         rng = random.Random(seed)
         by_question: dict[int, list[int]] = {}
         for index, question in enumerate(windows.items[:, 0].tolist()):
