@@ -124,6 +124,10 @@ class LongBirdConfig(PreTrainedConfig):
     # The rows of a document are named by the forward's `document_ids`; without them every row is its own document.
     # With qa_ranking_weight the start loss ranks null-relative scores across the windows of a document.
     linked_windows: bool = False
+    # The window selector (window_selector.py, E7 round 15): a head on each linked window's [CLS] that corrects its
+    # null-relative "answer here" score, trained with this weight by one softmax per document over its windows and
+    # added to every span's null-relative score at decoding. 0: no selector (no parameters).
+    qa_selector_weight: float = 0.0
 
     def __post_init__(self, **kwargs):
         if self.embedding_size is None:
@@ -252,6 +256,11 @@ class LongBirdConfig(PreTrainedConfig):
         if self.qa_ranking_weight and not (self.qa_null_every or self.linked_windows):
             raise ValueError("qa_ranking_weight ranks spans across regional nulls or linked windows, and this model "
                              "has neither (qa_null_every=0, linked_windows=False): set one or qa_ranking_weight=0")
+        if not 0 <= self.qa_selector_weight <= 1:
+            raise ValueError(f"qa_selector_weight must lie in [0, 1]; got {self.qa_selector_weight}")
+        if self.qa_selector_weight and not self.linked_windows:
+            raise ValueError("qa_selector_weight trains a selector over the linked windows of a document, and this "
+                             "model has none (linked_windows=False): set linked_windows=true or qa_selector_weight=0")
         if self.linked_windows and self.attention == "littlebird":
             raise ValueError("linked_windows links the [CLS] states of windows read with full or BigBird attention; "
                              "LittleBird's layers carry pack states instead: use preset full or kobigbird")

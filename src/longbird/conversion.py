@@ -22,6 +22,7 @@ from .heads import LongBirdForMaskedLM
 from .linked_windows import GATES
 from .modeling import LongBirdModel
 from .positions import extend_position_table
+from .window_selector import SELECTOR
 
 CONVERSION_SEED = 0  # the seed of every parameter conversion creates (see `convert`)
 
@@ -210,9 +211,14 @@ def convert(
 RECONVERTIBLE = ("max_position_embeddings", "block_size", "num_random_blocks", "random_seed", "random_blocks",
                  "position_extension", "taper_schedule", "taper_mode", "taper_tau", "taper_start",
                  "full_attention_max_length", "attention_backend", "global_blocks", "local_windows",
-                 "qa_null_every", "qa_ranking_weight", "linked_windows")
-# linked_windows is the one setting with parameters of its own: the link gates (GATES), added at zero (the model reads
-# as before until they are trained) or dropped (linked_windows.py).
+                 "qa_null_every", "qa_ranking_weight", "linked_windows", "qa_selector_weight")
+# linked_windows and qa_selector_weight are the settings with parameters of their own: the link gates (GATES) and the
+# window selector (SELECTOR), added at zero (the model reads as before until they are trained) or dropped
+# (linked_windows.py, window_selector.py).
+
+
+def _added_or_dropped(name: str) -> bool:
+    return name.endswith(GATES) or name.startswith(SELECTOR + ".")
 
 
 def reconvert(model: PreTrainedModel, **overrides: Any) -> PreTrainedModel:
@@ -254,6 +260,6 @@ def reconvert(model: PreTrainedModel, **overrides: Any) -> PreTrainedModel:
         torch.manual_seed(CONVERSION_SEED)
         new = type(model)(new_config)
     missing, unexpected = new.load_state_dict(state, strict=False)
-    if {n for n in missing if not n.endswith(GATES)} or {n for n in unexpected if not n.endswith(GATES)}:
+    if {n for n in missing if not _added_or_dropped(n)} or {n for n in unexpected if not _added_or_dropped(n)}:
         raise RuntimeError(f"reconvert left missing={missing} unexpected={unexpected}")
     return new.eval()

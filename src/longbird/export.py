@@ -24,8 +24,8 @@ logger = logging.getLogger("longbird.export")
 # Neither format has an input that names each row's document: an exported linked reader would read its windows apart.
 LINKED_EXPORT = ("this model has linked windows (linked_windows=true), whose rows read the other windows of their "
                  "document; an exported graph reads every row apart and would compute another function. Serve the "
-                 "longbird directory, or reconvert with --set linked_windows=false --set qa_ranking_weight=0 to "
-                 "export the unlinked reader")
+                 "longbird directory, or reconvert with --set linked_windows=false --set qa_ranking_weight=0 "
+                 "--set qa_selector_weight=0 to export the unlinked reader")
 
 
 def to_bigbird_config(config: LongBirdConfig) -> BigBirdConfig:

@@ -20,6 +20,7 @@ from .config import LongBirdConfig
 from .data.null_regions import NullRegions, is_null
 from .linked_windows import cross_window_ranking_loss
 from .modeling import LongBirdModel, LongBirdPreTrainedModel
+from .window_selector import WindowSelector, window_selector_loss
 
 
 class LongBirdLMHead(nn.Module):
@@ -101,6 +102,9 @@ class LongBirdQuestionAnsweringOutput(QuestionAnsweringModelOutput):
 
     start_top_index: torch.LongTensor | None = None
     end_top_logits: torch.FloatTensor | None = None
+    # (B,) fp32 with `config.qa_selector_weight`: the window selector's correction c_w to each row's null-relative
+    # scores (window_selector.py); None without a selector
+    selector_logits: torch.FloatTensor | None = None
 
 
 class ConditionalEndHead(nn.Module):
@@ -234,6 +238,8 @@ class LongBirdForQuestionAnswering(LongBirdPreTrainedModel):
         else:
             self.qa_start = nn.Linear(config.hidden_size, 1)
             self.qa_end = ConditionalEndHead(config)
+        if config.qa_selector_weight:
+            self.qa_selector = WindowSelector(config.hidden_size)
         self.post_init()
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
@@ -245,7 +251,8 @@ class LongBirdForQuestionAnswering(LongBirdPreTrainedModel):
         optional: each token's regional null (data/null_regions.py); with labels the start loss is then taken per
         region (`regional_start_loss`). Decoding reads it from the features, not from here. `document_ids` (B,)
         long, optional: with `config.linked_windows`, the rows of one document are linked (linked_windows.py) and
-        with labels and `qa_ranking_weight` the start loss ranks across them (`cross_window_ranking_loss`)."""
+        with labels and `qa_ranking_weight` the start loss ranks across them (`cross_window_ranking_loss`); with
+        `qa_selector_weight` the window selector's loss over them is added (window_selector.py)."""
         outputs = self.longbird(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                                 output_hidden_states=output_hidden_states, document_ids=document_ids)
         hidden = outputs.last_hidden_state
@@ -280,6 +287,7 @@ class LongBirdForQuestionAnswering(LongBirdPreTrainedModel):
                 end_logits = _masked(self.qa_end(hidden, start_positions[:, None])[:, 0], allowed)
             else:
                 end_logits = end_top_logits[:, 0]
+        selector_logits = self.qa_selector(hidden) if hasattr(self, "qa_selector") else None
         loss = None
         if labelled:
             start_loss = (_mean_cross_entropy(start_logits, start_targets) if region_nulls is None
@@ -293,9 +301,12 @@ class LongBirdForQuestionAnswering(LongBirdPreTrainedModel):
             if ranking is not None:
                 start_loss = (1 - weight) * start_loss + weight * ranking
             loss = (start_loss + _mean_cross_entropy(end_logits, end_targets)) / 2
+            if selector_logits is not None and document_ids is not None:
+                loss = loss + self.config.qa_selector_weight * window_selector_loss(
+                    selector_logits, start_logits, valid, start_targets, document_ids, IGNORE_INDEX)
         return LongBirdQuestionAnsweringOutput(
             loss=loss, start_logits=start_logits, end_logits=end_logits, hidden_states=outputs.hidden_states,
-            start_top_index=start_top_index, end_top_logits=end_top_logits,
+            start_top_index=start_top_index, end_top_logits=end_top_logits, selector_logits=selector_logits,
         )
 
 

@@ -27,6 +27,7 @@ from .layers import LittleBirdLayer, LongBirdEmbeddings, LongBirdLayer, LongBird
 from .linked_windows import WindowLinks
 from .positions import tape as tape_states
 from .positions.alibi import BiALiBi, alibi_slopes
+from .window_selector import WindowSelector
 
 REFERENCE = "reference"
 
@@ -216,6 +217,9 @@ class LongBirdPreTrainedModel(PreTrainedModel):
             module.tape_post.zero_()
         elif isinstance(module, WindowLinks):  # gates zero: linked windows read as unlinked at init
             module.gates.zero_()
+        elif isinstance(module, WindowSelector):  # zero: a reader with a selector reads as without one at init
+            module.weight.zero_()
+            module.bias.zero_()
 
 
 class LongBirdModel(LongBirdPreTrainedModel):

@@ -154,6 +154,7 @@ class WindowOutputs:
     start_top: torch.Tensor
     end_top: torch.Tensor
     start_logits: torch.Tensor
+    selector: float = 0.0  # the window selector's correction to the null-relative offset (window_selector.py)
 
 
 @torch.no_grad()
@@ -176,10 +177,13 @@ def run_windows(model, features: list[QAFeature], top_k: int,
     if getattr(model.config, "linked_windows", False):  # the windows of one question are linked (linked_windows.py)
         batch["document_ids"] = torch.tensor(document_ids(features), device=model.device)
     out = model(**batch, top_k=top_k, start_candidates=candidates)
+    selector = ([0.0] * len(features) if getattr(out, "selector_logits", None) is None
+                else out.selector_logits.float().cpu().tolist())
     # Decoding is Python over a few candidates: on the CPU, whatever device the model ran on.
     start_top, end_top, start_logits = (t.float().cpu() if t.is_floating_point() else t.cpu()
                                         for t in (out.start_top_index, out.end_top_logits, out.start_logits))
-    return [WindowOutputs(start_top[row], end_top[row], start_logits[row]) for row in range(len(features))]
+    return [WindowOutputs(start_top[row], end_top[row], start_logits[row], selector[row])
+            for row in range(len(features))]
 
 
 def decode_outputs(model, feature: QAFeature, outputs: WindowOutputs, top_k: int | None = None,
@@ -195,6 +199,7 @@ def decode_outputs(model, feature: QAFeature, outputs: WindowOutputs, top_k: int
                           max_answer_tokens, normalise_ends=conditional)
     ends = None if conditional else outputs.end_top[0, :length]
     offsets = {rule: window_offset(outputs.start_logits[:length], ends, rule) for rule in SCORING_RULES}
+    offsets["null-relative"] += outputs.selector  # the selector corrects the window's "answer here" (0 without one)
     regions = (None if feature.region_nulls is None
                else region_offsets(outputs.start_logits[:length], feature.region_nulls))
     return WindowCandidates(feature, spans, offsets, offsets["log-probability"] if conditional else None, regions)

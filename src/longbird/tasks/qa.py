@@ -158,8 +158,9 @@ def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "
         raise ValueError(f"--linked-windows {linked_groups} trains linked windows, and {model_path} has no links: "
                          "convert the reader with --set linked_windows=true first")
     if linked_groups is None and model.config.linked_windows:
-        logger.warning("%s has linked windows, but single windows train no link (each row is its own document): "
-                       "give --linked-windows N to train groups of a question's windows", model_path)
+        logger.warning("%s has linked windows, but single windows train no link and no window selector (each row "
+                       "is its own document): give --linked-windows N to train groups of a question's windows",
+                       model_path)
     # Built on demand: each document tokenized once, only the drawn windows kept as token ranges (data/windows.py);
     # with cuts the negative draw is the cuts' (data/layout_cuts.py), so every long window is kept here.
     items = QAWindows(tokenizer, rows, window_length, doc_stride, max_windows,

@@ -19,6 +19,7 @@ from transformers.trainer_pt_utils import LengthGroupedSampler
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from ..linked_windows import GATES
+from ..window_selector import SELECTOR
 from .budget import TrainingBudget, budgeted_linear_factor
 from .padding_insertion import PaddingInsertion
 from .resume import publish_checkpoint
@@ -67,15 +68,15 @@ class LongBirdTrainer(Trainer):
 
     def create_optimizer(self, model=None):
         """Trainer's optimiser, with the BiALiBi slopes at `slope_learning_rate`, the TAPE maps at
-        `tape_learning_rate` and the link gates at `link_learning_rate` in groups of their own where set (no weight
-        decay; the schedule scales those groups like the others)."""
+        `tape_learning_rate` and the link gates and the window selector at `link_learning_rate` in groups of their own
+        where set (no weight decay; the schedule scales those groups like the others)."""
         fresh = self.optimizer is None
         optimizer = super().create_optimizer(model)
         if not fresh:
             return optimizer
         named = [(n, p) for n, p in (model or self.model).named_parameters() if p.requires_grad]
         for marker, rate in ((".bialibi.", self.slope_learning_rate), ("tape_", self.tape_learning_rate),
-                             (GATES, self.link_learning_rate)):
+                             (GATES, self.link_learning_rate), (SELECTOR + ".", self.link_learning_rate)):
             own = [p for n, p in named if marker in n]
             if rate is None or not own:
                 continue
