@@ -50,6 +50,7 @@ from longbird.qa import predict_rows  # noqa: E402
 from longbird.training.finetune import FinetuneSettings  # noqa: E402
 from longbird.checkpoints import convert_to_directory, load_task_model  # noqa: E402
 from longbird.tasks.qa import finetune_qa, require_trained_apart, sample_questions, score_predictions  # noqa: E402
+from longbird.window_selector import SELECTOR  # noqa: E402
 
 # name: (preset, model length, window, doc_stride, max_windows, conversion overrides)
 METHODS = {
@@ -178,7 +179,8 @@ def from_reader(reader_dir: Path, preset: str, max_length: int, overrides: dict,
     model.longbird.load_state_dict(encoder.state_dict())
     head = {name: tensor for name, tensor in reader.state_dict().items() if not name.startswith("longbird.")}
     missing, unexpected = model.load_state_dict(head, strict=False)
-    if unexpected or any(not name.startswith("longbird.") for name in missing):
+    # the encoder came from `encoder`; a window selector is new and starts at zero (window_selector.py)
+    if unexpected or any(not name.startswith(("longbird.", SELECTOR + ".")) for name in missing):
         raise RuntimeError(f"QA head did not carry over: missing={missing} unexpected={unexpected}")
     tokenizer.model_max_length = max_length
 

@@ -10,7 +10,8 @@ reader are compared on the same questions, overall, by answer position (first 51
 of where the answer starts in the window) and by article length. A model named `DIR:WINDOW:STRIDE:dense` is read with
 full attention over its whole window (the same weights, `attention="full"`): what the sparse pattern costs. A model
 named `DIR:WINDOW:STRIDE:unlinked` is a linked reader (linked_windows.py) read with its windows apart: what its links
-carry.
+carry. A model named `DIR:WINDOW:STRIDE:no-selector` is a reader with a window selector (window_selector.py) read with
+the selector's correction at zero: what the selector adds at decoding. The flags combine.
 
 Questions: `--questions test` are E7's test articles (the draw of e7_long_reading.py, for the analysis of a finished
 round), `--questions validation` the probe's validation articles (for choosing what to try next). Both sets are
@@ -124,13 +125,17 @@ def summary(scores: dict[str, dict], groups: dict[str, list[str]]) -> dict[str, 
     return out
 
 
+FLAGS = ("dense", "unlinked", "no-selector")  # what may follow DIR:WINDOW:STRIDE in --model
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reader", type=Path, required=True, help="The paragraph reader E7 started from")
     parser.add_argument("--model", action="append", required=True,
-                        help="NAME=DIR:WINDOW:STRIDE[:dense][:unlinked] (repeatable); ':dense' reads with full "
-                             "attention over the whole window, the same weights (what the sparse pattern costs); "
-                             "':unlinked' reads a linked reader's windows apart (its gates unused)")
+                        help="NAME=DIR:WINDOW:STRIDE[:dense][:unlinked][:no-selector] (repeatable); ':dense' "
+                             "reads with full attention over the whole window, the same weights (what the sparse "
+                             "pattern costs); ':unlinked' reads a linked reader's windows apart (its gates unused); "
+                             "':no-selector' reads with a window selector's correction at zero")
     parser.add_argument("--questions", choices=("test", "validation"), default="test")
     parser.add_argument("--validation-questions", type=int, default=80)
     parser.add_argument("--readings", nargs="+", choices=READINGS, default=list(READINGS),
@@ -141,11 +146,12 @@ def main() -> None:
     models = {}
     for spec in args.model:
         name, _, rest = spec.partition("=")
-        unlinked = rest.endswith(":unlinked")
-        rest = rest.removesuffix(":unlinked")
-        dense = rest.endswith(":dense")
-        directory, window, stride = rest.removesuffix(":dense").rsplit(":", 2)
-        models[name] = (Path(directory), int(window), int(stride), dense, unlinked)
+        flags = set()
+        while rest.rsplit(":", 1)[-1] in FLAGS:
+            rest, flag = rest.rsplit(":", 1)
+            flags.add(flag)
+        directory, window, stride = rest.rsplit(":", 2)
+        models[name] = (Path(directory), int(window), int(stride), flags)
     rows, _ = read_korquad_v1_articles(ROOT / "data" / "korquad" / "KorQuAD_v1.0_dev.json")
     split = split_by_title(rows)
     _, tokenizer = load_task_model(args.reader, LongBirdForQuestionAnswering)
@@ -170,11 +176,17 @@ def main() -> None:
                "questions": args.questions, "bf16": bf16, "articles": lengths,
                "held_out": held_out_record(split["train"], questions), "group_sizes":
                {name: len(ids) for name, ids in groups.items()}, "readers": {}}
-    for name, (directory, window, stride, dense, unlinked) in models.items():
+    for name, (directory, window, stride, flags) in models.items():
         model, model_tokenizer = load_task_model(directory, LongBirdForQuestionAnswering,
-                                                 **({"attention": "full"} if dense else {}))
-        if unlinked:  # reading passes no document ids, so no row reads another (linked_windows.py)
+                                                 **({"attention": "full"} if "dense" in flags else {}))
+        if "unlinked" in flags:  # reading passes no document ids, so no row reads another (linked_windows.py)
             model.config.linked_windows = False
+        if "no-selector" in flags:
+            if not hasattr(model, "qa_selector"):
+                raise SystemExit(f"{name}: {directory} has no window selector to read without")
+            with torch.no_grad():  # c_w = 0 for every window: the spans ranked by the reader's own scores
+                model.qa_selector.weight.zero_()
+                model.qa_selector.bias.zero_()
         entry = {"model": str(directory), "window": window, "stride": stride, "attention": model.config.attention}
         for reading in args.readings:
             started = time.process_time()

@@ -13,7 +13,8 @@ question wins (`SCORING_RULES`; the default chosen by measurement, docs/qa.md, "
 - "log-probability": log P(start) + log P(end | start), P(start) the window's softmax over all its tokens,
   `[CLS]` included: the span's probability in its window, so a window that believes "no answer here" scores low.
 - "null-relative": the same minus log P([CLS]) = start_logit - start_logit[CLS] + log P(end | start): the span
-  against the window's own "no answer" score (the SQuAD 2.0 null-score difference).
+  against the window's own "no answer" score (the SQuAD 2.0 null-score difference). A model with a window selector
+  (`config.qa_selector_weight`, window_selector.py) adds its correction c_w to this offset.
 - "logit": the raw score, the rule before 2026-11-24 (not comparable across windows; kept as an option).
 Every rule is the raw score plus a per-window constant, so the order of candidates inside a window never changes.
 With regional nulls (`config.qa_null_every`, data/null_regions.py) a long window is scored as sliding windows are:

@@ -97,7 +97,8 @@ LinkedWindows = Annotated[int | None, typer.Option(min=1, help="For a model with
 LinkedNegatives = Annotated[str, typer.Option(help="With --linked-windows: the windows without the answer in a group, "
                                                    "'random' or 'lexical' (those whose text matches the question best "
                                                    "by BM25: the distractors)")]
-LinkLearningRate = Annotated[float | None, typer.Option(help="Learning rate of the link gates of a model with linked "
+LinkLearningRate = Annotated[float | None, typer.Option(help="Learning rate of the link gates (and the window "
+                                                             "selector, where there is one) of a model with linked "
                                                              "windows (default: --learning-rate)")]
 
 EvaluatedModel = Annotated[Path, typer.Option(help="Fine-tuned longbird QA or classification directory")]

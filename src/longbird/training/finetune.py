@@ -72,7 +72,8 @@ class FinetuneSettings:
     # source), and at the encoder's 5e-5 an update moves them ~5e-5: a short run leaves the position states at e = 1.
     tape_learning_rate: float | None = None
     # Learning rate of the link gates of a model with linked windows (linked_windows.py: one scalar per layer, zero at
-    # init) when set; at the encoder's 5e-5 a short run leaves them near zero, i.e. the windows unlinked.
+    # init) and of its window selector (window_selector.py, zero at init) when set; at the encoder's 5e-5 a short run
+    # leaves them near zero, i.e. the windows unlinked.
     link_learning_rate: float | None = None
     # Batches of windows of similar length (Trainer's "group_by_length" sampling: random megabatches of 50 batches,
     # sorted by length within): a batch is padded to its longest window, so random batches of KorQuAD paragraphs
