@@ -104,7 +104,7 @@ Methods (ablation rows of issue 24; `--methods` picks):
 - full-long: dense attention at 4096 (an upper reference on the CPU).
 
 Usage: python experiments/e7_long_reading.py --reader qa-model/kobigbird-e5-korquad [--cpu-minutes 60]
-       [--methods ...] [--resume] [--report] [--name e7_long_reading]
+       [--methods ...] [--seed 0] [--resume] [--report] [--name e7_long_reading]
 Writes experiments/results/NAME.{json,md,png} and NAME_predictions/; models go to experiments/runs/NAME/.
 """
 
@@ -354,7 +354,7 @@ def train_method(name: str, start: Path, train, run_dir: Path, args, reader: Pat
                                 lr_scheduler="constant", warmup_ratio=0.0, cpu_minutes=args.cpu_minutes,
                                 padding_insertion=method.padding_insertion,
                                 tape_learning_rate=method.tape_learning_rate,
-                                link_learning_rate=method.link_learning_rate)
+                                link_learning_rate=method.link_learning_rate, seed=args.seed)
     metrics = finetune_qa(start, train, run_dir, data_format="korquad1-articles", window_length=window,
                           doc_stride=stride, negative_fraction=args.negative_fraction, settings=settings,
                           overwrite=True, teacher=reader if method.teacher else None,
@@ -393,6 +393,9 @@ def main() -> None:
     parser.add_argument("--negative-fraction", type=float, default=0.1)
     parser.add_argument("--teacher-weight", type=float, default=0.5)
     parser.add_argument("--max-steps", type=int, default=100_000, help="Upper bound; the CPU budget stops a run")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="Training seed of every method (data order, dropout, random windows); not the draw of "
+                             "the test articles, which stays seed 0")
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
     parser.add_argument("--name", default="e7_long_reading")
     parser.add_argument("--resume", action="store_true", help="Keep the finished methods of an earlier run")
@@ -411,8 +414,9 @@ def main() -> None:
     dev, buckets = draw_dev_articles(split["dev"], tokenizer, args.min_dev_questions, args.min_beyond)
     held_out = held_out_record(train, dev)
     require_trained_apart(args.reader, set(split["dev"]["title"]), root=ROOT)  # the reader never read a dev article
+    # the seed is a setting only when not 0, so results files written before --seed existed still resume
     settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()
-                if key not in ("methods", "resume", "report")}
+                if key not in ("methods", "resume", "report") and not (key == "seed" and value == 0)}
     results_path = args.out / f"{args.name}.json"
     results = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "settings": settings,
                "machine": None if args.report else machine(), "train_questions": len(train),
