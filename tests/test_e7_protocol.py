@@ -174,11 +174,12 @@ def test_a_row_trains_with_padding_insertion_exactly_when_it_says_so(monkeypatch
 
     monkeypatch.setattr(e7_long_reading, "finetune_qa", fake_finetune)
     args = argparse.Namespace(batch_tokens=16 * 512, long_batch_size=4, learning_rate=5e-5, max_steps=10, bf16=False,
-                              cpu_minutes=1.0, negative_fraction=0.1, teacher_weight=1.0)
+                              cpu_minutes=1.0, negative_fraction=0.1, teacher_weight=1.0, seed=3)
     for name in ("sliding-512", "littlebird-short-pi"):
         e7_long_reading.train_method(name, tmp_path, None, tmp_path / name, args, tmp_path)
     baseline, littlebird = seen["sliding-512"], seen["littlebird-short-pi"]
     assert littlebird[0].padding_insertion and not baseline[0].padding_insertion
+    assert littlebird[0].seed == baseline[0].seed == 3  # --seed is every row's training seed
     assert littlebird[1:] == baseline[1:] == (512, 128) and littlebird[0].batch_size == baseline[0].batch_size == 16
     assert e7_long_reading.METHODS["littlebird-short-pi"].reading == (4096, 1024)
 
