@@ -257,7 +257,7 @@ def test_lexical_negatives_are_the_questions_best_bm25_matches():
         assert scores[candidates.index(negative[0])] == pytest.approx(max(scores), rel=1e-9, abs=1e-12)
         checked += 1
         query = set(e5_windows.questions[question])
-        for name, chosen in (("lexical", negative[0]), ("random", [i for i in other if items[i, 4] == 0][0])):
+        for name, chosen in (("lexical", negative[0]), ("random", next(i for i in other if items[i, 4] == 0))):
             shared[name] += len(query & set(text(chosen)))
     assert checked >= 10 and shared["lexical"] > shared["random"]
     with pytest.raises(ValueError, match="not one of random, lexical"):
@@ -287,7 +287,9 @@ def test_reading_keeps_a_questions_windows_in_one_batch_and_links_them(monkeypat
     assert [ids.tolist() for ids in seen] == [[0, 0, 0, 1, 1], [0, 0, 0, 0, 0], [0]]
 
 
-def test_finetune_qa_trains_linked_windows_end_to_end_and_refuses_what_does_not_combine(tmp_path):
+def short_reader_by_cli(tmp_path):
+    """A tiny reader fine-tuned by `finetune-qa` (2 steps on a KorQuAD 2.1 page): (the CLI runner, the app, the
+    options every call shares, the reader's directory)."""
     from test_qa_cli import PAGES, write_tiny_source
     from typer.testing import CliRunner
 
@@ -300,6 +302,11 @@ def test_finetune_qa_trains_linked_windows_end_to_end_and_refuses_what_does_not_
     short = tmp_path / "short"
     result = runner.invoke(app, ["finetune-qa", "--model", str(source), *common, "--out", str(short)])
     assert result.exit_code == 0, result.output
+    return runner, app, common, short
+
+
+def test_finetune_qa_trains_linked_windows_end_to_end_and_refuses_what_does_not_combine(tmp_path):
+    runner, app, common, short = short_reader_by_cli(tmp_path)
     linked = tmp_path / "linked"
     result = runner.invoke(app, ["convert", str(short), "--out", str(linked), "--max-length", "256",
                                  "--set", "linked_windows=true", "--set", "qa_ranking_weight=0.5"])

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 from conftest import BLOCK, make_source
-from test_linked_windows import linked_reader, set_gates, windows
+from test_linked_windows import linked_reader, set_gates, short_reader_by_cli, windows
 
 import longbird
 from longbird.conversion import reconvert
@@ -138,17 +138,7 @@ def test_a_selector_needs_linked_windows_and_a_weight_in_range():
 
 
 def test_finetune_qa_trains_the_selector_at_the_gates_rate_and_answer_reads_with_it(tmp_path):
-    from test_qa_cli import PAGES, write_tiny_source
-    from typer.testing import CliRunner
-
-    from longbird.cli import app
-
-    runner = CliRunner()
-    source = write_tiny_source(tmp_path / "source")
-    common = ["--preset", "kobigbird", "--max-length", "256", "--train", str(PAGES[0]), "--max-steps", "2",
-              "--batch-size", "2", "--window-length", "96"]
-    short = tmp_path / "short"
-    assert runner.invoke(app, ["finetune-qa", "--model", str(source), *common, "--out", str(short)]).exit_code == 0
+    runner, app, common, short = short_reader_by_cli(tmp_path)
     selected = tmp_path / "selected"
     result = runner.invoke(app, ["convert", str(short), "--out", str(selected), "--max-length", "256",
                                  "--set", "linked_windows=true", "--set", "qa_selector_weight=0.5"])
