@@ -88,18 +88,35 @@ def cross_window_ranking_loss(start_logits: torch.Tensor, valid: torch.Tensor, s
     logits = start_logits.float()
     low = torch.finfo(logits.dtype).min
     relative = logits - logits[:, :1]
+    options, _, target, answered = answer_rows(valid, start_targets, ignore_index)
+    row_all = torch.logsumexp(relative.masked_fill(~options, low), -1)  # (B,)
+    row_gold = relative.gather(1, target[:, None]).squeeze(1)
+    return document_cross_entropy(row_all, row_gold, answered, document_ids)
+
+
+def answer_rows(valid: torch.Tensor, start_targets: torch.Tensor, ignore_index: int):
+    """(options (B, l): the real tokens but each row's [CLS], kept (B,): rows whose target is not ignored, target (B,):
+    the gold start, 0 where none, answered (B,): kept rows whose gold start is one of their options)."""
     options = valid.clone()
     options[:, 0] = False
     kept = start_targets != ignore_index
     target = start_targets.clamp(min=0)
     answered = kept & (target > 0) & options.gather(1, target[:, None]).squeeze(1)
-    row_all = torch.logsumexp(relative.masked_fill(~options, low), -1)  # (B,)
-    row_gold = relative.gather(1, target[:, None]).squeeze(1).masked_fill(~answered, low)  # (B,)
+    return options, kept, target, answered
+
+
+def document_cross_entropy(row_all: torch.Tensor, row_gold: torch.Tensor, answered: torch.Tensor,
+                           document_ids: torch.Tensor) -> torch.Tensor:
+    """One softmax per document over what its rows offer plus a "no answer" option at 0: -log of the gold part.
+    row_all (B,) fp32: log-sum-exp of each row's options (the dtype's lowest value for a row offering none);
+    row_gold (B,): each answered row's gold score; answered (B,) bool. Documents with no answered row add nothing;
+    the mean is over the rest (`cross_window_ranking_loss`, window_selector.py)."""
+    low = torch.finfo(row_all.dtype).min
     documents, inverse = torch.unique(document_ids, return_inverse=True)
     member = inverse[None, :] == torch.arange(len(documents), device=inverse.device)[:, None]  # (D, B)
-    no_answer = logits.new_zeros(len(documents), 1)
-    document_all = torch.logsumexp(torch.cat([row_all[None].masked_fill(~member, low), no_answer], -1), -1)
-    document_gold = torch.logsumexp(row_gold[None].masked_fill(~member, low), -1)
+    no_answer = row_all.new_zeros(len(documents), 1)
+    every = torch.logsumexp(torch.cat([row_all[None].masked_fill(~member, low), no_answer], -1), -1)
+    gold = torch.logsumexp(row_gold[None].masked_fill(~(member & answered[None]), low), -1)
     has_answer = (member & answered[None]).any(-1)
-    loss = torch.where(has_answer, document_all - document_gold, torch.zeros_like(document_all))
+    loss = torch.where(has_answer, every - gold, torch.zeros_like(every))
     return loss.sum() / has_answer.sum().clamp(min=1)

@@ -36,6 +36,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .linked_windows import answer_rows, document_cross_entropy
+
 # The selector's module name in a QA model (LongBirdForQuestionAnswering.qa_selector): conversion adds it at zero
 # or drops it, and training gives it the link gates' learning rate.
 SELECTOR = "qa_selector"
@@ -64,18 +66,7 @@ def window_selector_loss(corrections: torch.Tensor, start_logits: torch.Tensor, 
     (0: not in this window); document_ids (B,) long."""
     logits = start_logits.detach().float()
     low = torch.finfo(logits.dtype).min
-    options = valid.clone()
-    options[:, 0] = False
+    options, kept, _, answered = answer_rows(valid, start_targets, ignore_index)
     answerability = torch.logsumexp(logits.masked_fill(~options, low), -1) - logits[:, 0]  # (B,)
     scores = answerability + corrections.float()
-    kept = start_targets != ignore_index
-    target = start_targets.clamp(min=0)
-    answered = kept & (target > 0) & options.gather(1, target[:, None]).squeeze(1)
-    documents, inverse = torch.unique(document_ids, return_inverse=True)
-    member = inverse[None, :] == torch.arange(len(documents), device=inverse.device)[:, None]  # (D, B)
-    no_answer = scores.new_zeros(len(documents), 1)
-    every = torch.logsumexp(torch.cat([scores[None].masked_fill(~(member & kept[None]), low), no_answer], -1), -1)
-    gold = torch.logsumexp(scores[None].masked_fill(~(member & answered[None]), low), -1)
-    has_answer = (member & answered[None]).any(-1)
-    loss = torch.where(has_answer, every - gold, torch.zeros_like(every))
-    return loss.sum() / has_answer.sum().clamp(min=1)
+    return document_cross_entropy(scores.masked_fill(~kept, low), scores, answered, document_ids)
