@@ -130,7 +130,8 @@ RUN_LABELS = {"kobigbird+pi": "kobigbird exp/scale+pi", "kobigbird-copy+pi": "ko
 
 
 def exact_match(model, tokenizer, rows, length: int) -> dict:
-    answers = predict_rows(model, tokenizer, rows, max_length=length, max_windows=1, batch_size=1)
+    answers = predict_rows(model, tokenizer, rows, max_length=length, max_windows=1, batch_size=1,
+                           lexical_weight=0.0)  # E3's protocol: the reader's own scores
     hits = [answers.get(row["id"]) is not None and answers[row["id"]].text.strip() == row["answers"]["text"][0]
             for row in rows]
     return {"exact_match": 100.0 * sum(hits) / len(hits), "n": len(hits)}

@@ -93,7 +93,8 @@ def dev_articles(n: int):
 
 def read_and_score(model, tokenizer, dev, buckets: dict[str, str], window: int, stride, max_windows):
     """(predictions {id: text}, official KorQuAD 1.0 scores overall and per answer-position bucket)."""
-    answers = predict_rows(model, tokenizer, dev, window, stride, max_windows, batch_size=2)
+    answers = predict_rows(model, tokenizer, dev, window, stride, max_windows, batch_size=2,
+                           lexical_weight=0.0)  # E4's protocol: the reader's own scores
     predictions = {row["id"]: answers[row["id"]].text if row["id"] in answers else "" for row in dev}
     scores = {"all": score_predictions(predictions, dev, "korquad1-articles")}
     for bucket in BUCKETS:

@@ -375,7 +375,8 @@ def evaluate_method(run_dir: Path, dev, window: int, stride: int, bf16: bool):
     with bf16_autocast("cpu", bf16):
         answers = predict_rows(model, tokenizer, dev, window, stride,
                                batch_size={SOURCE_WINDOW: 8, MID: 4}.get(window, 2), scoring=DEFAULT_SCORING,
-                               max_question_tokens=question_limit(model, tokenizer, window), progress=True)
+                               max_question_tokens=question_limit(model, tokenizer, window), progress=True,
+                               lexical_weight=0.0)  # E7's protocol; experiments/lexical_prior.py adds the prior
     predictions = {row["id"]: answers[row["id"]].text if row["id"] in answers else "" for row in dev}
     return predictions, time.process_time() - started
 

@@ -196,6 +196,23 @@ def test_answer_on_an_explicit_device_equals_the_default(tiny_qa, tmp_path):
     assert answers[0] == answers[1] or torch.cuda.is_available()  # auto is the CPU on a machine without CUDA
 
 
+def test_the_lexical_prior_moves_the_answer_next_to_the_questions_words(tiny_qa, tmp_path):
+    """With an overwhelming weight the answer of an untrained reader starts among the few tokens around the passage
+    that shares the question's words, whatever the reader's own scores say; a negative weight is refused."""
+    plain = tmp_path / "page.txt"
+    opening = "첫째 문단은 사과와 배를 말한다. "
+    document = opening + "날씨가 맑고 바람이 분다. " * 40 + "마지막 문단은 초기 물량 360대를 말한다."
+    plain.write_text(document, encoding="utf-8")
+    command = ["answer", "--model", str(tiny_qa), "--document", str(plain), "--question",
+               "마지막 문단의 초기 물량은 몇 대인가?", "--json", "--lexical-radius", "6"]
+    result = runner.invoke(app, command + ["--lexical-weight", "1000"])
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.output[result.output.index('{"answer"'):])
+    assert record["start"] >= len(document) - 120, record
+    result = runner.invoke(app, command + ["--lexical-weight", "-1"])
+    assert result.exit_code == 2 and "--lexical-weight" in result.output
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the errors of a machine without CUDA")
 def test_device_and_precision_options_fail_clearly_without_a_gpu(tiny_qa, tiny_source, tmp_path):
     result = runner.invoke(app, ["answer", "--model", str(tiny_qa), "--document", str(tmp_path / "x.txt"),
@@ -267,6 +284,12 @@ def test_cli_scoring_defaults_are_the_librarys():
         option = inspect.signature(command).parameters["scoring"].default
         assert option.default == DEFAULT_SCORING
         assert all(rule in option.help for rule in SCORING_RULES)
+    from longbird.lexical_prior import DEFAULT_RADIUS, DEFAULT_WEIGHT
+
+    for command in (cli.answer, cli.evaluate, cli.serve):
+        parameters = inspect.signature(command).parameters
+        assert (parameters["lexical_weight"].default, parameters["lexical_radius"].default) == \
+            (DEFAULT_WEIGHT, DEFAULT_RADIUS)
 
 
 def test_answer_and_evaluate_read_with_the_window_the_model_was_trained_at(tiny_source, tmp_path):

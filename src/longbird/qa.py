@@ -17,6 +17,8 @@ question wins (`SCORING_RULES`; the default chosen by measurement, docs/qa.md, "
   (`config.qa_selector_weight`, window_selector.py) adds its correction c_w to this offset.
 - "logit": the raw score, the rule before 2026-11-24 (not comparable across windows; kept as an option).
 Every rule is the raw score plus a per-window constant, so the order of candidates inside a window never changes.
+On top of the rule, the lexical prior (lexical_prior.py, on by default where documents are read: `predict_rows`,
+`Reader`) adds weight × BM25 of the passage around each span's start: the question's words near the span.
 With regional nulls (`config.qa_null_every`, data/null_regions.py) a long window is scored as sliding windows are:
 "null-relative" takes the start logit of the span's own region's null, "log-probability" the softmax over that
 region (`WindowCandidates.region_offsets`: per start token, on top of the window's constant).
@@ -35,6 +37,7 @@ from .data.batching import PaddedBatches, plan_batches
 from .data.features import MAX_QUESTION_TOKENS, QAFeature, features_for_rows
 from .data.html import ProcessedDocument
 from .data.null_regions import NullRegions
+from .lexical_prior import DEFAULT_RADIUS, DEFAULT_WEIGHT, LexicalPrior
 
 SCORING_RULES = ("log-probability", "null-relative", "logit")
 # Chosen on the training side of the by-article split (experiments/cross_window_scoring.py, 200 questions of
@@ -48,7 +51,8 @@ class Answer:
     text: str  # substring of the original context
     start: int  # character offsets in the original context
     end: int
-    # the scoring rule's value (default null-relative: start − [CLS] start logit + log P(end | start)); higher wins
+    # the scoring rule's value (default null-relative: start − [CLS] start logit + log P(end | start)) plus the lexical
+    # prior where one is used; higher wins
     score: float
     window_index: int = 0
     # P(start) · P(end | start) within the answer's window (its region with regional nulls: the conditional head's two
@@ -251,26 +255,35 @@ def question_batches(features: list[QAFeature], batch_size: int) -> list[list[in
 
 
 def merge_windows(windows: list[WindowCandidates], documents: dict[str, ProcessedDocument],
-                  scoring: str = DEFAULT_SCORING) -> dict[str, Answer]:
+                  scoring: str = DEFAULT_SCORING, lexical: LexicalPrior | None = None) -> dict[str, Answer]:
     """Best answer per example id over all of its windows under `scoring`. `documents` maps example id -> its
     document. A span that maps to only tags or spaces gives way to the next candidate."""
-    return {example: answers[0] for example, answers in rank_answers(windows, documents, scoring, 1).items()}
+    return {example: answers[0] for example, answers in rank_answers(windows, documents, scoring, 1, lexical).items()}
 
 
 def rank_answers(windows: list[WindowCandidates], documents: dict[str, ProcessedDocument],
-                 scoring: str = DEFAULT_SCORING, top_k: int = 1) -> dict[str, list[Answer]]:
+                 scoring: str = DEFAULT_SCORING, top_k: int = 1,
+                 lexical: LexicalPrior | None = None) -> dict[str, list[Answer]]:
     """The `top_k` best distinct answers per example id over all of its windows under `scoring`, best first (equal
     scores: the earlier window first). A span that maps to only tags or spaces, or to a place in the document an
-    answer above already took (overlapping windows see the same span twice), gives way to the next candidate."""
+    answer above already took (overlapping windows see the same span twice), gives way to the next candidate.
+    `lexical`: a lexical prior (lexical_prior.py) added to every span's score, the question's passage match."""
     if scoring not in SCORING_RULES:
         raise ValueError(f"unknown scoring rule {scoring!r}; use one of {', '.join(SCORING_RULES)}")
     if top_k < 1:
         raise ValueError(f"top_k must be at least 1; got {top_k}")
+    priors = {}
+    if lexical is not None and lexical.weight != 0:
+        by_question: dict[str, list[QAFeature]] = {}
+        for window in windows:
+            by_question.setdefault(window.feature.example_id, []).append(window.feature)
+        priors = {example: lexical.for_question(features) for example, features in by_question.items()}
     candidates: dict[str, list[tuple[float, int, WindowCandidates, float, int, int]]] = {}
     for order, window in enumerate(windows):
+        prior = priors.get(window.feature.example_id)
         for raw, start, end in window.spans:
-            candidates.setdefault(window.feature.example_id, []).append(
-                (raw + window.offset(scoring, start), -order, window, raw, start, end))
+            score = raw + window.offset(scoring, start) + (prior(window.feature, start) if prior else 0.0)
+            candidates.setdefault(window.feature.example_id, []).append((score, -order, window, raw, start, end))
     ranked: dict[str, list[Answer]] = {}
     for example, found in candidates.items():
         document, answers = documents[example], []
@@ -297,13 +310,14 @@ def rank_answers(windows: list[WindowCandidates], documents: dict[str, Processed
 
 def predict_features(model, features: list[QAFeature], documents: dict[str, ProcessedDocument],
                      batch_size: int = 4, top_k: int | None = None, max_answer_tokens: int | None = None,
-                     scoring: str = DEFAULT_SCORING, progress: bool = False) -> dict[str, Answer]:
+                     scoring: str = DEFAULT_SCORING, progress: bool = False,
+                     lexical: LexicalPrior | None = None) -> dict[str, Answer]:
     """Best answer per example id over all of its windows. `documents` maps example id -> its document;
-    `max_answer_tokens` defaults to the model's `qa_max_answer_tokens`."""
+    `max_answer_tokens` defaults to the model's `qa_max_answer_tokens`; `lexical` as in `rank_answers`."""
     if scoring not in SCORING_RULES:  # before the model runs, not after
         raise ValueError(f"unknown scoring rule {scoring!r}; use one of {', '.join(SCORING_RULES)}")
     windows = score_windows(model, features, batch_size, top_k, max_answer_tokens, progress)
-    return merge_windows(windows, documents, scoring)
+    return merge_windows(windows, documents, scoring, lexical)
 
 
 def question_token_cap(config, window_length: int, tokens_before_question: int = 1) -> int | None:
@@ -343,22 +357,27 @@ def row_features(model, tokenizer, rows: Sequence[dict], max_length: int, doc_st
 def predict_rows(model, tokenizer, rows: Sequence[dict], max_length: int, doc_stride: int | None = None,
                  max_windows: int | None = None, batch_size: int = 4, max_answer_tokens: int | None = None,
                  scoring: str = DEFAULT_SCORING, progress: bool = False,
-                 max_question_tokens: int = MAX_QUESTION_TOKENS) -> dict[str, Answer]:
-    """Answers for dataset rows (KorQuAD reader schema). Unanswerable windows never win over a real span."""
+                 max_question_tokens: int = MAX_QUESTION_TOKENS, lexical_weight: float = DEFAULT_WEIGHT,
+                 lexical_radius: int = DEFAULT_RADIUS) -> dict[str, Answer]:
+    """Answers for dataset rows (KorQuAD reader schema). Unanswerable windows never win over a real span.
+    `lexical_weight` (0: off) and `lexical_radius`: the lexical prior (lexical_prior.py) across places."""
+    lexical = LexicalPrior.of(tokenizer, lexical_weight, lexical_radius)
     features, documents = row_features(model, tokenizer, rows, max_length, doc_stride, max_windows,
                                        max_question_tokens)
     return predict_features(model, features, documents, batch_size, max_answer_tokens=max_answer_tokens,
-                            scoring=scoring, progress=progress)
+                            scoring=scoring, progress=progress, lexical=lexical)
 
 
 def answer_question(model, tokenizer, document: str, question: str, is_html: bool, max_length: int | None = None,
                     doc_stride: int | None = None, max_answer_tokens: int | None = None,
-                    scoring: str = DEFAULT_SCORING, max_question_tokens: int = MAX_QUESTION_TOKENS) -> Answer | None:
+                    scoring: str = DEFAULT_SCORING, max_question_tokens: int = MAX_QUESTION_TOKENS,
+                    lexical_weight: float = DEFAULT_WEIGHT, lexical_radius: int = DEFAULT_RADIUS) -> Answer | None:
     """The best answer to `question` in `document` (plain text or HTML), or None if no span qualifies."""
     max_length = max_length or model.config.max_position_embeddings
     row = {"id": "question", "question": question, "context": document, "is_html": is_html}
     return predict_rows(model, tokenizer, [row], max_length, doc_stride, max_answer_tokens=max_answer_tokens,
-                        scoring=scoring, max_question_tokens=max_question_tokens).get("question")
+                        scoring=scoring, max_question_tokens=max_question_tokens, lexical_weight=lexical_weight,
+                        lexical_radius=lexical_radius).get("question")
 
 
 def answer_record(answer: Answer | None, is_html: bool) -> dict:

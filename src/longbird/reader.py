@@ -24,6 +24,7 @@ from .data.features import QAFeature, question_token_count
 from .data.html import ProcessedDocument
 from .data.windows import PairTemplate
 from .heads import LongBirdForQuestionAnswering, LongBirdForSequenceClassification
+from .lexical_prior import DEFAULT_RADIUS, DEFAULT_WEIGHT, LexicalPrior
 from .modeling import LongBirdModel
 from .precision import bf16_autocast
 from .qa import (
@@ -127,11 +128,13 @@ class Reader:
     model_dir)` for a model already loaded; `window_length` is the window of calls that name none (default: the window
     the model was fine-tuned at, else its length); `compile`: the encoder compiled with torch.compile (compilation.py);
     `bf16`: bf16 autocast, and a loaded model's encoder Linear weights stored in bf16
-    (`precision.store_encoder_linears_in`; `Reader.of` leaves the weights of a model it is given as they are).
+    (`precision.store_encoder_linears_in`; `Reader.of` leaves the weights of a model it is given as they are);
+    `lexical_weight` (0: off) and `lexical_radius`: the lexical prior across places (lexical_prior.py).
     `answer(question, document)` returns a `Reading`."""
 
     def __init__(self, model_dir, device: str | None = None, bf16: bool = False, scoring: str = DEFAULT_SCORING,
-                 window_length: int | None = None, compile: bool = False):
+                 window_length: int | None = None, compile: bool = False, lexical_weight: float = DEFAULT_WEIGHT,
+                 lexical_radius: int = DEFAULT_RADIUS):
         saved = json.loads((resolve_model_directory(model_dir) / "config.json").read_text(encoding="utf-8"))
         architectures = saved.get("architectures") or []
         for task_class in (LongBirdForQuestionAnswering, LongBirdForSequenceClassification):
@@ -141,7 +144,7 @@ class Reader:
         else:  # any other longbird model: its encoder, for `embed`
             model, tokenizer = load_on_device(model_dir, LongBirdModel, device, compile=compile, bf16=bf16,
                                               require_head=False)
-        self._setup(model, tokenizer, model_dir, bf16, scoring, window_length)
+        self._setup(model, tokenizer, model_dir, bf16, scoring, window_length, lexical_weight, lexical_radius)
 
     @property
     def task(self) -> str:
@@ -157,16 +160,19 @@ class Reader:
 
     @classmethod
     def of(cls, model, tokenizer, model_dir=None, bf16: bool = False, scoring: str = DEFAULT_SCORING,
-           window_length: int | None = None) -> Reader:
+           window_length: int | None = None, lexical_weight: float = DEFAULT_WEIGHT,
+           lexical_radius: int = DEFAULT_RADIUS) -> Reader:
         reader = cls.__new__(cls)
-        reader._setup(model, tokenizer, model_dir, bf16, scoring, window_length)
+        reader._setup(model, tokenizer, model_dir, bf16, scoring, window_length, lexical_weight, lexical_radius)
         return reader
 
-    def _setup(self, model, tokenizer, model_dir, bf16: bool, scoring: str, window_length: int | None) -> None:
+    def _setup(self, model, tokenizer, model_dir, bf16: bool, scoring: str, window_length: int | None,
+               lexical_weight: float, lexical_radius: int) -> None:
         check_tokenizer(model, tokenizer)
         self.model, self.tokenizer = model.eval(), tokenizer
         self.model_dir = None if model_dir is None else Path(model_dir)
         self.bf16, self.scoring = bf16, scoring
+        self.lexical = LexicalPrior.of(tokenizer, lexical_weight, lexical_radius)  # None: off
         # the window of calls that name none (None: the trained window, else the model length); checked now
         self.window_length = reading_windows(model, model_dir, window_length, None)[0] if window_length else None
         self.template = PairTemplate.of(tokenizer)
@@ -230,7 +236,8 @@ class Reader:
 
     def finish(self, request: Request, windows: list[WindowCandidates]) -> Reading:
         """The answers of a prepared request from its decoded windows."""
-        answers = rank_answers(windows, request.documents, self.scoring, request.top_k).get("question", [])
+        answers = rank_answers(windows, request.documents, self.scoring, request.top_k,
+                               self.lexical).get("question", [])
         return Reading([answer_record(a, request.is_html) for a in answers], len(request.features), request.tokens,
                        request.window_length, request.window_source, request.question_cut)
 
@@ -340,4 +347,6 @@ class Reader:
                 "position": config.position, "max_length": config.max_position_embeddings,
                 "window_length": window_length, "window_source": source, "qa_head": config.qa_head,
                 "dtype": "bf16 autocast" if self.bf16 else str(next(self.model.parameters()).dtype).replace(
-                    "torch.", ""), "device": str(self.model.device), "scoring": self.scoring}
+                    "torch.", ""), "device": str(self.model.device), "scoring": self.scoring,
+                "lexical_weight": self.lexical.weight if self.lexical else 0.0,
+                "lexical_radius": self.lexical.radius if self.lexical else None}

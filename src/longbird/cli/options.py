@@ -88,3 +88,10 @@ Split = Annotated[str | None, typer.Option(help="train or dev: one side of the f
 MaxAnswerTokens = Annotated[int | None, typer.Option(min=1, help=MAX_ANSWER_HELP)]
 # A default-style option, not an alias: tests/test_qa_cli.py reads its default and help from the signature.
 SCORING = typer.Option("null-relative", help=SCORING_HELP)
+# The lexical prior (longbird.lexical_prior), its defaults spelt out for the same reason; the same test checks them.
+LexicalWeight = Annotated[float, typer.Option(min=0.0, help="Weight of the lexical prior: this times BM25 of the "
+                                                            "question against the tokens around a span is added to "
+                                                            "its score (0 turns it off)")]
+LexicalRadius = Annotated[int, typer.Option(min=1, help="Tokens on either side of a span's start that the lexical "
+                                                        "prior matches against the question")]
+LEXICAL_WEIGHT, LEXICAL_RADIUS = 0.3, 64

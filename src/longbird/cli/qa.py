@@ -17,6 +17,8 @@ from .common import (
 )
 from .options import (
     FORMAT_HELP,
+    LEXICAL_RADIUS,
+    LEXICAL_WEIGHT,
     READ_WINDOW_HELP,
     SCORING,
     AutocastBf16,
@@ -30,6 +32,8 @@ from .options import (
     Fp16,
     GroupByLength,
     LearningRate,
+    LexicalRadius,
+    LexicalWeight,
     MaxAnswerTokens,
     MaxWindows,
     MixedBf16,
@@ -169,6 +173,7 @@ def evaluate(
     max_windows: MaxWindows = None, max_examples: FirstExamples = None, split: Split = None,
     max_answer_tokens: MaxAnswerTokens = None, scoring: str = SCORING, batch_size: BatchSize = 4,
     device: Device = "auto", overwrite: Overwrite = False, bf16: AutocastBf16 = False, compile: Compile = False,
+    lexical_weight: LexicalWeight = LEXICAL_WEIGHT, lexical_radius: LexicalRadius = LEXICAL_RADIUS,
 ):
     """Predict and score with the official metric; writes predictions.json and metrics.json."""
     device = resolve_device(device)
@@ -180,7 +185,8 @@ def evaluate(
                              window_length=window_length, doc_stride=doc_stride, max_windows=max_windows,
                              batch_size=batch_size, max_examples=max_examples, out=out, progress=True,
                              split=split, device=device, overwrite=overwrite,
-                             max_answer_tokens=max_answer_tokens, scoring=scoring, compile=compile, bf16=bf16)
+                             max_answer_tokens=max_answer_tokens, scoring=scoring, compile=compile, bf16=bf16,
+                             lexical_weight=lexical_weight, lexical_radius=lexical_radius)
     elif task == "classification":
         from ..tasks.classification import evaluate_cls
 
@@ -197,6 +203,7 @@ def answer(
     doc_stride: ReadStride = None, max_answer_tokens: MaxAnswerTokens = None, scoring: str = SCORING,
     max_question_tokens: QuestionTokens = None, min_probability: MinProbability = 0.0, as_json: Json = False,
     device: Device = "auto", bf16: AutocastBf16 = False, compile: Compile = False,
+    lexical_weight: LexicalWeight = LEXICAL_WEIGHT, lexical_radius: LexicalRadius = LEXICAL_RADIUS,
 ):
     """Answer a question about a long document: the answer, its character span in the file and its probability.
 
@@ -217,7 +224,8 @@ def answer(
         record = answer_document(model=qa_model, document=text, question=question, tokenizer=tokenizer,
                                  is_html=_is_html(document), window_length=window_length, doc_stride=doc_stride,
                                  max_answer_tokens=max_answer_tokens, scoring=scoring, model_dir=model,
-                                 min_probability=min_probability, max_question_tokens=max_question_tokens)
+                                 min_probability=min_probability, max_question_tokens=max_question_tokens,
+                                 lexical_weight=lexical_weight, lexical_radius=lexical_radius)
     _print_answer(record, document=document, min_probability=min_probability, as_json=as_json)
     if record["answer"] is None:
         raise typer.Exit(1)

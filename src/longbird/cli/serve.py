@@ -6,7 +6,7 @@ from typing import Annotated
 import typer
 
 from .common import console, resolve_device
-from .options import Compile, Device
+from .options import LEXICAL_RADIUS, LEXICAL_WEIGHT, Compile, Device, LexicalRadius, LexicalWeight
 
 ServedModel = Annotated[Path, typer.Option(help="A fine-tuned longbird QA or classification directory, or any "
                                                   "longbird model (for /embed)")]
@@ -33,7 +33,8 @@ def serve(model: ServedModel, host: Host = "127.0.0.1", port: Port = 8000, devic
           max_document_chars: MaxDocumentChars = 1_000_000, max_question_chars: MaxQuestionChars = 1_000,
           max_queue: MaxQueue = 32,
           max_batch_tokens: MaxBatchTokens = 16_384, api_key: ApiKey = None, cors_origin: CorsOrigin = None,
-          compile: Compile = False):
+          compile: Compile = False, lexical_weight: LexicalWeight = LEXICAL_WEIGHT,
+          lexical_radius: LexicalRadius = LEXICAL_RADIUS):
     """Serve long documents over HTTP: POST /answer, the pipeline format at POST / and /predict, /classify, /embed,
     the web page at GET /, /health, /info and /metrics; the schema at /docs."""
     import torch
@@ -44,7 +45,8 @@ def serve(model: ServedModel, host: Host = "127.0.0.1", port: Port = 8000, devic
 
     if threads is not None:
         torch.set_num_threads(threads)
-    reader = Reader(model, resolve_device(device), bf16=bf16, window_length=window_length, compile=compile)
+    reader = Reader(model, resolve_device(device), bf16=bf16, window_length=window_length, compile=compile,
+                    lexical_weight=lexical_weight, lexical_radius=lexical_radius)
     settings = ServeSettings(max_document_chars=max_document_chars, max_question_chars=max_question_chars,
                              max_queue=max_queue, max_batch_tokens=max_batch_tokens, api_key=api_key,
                              cors_origins=list(cors_origin or []))

@@ -27,7 +27,7 @@ class AnswerRecord(BaseModel):
     source_text: str = Field(description="The raw span of the document")
     start: int = Field(description="Character offset of the span in the document as sent")
     end: int
-    score: float = Field(description="The cross-window scoring rule's value; higher wins")
+    score: float = Field(description="The cross-window scoring rule's value plus the lexical prior; higher wins")
     probability: float | None = Field(
         description="P(start) P(end | start) within the span's window (its region with regional nulls)")
 
@@ -86,6 +86,8 @@ class Info(BaseModel):
     dtype: str
     device: str
     scoring: str
+    lexical_weight: float = Field(description="Weight of the lexical prior across places (0: off)")
+    lexical_radius: int | None = Field(description="Tokens either side of a span's start the prior matches")
     version: str
     limits: dict
 

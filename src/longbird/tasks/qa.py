@@ -19,6 +19,7 @@ from ..data.null_regions import NullRegions
 from ..data.window_groups import NEGATIVES, LinkedBatches, WindowGroups
 from ..data.windows import PairTemplate, QAWindows
 from ..heads import LongBirdForQuestionAnswering
+from ..lexical_prior import DEFAULT_RADIUS, DEFAULT_WEIGHT
 from ..metrics.korquad import korquad_v1, korquad_v2, squad_v1
 from ..precision import bf16_autocast
 from ..qa import DEFAULT_SCORING, predict_rows, question_token_limit
@@ -230,12 +231,14 @@ def evaluate_qa(model_path, data, *, data_format: str = "korquad2", window_lengt
                 max_examples: int | None = None, out: str | Path | None = None, progress: bool = False,
                 split: str | None = None, device: str | None = None, overwrite: bool = False,
                 max_answer_tokens: int | None = None, scoring: str = DEFAULT_SCORING, compile: bool = False,
-                bf16: bool = False) -> dict:
+                bf16: bool = False, lexical_weight: float = DEFAULT_WEIGHT,
+                lexical_radius: int = DEFAULT_RADIUS) -> dict:
     """Predict every question and score with the official metric of the format. With `out`, writes
     predictions.json ({id: text}) and metrics.json (scores, number of questions, model, data) there atomically.
     `max_answer_tokens` defaults to the model's `qa_max_answer_tokens`; `scoring` ranks spans across windows
     (`qa.SCORING_RULES`); `compile`: the encoder compiled with torch.compile (compilation.py); `bf16`: read under
-    bf16 autocast with the encoder's Linear weights stored in bf16 (`precision.store_encoder_linears_in`)."""
+    bf16 autocast with the encoder's Linear weights stored in bf16 (`precision.store_encoder_linears_in`);
+    `lexical_weight` (0: off) and `lexical_radius`: the lexical prior across places (lexical_prior.py)."""
     check_output(out, overwrite)
     rows, skipped = (data, 0) if isinstance(data, Dataset) else read_qa_data(data, data_format, split)
     rows = sample_questions(rows, max_examples)
@@ -245,7 +248,8 @@ def evaluate_qa(model_path, data, *, data_format: str = "korquad2", window_lengt
     with bf16_autocast(model.device.type, bf16):
         answers = predict_rows(model, tokenizer, rows, window_length, doc_stride, max_windows, batch_size,
                                max_answer_tokens=max_answer_tokens, scoring=scoring, progress=progress,
-                               max_question_tokens=question_limit(model, tokenizer, window_length))
+                               max_question_tokens=question_limit(model, tokenizer, window_length),
+                               lexical_weight=lexical_weight, lexical_radius=lexical_radius)
     predictions = {row["id"]: answers[row["id"]].text if row["id"] in answers else "" for row in rows}
     metrics = score_predictions(predictions, rows, data_format)
     if skipped:  # as the official scripts do, a question we could not read scores 0
@@ -256,7 +260,7 @@ def evaluate_qa(model_path, data, *, data_format: str = "korquad2", window_lengt
         record = {**metrics, "questions": len(rows), "model": str(model_path), "data": describe_data(data),
                   "format": data_format, "split": split, "window_length": window_length,
                   "window_source": window_source, "doc_stride": doc_stride, "max_windows": max_windows,
-                  "scoring": scoring,
+                  "scoring": scoring, "lexical_weight": lexical_weight, "lexical_radius": lexical_radius,
                   "max_answer_tokens": max_answer_tokens or model.config.qa_max_answer_tokens}
         write_outputs(out, overwrite, predictions, record)
     return {"metrics": metrics, "predictions": predictions, "answers": answers}
@@ -284,7 +288,8 @@ def check_min_probability(min_probability: float) -> None:
 def answer(model, document: str, question: str, *, tokenizer=None, is_html: bool | None = None,
            window_length: int | None = None, device: str | None = None, max_answer_tokens: int | None = None,
            scoring: str = DEFAULT_SCORING, doc_stride: int | None = None, model_dir=None,
-           min_probability: float = 0.0, max_question_tokens: int | None = None, compile: bool = False) -> dict:
+           min_probability: float = 0.0, max_question_tokens: int | None = None, compile: bool = False,
+           lexical_weight: float = DEFAULT_WEIGHT, lexical_radius: int = DEFAULT_RADIUS) -> dict:
     """Answer `question` about `document` (a long text or HTML page, as a string) with a fine-tuned longbird QA model:
     a directory path, or a loaded model with its `tokenizer` (and `model_dir`, where its record lives). Returns
     `qa.answer_record`: the readable answer, the raw span, character offsets into `document`, score and probability
@@ -298,11 +303,13 @@ def answer(model, document: str, question: str, *, tokenizer=None, is_html: bool
     check_question(question)
     check_min_probability(min_probability)
     if isinstance(model, (str, Path)):
-        reader = Reader(model, device, scoring=scoring, compile=compile)
+        reader = Reader(model, device, scoring=scoring, compile=compile, lexical_weight=lexical_weight,
+                        lexical_radius=lexical_radius)
     elif tokenizer is None:
         raise ValueError("a loaded model needs its tokenizer: answer(model, document, question, tokenizer=...)")
     else:
-        reader = Reader.of(model, tokenizer, model_dir, scoring=scoring)
+        reader = Reader.of(model, tokenizer, model_dir, scoring=scoring, lexical_weight=lexical_weight,
+                           lexical_radius=lexical_radius)
     if is_html is None:
         is_html = document.lstrip()[:1] == "<"
     reading = reader.answer(question, document, is_html=is_html, max_answer_tokens=max_answer_tokens,

@@ -1,0 +1,176 @@
+"""The lexical prior (lexical_prior.py) on whole articles: does BM25 of the passage around a span rank places better?
+
+Each reader reads two sets of held-out questions once, in its windows (E7's reading: null-relative scoring), and
+every setting of the prior re-ranks the same window candidates (`qa.rank_answers`, no second model pass):
+- **validation**: dev-side questions outside E7's test articles (`e7_conversion_probe.validation_rows`), which
+  *choose* the radius and the weight (the best mean F1 over the first reader's questions; ties: the smaller weight);
+- **test**: E7's test articles (`e7_long_reading.draw_dev_articles`), on which the chosen setting is then reported
+  with its 95 % bootstrap interval and the paired difference against the same reader without the prior. The test
+  questions never choose anything.
+Both sets are asserted held out from every reader's training record and, by title and text hash, from the train side
+(the JSON's `held_out`).
+
+Usage: python experiments/lexical_prior.py --reader qa-model/kobigbird-e5-korquad \\
+           [--model NAME=DIR:WINDOW:STRIDE ...] [--validation-questions 300] [--name lexical_prior]
+Without --model the paragraph reader itself is read in sliding 512-token windows (stride 128).
+Writes experiments/results/NAME.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "experiments"))
+
+from e4_korquad_articles import BUCKETS  # noqa: E402
+from e7_conversion_probe import validation_rows  # noqa: E402
+from e7_diagnosis import trained_apart  # noqa: E402
+from e7_long_reading import (  # noqa: E402
+    add_output_arguments,
+    draw_dev_articles,
+    held_out_record,
+    machine,
+    provenance,
+    wants_bf16,
+    write_tables,
+)
+
+from longbird.checkpoints import load_task_model  # noqa: E402
+from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # noqa: E402
+from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
+from longbird.lexical_prior import LexicalPrior  # noqa: E402
+from longbird.metrics.intervals import bucket_summary  # noqa: E402
+from longbird.precision import bf16_autocast, store_encoder_linears_in  # noqa: E402
+from longbird.qa import DEFAULT_SCORING, merge_windows, row_features, score_windows  # noqa: E402
+from longbird.tasks.qa import per_question_scores, question_limit  # noqa: E402
+
+RADII = (32, 64, 128, 256)
+WEIGHTS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0)
+
+
+def read_windows(model, tokenizer, rows, window: int, stride: int, bf16: bool):
+    """Every window's candidates for `rows` (one model pass) and each question's document."""
+    features, documents = row_features(model, tokenizer, rows, window, stride,
+                                       max_question_tokens=question_limit(model, tokenizer, window))
+    with bf16_autocast("cpu", bf16):
+        windows = score_windows(model, features, batch_size=8, progress=True)
+    return windows, documents
+
+
+def scores_with(windows, documents, rows, prior: LexicalPrior | None) -> dict[str, dict]:
+    answers = merge_windows(windows, documents, DEFAULT_SCORING, prior)
+    predictions = {row["id"]: answers[row["id"]].text if row["id"] in answers else "" for row in rows}
+    return per_question_scores(predictions, rows, "korquad1-articles")
+
+
+def mean_f1(scores: dict[str, dict]) -> float:
+    return sum(s["f1"] for s in scores.values()) / len(scores)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reader", type=Path, required=True, help="The paragraph reader E7 started from")
+    parser.add_argument("--model", action="append", default=[], help="NAME=DIR:WINDOW:STRIDE (repeatable)")
+    parser.add_argument("--validation-questions", type=int, default=300)
+    parser.add_argument("--radii", type=int, nargs="+", default=list(RADII))
+    parser.add_argument("--weights", type=float, nargs="+", default=list(WEIGHTS))
+    add_output_arguments(parser, "lexical_prior")
+    args = parser.parse_args()
+    bf16 = wants_bf16(args.precision)
+    models = {}
+    for spec in args.model or [f"paragraph-reader={args.reader}:512:128"]:
+        name, _, rest = spec.partition("=")
+        directory, window, stride = rest.rsplit(":", 2)
+        models[name] = (Path(directory), int(window), int(stride))
+    rows, _ = read_korquad_v1_articles(ROOT / "data" / "korquad" / "KorQuAD_v1.0_dev.json")
+    split = split_by_title(rows)
+    _, tokenizer = load_task_model(args.reader, LongBirdForQuestionAnswering)
+    test, buckets = draw_dev_articles(split["dev"], tokenizer, 300, 150)
+    validation = validation_rows(split["dev"], set(test["title"]), args.validation_questions)
+    assert not set(validation["title"]) & set(test["title"]), "validation and test share an article"
+    for directory in [args.reader] + [d for d, *_ in models.values() if (d / "longbird_finetune.json").exists()]:
+        trained_apart(directory, set(split["dev"]["title"]))
+    sides = {"validation": validation, "test": test}
+    results = {"command": "python " + shlex.join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "machine": machine(),
+               "bf16": bf16, "held_out": {side: held_out_record(split["train"], rows) for side, rows in sides.items()},
+               "validation_titles": sorted(set(validation["title"])), "test_titles": sorted(set(test["title"])),
+               "questions": {side: len(rows) for side, rows in sides.items()}, "readers": {}}
+    settings = [(radius, weight) for radius in args.radii for weight in args.weights if weight != 0]
+    chosen = None
+    for name, (directory, window, stride) in models.items():
+        model, model_tokenizer = load_task_model(directory, LongBirdForQuestionAnswering)
+        if bf16:
+            store_encoder_linears_in(model)
+        special = frozenset(model_tokenizer.all_special_ids)
+        entry = {"model": str(directory), "window": window, "stride": stride, "validation": {}, "test": {}}
+        read = {}
+        for side, rows in sides.items():
+            started = time.process_time()
+            read[side] = read_windows(model, model_tokenizer, rows, window, stride, bf16)
+            entry[f"{side}_cpu_seconds"] = time.process_time() - started
+        base = {side: scores_with(*read[side], rows, None) for side, rows in sides.items()}
+        entry["validation"]["none"] = mean_f1(base["validation"])
+        for radius, weight in settings:
+            prior = LexicalPrior(weight, radius, special)
+            entry["validation"][f"{radius}:{weight}"] = mean_f1(scores_with(*read["validation"], validation, prior))
+            print(name, radius, weight, round(entry["validation"][f"{radius}:{weight}"], 2), flush=True)
+        if chosen is None:  # the first reader's validation questions choose, once, for every reader
+            best = max(entry["validation"].values())
+            chosen = next(key for key in ["none"] + [f"{r}:{w}" for r, w in sorted(settings, key=lambda s: s[1])]
+                          if entry["validation"][key] == best)
+            results["chosen"] = chosen
+        test_scores = {"none": base["test"]}
+        if chosen != "none":
+            radius, weight = chosen.split(":")
+            prior = LexicalPrior(float(weight), int(radius), special)
+            test_scores[chosen] = scores_with(*read["test"], test, prior)
+        for key, scores in test_scores.items():
+            entry["test"][key] = {"summary": bucket_summary(scores, buckets, BUCKETS, base["test"]),
+                                  "per_question": scores}
+        results["readers"][name] = entry
+        write_tables(args.out, args.name, results, table(results))
+
+
+def table(results: dict) -> list[str]:
+    lines = provenance(results) + [
+        f"Validation: {results['questions']['validation']} dev-side questions outside E7's test articles (choose the "
+        f"setting: radius:weight = **{results.get('chosen')}**); test: E7's {results['questions']['test']} test "
+        f"questions ({'bf16 autocast' if results['bf16'] else 'fp32'}). The prior adds weight × BM25 of the "
+        "2·radius document tokens around a span's start to its null-relative score.", "",
+        "| reader | validation F1, no prior | best on validation | test F1, no prior | test F1, chosen prior | "
+        "paired difference (95 % CI) | first 512 | beyond 512 |", "|---|---:|---|---:|---:|---:|---:|---:|"]
+    for name, entry in results["readers"].items():
+        validation = entry["validation"]
+        best = max(validation, key=validation.get)
+        none = entry["test"]["none"]["summary"]["all"]
+        chosen = entry["test"].get(results["chosen"], entry["test"]["none"])["summary"]
+        diff = chosen["all"].get("f1_vs_baseline")
+        cells = [f"{validation['none']:.1f}", f"{best} ({validation[best]:.1f})", f"{none['f1']:.1f}",
+                 f"{chosen['all']['f1']:.1f} ({chosen['all']['f1_interval'][0]:.1f}–"
+                 f"{chosen['all']['f1_interval'][1]:.1f})",
+                 "" if diff is None else f"{diff['difference']:+.1f} ({diff['low']:+.1f} to {diff['high']:+.1f})"]
+        for bucket in BUCKETS:
+            part, plain = chosen[bucket], entry["test"]["none"]["summary"][bucket]
+            cells.append(f"{plain['f1']:.1f} → {part['f1']:.1f}")
+        lines.append(f"| {name} ({entry['window']} / {entry['stride']}) | " + " | ".join(cells) + " |")
+    first = next(iter(results["readers"].values()), None)
+    if first:
+        radii = sorted({key.split(":")[0] for key in first["validation"] if key != "none"}, key=int)
+        weights = sorted({key.split(":")[1] for key in first["validation"] if key != "none"}, key=float)
+        lines += ["", f"Validation F1 of the first reader by radius (rows) and weight (columns); no prior "
+                      f"{first['validation']['none']:.1f}:", "",
+                  "| radius | " + " | ".join(weights) + " |", "|---:|" + "---:|" * len(weights)]
+        for radius in radii:
+            lines.append(f"| {radius} | " + " | ".join(f"{first['validation'].get(f'{radius}:{w}', float('nan')):.1f}"
+                                                       for w in weights) + " |")
+    return lines
+
+
+if __name__ == "__main__":
+    main()
