@@ -3,10 +3,11 @@
 Each reader reads two sets of held-out questions once, in its windows (E7's reading: null-relative scoring), and
 every setting of the prior re-ranks the same window candidates (`qa.rank_answers`, no second model pass):
 - **validation**: dev-side questions outside E7's test articles (`e7_conversion_probe.validation_rows`), which
-  *choose* the radius and the weight (the best mean F1 over the first reader's questions; ties: the smaller weight);
-- **test**: E7's test articles (`e7_long_reading.draw_dev_articles`), on which the chosen setting is then reported
-  with its 95 % bootstrap interval and the paired difference against the same reader without the prior. The test
-  questions never choose anything.
+  *choose* each reader's radius and weight (the best mean F1 on its validation questions; ties: the smaller weight);
+- **test**: E7's test articles (`e7_long_reading.draw_dev_articles`), read with no prior, with the reader's own
+  chosen setting and with the library's default (`lexical_prior.DEFAULT_RADIUS`, `DEFAULT_WEIGHT`), each with its
+  95 % bootstrap interval and the paired difference against the same reader without the prior. The test questions
+  never choose anything.
 Both sets are asserted held out from every reader's training record and, by title and text hash, from the train side
 (the JSON's `held_out`).
 
@@ -44,7 +45,7 @@ from e7_long_reading import (  # noqa: E402
 from longbird.checkpoints import load_task_model  # noqa: E402
 from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # noqa: E402
 from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
-from longbird.lexical_prior import LexicalPrior  # noqa: E402
+from longbird.lexical_prior import DEFAULT_RADIUS, DEFAULT_WEIGHT, LexicalPrior  # noqa: E402
 from longbird.metrics.intervals import bucket_summary  # noqa: E402
 from longbird.precision import bf16_autocast, store_encoder_linears_in  # noqa: E402
 from longbird.qa import DEFAULT_SCORING, merge_windows, row_features, score_windows  # noqa: E402
@@ -102,7 +103,7 @@ def main() -> None:
                "validation_titles": sorted(set(validation["title"])), "test_titles": sorted(set(test["title"])),
                "questions": {side: len(rows) for side, rows in sides.items()}, "readers": {}}
     settings = [(radius, weight) for radius in args.radii for weight in args.weights if weight != 0]
-    chosen = None
+    default = f"{DEFAULT_RADIUS}:{DEFAULT_WEIGHT}"
     for name, (directory, window, stride) in models.items():
         model, model_tokenizer = load_task_model(directory, LongBirdForQuestionAnswering)
         if bf16:
@@ -120,54 +121,55 @@ def main() -> None:
             prior = LexicalPrior(weight, radius, special)
             entry["validation"][f"{radius}:{weight}"] = mean_f1(scores_with(*read["validation"], validation, prior))
             print(name, radius, weight, round(entry["validation"][f"{radius}:{weight}"], 2), flush=True)
-        if chosen is None:  # the first reader's validation questions choose, once, for every reader
-            best = max(entry["validation"].values())
-            chosen = next(key for key in ["none"] + [f"{r}:{w}" for r, w in sorted(settings, key=lambda s: s[1])]
-                          if entry["validation"][key] == best)
-            results["chosen"] = chosen
-        test_scores = {"none": base["test"]}
-        if chosen != "none":
-            radius, weight = chosen.split(":")
-            prior = LexicalPrior(float(weight), int(radius), special)
-            test_scores[chosen] = scores_with(*read["test"], test, prior)
-        for key, scores in test_scores.items():
+        best = max(entry["validation"].values())  # the reader's own choice, on its validation questions
+        entry["chosen"] = next(key for key in ["none"] + [f"{r}:{w}" for r, w in sorted(settings, key=lambda s: s[1])]
+                               if entry["validation"][key] == best)
+        for key in dict.fromkeys(["none", entry["chosen"], default]):
+            if key == "none":
+                scores = base["test"]
+            else:
+                radius, weight = key.split(":")
+                scores = scores_with(*read["test"], test, LexicalPrior(float(weight), int(radius), special))
             entry["test"][key] = {"summary": bucket_summary(scores, buckets, BUCKETS, base["test"]),
                                   "per_question": scores}
         results["readers"][name] = entry
-        write_tables(args.out, args.name, results, table(results))
+        write_tables(args.out, args.name, results, table(results, default))
 
 
-def table(results: dict) -> list[str]:
+def interval(summary: dict) -> str:
+    return f"{summary['f1']:.1f} ({summary['f1_interval'][0]:.1f}–{summary['f1_interval'][1]:.1f})"
+
+
+def difference(summary: dict) -> str:
+    diff = summary["f1_vs_baseline"]
+    return f"{diff['difference']:+.1f} ({diff['low']:+.1f} to {diff['high']:+.1f})"
+
+
+def table(results: dict, default: str) -> list[str]:
     lines = provenance(results) + [
-        f"Validation: {results['questions']['validation']} dev-side questions outside E7's test articles (choose the "
-        f"setting: radius:weight = **{results.get('chosen')}**); test: E7's {results['questions']['test']} test "
-        f"questions ({'bf16 autocast' if results['bf16'] else 'fp32'}). The prior adds weight × BM25 of the "
-        "2·radius document tokens around a span's start to its null-relative score.", "",
-        "| reader | validation F1, no prior | best on validation | test F1, no prior | test F1, chosen prior | "
-        "paired difference (95 % CI) | first 512 | beyond 512 |", "|---|---:|---|---:|---:|---:|---:|---:|"]
+        f"Validation: {results['questions']['validation']} dev-side questions outside E7's test articles (each "
+        f"reader's radius:weight chosen there); test: E7's {results['questions']['test']} test questions "
+        f"({'bf16 autocast' if results['bf16'] else 'fp32'}), read without the prior, with the reader's choice and "
+        f"with the library default ({default}). The prior adds weight × BM25 of the 2·radius document tokens around "
+        "a span's start to its null-relative score. Differences are paired against the same reader without it.", "",
+        "| reader | validation F1: none → chosen | test F1, none | test, chosen | chosen − none (95 % CI) | "
+        "first 512 / beyond 512, chosen | test, default | default − none (95 % CI) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|"]
     for name, entry in results["readers"].items():
-        validation = entry["validation"]
-        best = max(validation, key=validation.get)
-        none = entry["test"]["none"]["summary"]["all"]
-        chosen = entry["test"].get(results["chosen"], entry["test"]["none"])["summary"]
-        diff = chosen["all"].get("f1_vs_baseline")
-        cells = [f"{validation['none']:.1f}", f"{best} ({validation[best]:.1f})", f"{none['f1']:.1f}",
-                 f"{chosen['all']['f1']:.1f} ({chosen['all']['f1_interval'][0]:.1f}–"
-                 f"{chosen['all']['f1_interval'][1]:.1f})",
-                 "" if diff is None else f"{diff['difference']:+.1f} ({diff['low']:+.1f} to {diff['high']:+.1f})"]
-        for bucket in BUCKETS:
-            part, plain = chosen[bucket], entry["test"]["none"]["summary"][bucket]
-            cells.append(f"{plain['f1']:.1f} → {part['f1']:.1f}")
-        lines.append(f"| {name} ({entry['window']} / {entry['stride']}) | " + " | ".join(cells) + " |")
-    first = next(iter(results["readers"].values()), None)
-    if first:
-        radii = sorted({key.split(":")[0] for key in first["validation"] if key != "none"}, key=int)
-        weights = sorted({key.split(":")[1] for key in first["validation"] if key != "none"}, key=float)
-        lines += ["", f"Validation F1 of the first reader by radius (rows) and weight (columns); no prior "
-                      f"{first['validation']['none']:.1f}:", "",
+        validation, chosen = entry["validation"], entry["chosen"]
+        none, own, by_default = (entry["test"][key]["summary"] for key in ("none", chosen, default))
+        lines.append(f"| {name} ({entry['window']} / {entry['stride']}) | {validation['none']:.1f} → "
+                     f"{validation[chosen]:.1f} ({chosen}) | {interval(none['all'])} | {interval(own['all'])} | "
+                     f"{difference(own['all'])} | " + " / ".join(f"{own[b]['f1']:.1f}" for b in BUCKETS) +
+                     f" | {interval(by_default['all'])} | {difference(by_default['all'])} |")
+    for name, entry in results["readers"].items():
+        radii = sorted({key.split(":")[0] for key in entry["validation"] if key != "none"}, key=int)
+        weights = sorted({key.split(":")[1] for key in entry["validation"] if key != "none"}, key=float)
+        lines += ["", f"{name}: validation F1 by radius (rows) and weight (columns); no prior "
+                      f"{entry['validation']['none']:.1f}:", "",
                   "| radius | " + " | ".join(weights) + " |", "|---:|" + "---:|" * len(weights)]
         for radius in radii:
-            lines.append(f"| {radius} | " + " | ".join(f"{first['validation'].get(f'{radius}:{w}', float('nan')):.1f}"
+            lines.append(f"| {radius} | " + " | ".join(f"{entry['validation'].get(f'{radius}:{w}', float('nan')):.1f}"
                                                        for w in weights) + " |")
     return lines
 

@@ -64,6 +64,17 @@ def test_the_prior_of_a_span_is_the_same_in_every_window_that_holds_it(korean_to
         assert prior(first, i) == prior(second, j)
 
 
+def test_a_document_of_one_or_two_passages_gets_no_prior():
+    """Every word of such a document is in half its passages or more, so no IDF is above 0; rank_bm25's floor (a
+    quarter of the mean IDF) would then be negative and score a passage lower for holding the question's words."""
+    document = np.array([5, 6, 7, 5, 8, 9, 6, 5, 10, 11])
+    for radius in (5, 3):  # one passage of 10 tokens; two passages of 6 and 4
+        scorer = PassageScorer(document, [5, 6, 10], radius)
+        assert [scorer(p) for p in range(len(document))] == [0.0] * len(document)
+        if radius == 5:
+            assert min(BM25Okapi([document.tolist()]).get_scores([5, 6, 10])) < 0  # what the floor avoids
+
+
 def test_a_radius_below_one_token_is_refused():
     with pytest.raises(ValueError, match="lexical radius is at least 1"):
         PassageScorer(np.arange(10), [1], 0)

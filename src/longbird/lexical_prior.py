@@ -14,6 +14,9 @@ read in the document's own token sequence, so a span scores the same in every wi
 & Zaragoza 2009, Okapi: k1 = 1.5, b = 0.75, the IDF of rank_bm25's `BM25Okapi`, log((N − n + 0.5) / (n + 0.5)) with
 negative values raised to 0.25 × the mean IDF) over the distinct question tokens, with N and n counted over the
 document cut into passages of 2·radius tokens: a word every passage holds says nothing about where the answer is.
+One change from rank_bm25: its floor for a negative IDF is 0.25 × the mean IDF, which is itself negative when most
+words are in most passages (a document of one or two passages: every IDF is ≤ 0, and a passage would score *lower*
+for holding the question's words); here the floor is never below 0, so such a document gets no prior at all.
 Tokens are the model tokenizer's ids (subwords), as the BM25 distractors of `data/window_groups.py`; the question is
 what precedes the document in a window, less the tokenizer's special tokens.
 """
@@ -64,13 +67,14 @@ class PassageScorer:
         self.length, self.radius = len(document), radius
         width = 2 * radius
         passages = [document[i:i + width] for i in range(0, max(len(document), 1), width)]
-        # IDF over the passages of this document (rank_bm25's BM25Okapi: negative IDFs raised to EPSILON × mean)
+        # IDF over the passages of this document (rank_bm25's BM25Okapi: negative IDFs raised to EPSILON × mean, here
+        # never below 0: a word in most passages says nothing about where the answer is, never "not here")
         counts = {}
         for passage in passages:
             for token in set(passage.tolist()):
                 counts[token] = counts.get(token, 0) + 1
         idf = {t: math.log((len(passages) - n + 0.5) / (n + 0.5)) for t, n in counts.items()}
-        floor = EPSILON * (sum(idf.values()) / len(idf)) if idf else 0.0
+        floor = max(0.0, EPSILON * (sum(idf.values()) / len(idf))) if idf else 0.0
         self.average_length = sum(len(passage) for passage in passages) / len(passages) or 1.0
         # per question token present in the document: its IDF and the running count of it along the document
         self.terms = [(idf[t] if idf[t] >= 0 else floor,

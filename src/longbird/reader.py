@@ -172,7 +172,9 @@ class Reader:
         self.model, self.tokenizer = model.eval(), tokenizer
         self.model_dir = None if model_dir is None else Path(model_dir)
         self.bf16, self.scoring = bf16, scoring
-        self.lexical = LexicalPrior.of(tokenizer, lexical_weight, lexical_radius)  # None: off
+        # the lexical prior ranks answers: a QA model's only (None: off)
+        self.lexical = (LexicalPrior.of(tokenizer, lexical_weight, lexical_radius)
+                        if isinstance(model, LongBirdForQuestionAnswering) else None)
         # the window of calls that name none (None: the trained window, else the model length); checked now
         self.window_length = reading_windows(model, model_dir, window_length, None)[0] if window_length else None
         self.template = PairTemplate.of(tokenizer)
