@@ -3,7 +3,7 @@ three of their questions, answered by one or more QA models as `longbird answer`
 window each model was fine-tuned at unless --window-length is given).
 
 Usage: python experiments/answer_pages.py --model qa-model/kobigbird-e5-korquad --model qa-model/kobigbird-e5-korquad-long
-       [--name answer_pages] [--bf16]
+       [--name answer_pages] [--bf16] [--lexical-weight 0.3]
 Writes experiments/results/NAME.{md,json}.
 
 Held out, asserted: every model's own record (longbird_finetune.json) shows KorQuAD 1.0 training data (format
@@ -26,6 +26,7 @@ from longbird import Reader  # noqa: E402
 from longbird.data.corpus import text_hash  # noqa: E402
 from longbird.data.korquad import read_korquad_v1_articles, read_korquad_v2  # noqa: E402
 from longbird.files import write_file_atomically  # noqa: E402
+from longbird.lexical_prior import DEFAULT_WEIGHT  # noqa: E402
 from longbird.metrics.korquad import f1_korquad_v2, normalize_korquad_v2  # noqa: E402
 
 PAGES = [ROOT / "data" / "korquad" / name for name in ("korquad2.1_dev_00.json", "korquad2.1_train_00.json")]
@@ -56,6 +57,8 @@ def main() -> None:
     parser.add_argument("--model", type=Path, action="append", required=True)
     parser.add_argument("--window-length", type=int, default=None)
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (where the CPU multiplies bf16)")
+    parser.add_argument("--lexical-weight", type=float, default=DEFAULT_WEIGHT,
+                        help="The lexical prior's weight, as `answer --lexical-weight` (0: off)")
     parser.add_argument("--name", default="answer_pages")
     parser.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
     args = parser.parse_args()
@@ -68,7 +71,8 @@ def main() -> None:
              "| model | window | page | question | gold | answer | probability | EM | F1 | seconds |",
              "|---|---:|---|---|---|---|---:|---:|---:|---:|"]
     for model_dir in args.model:
-        reader = Reader(model_dir, bf16=args.bf16)  # as `answer --bf16` reads: the encoder's Linears stored in bf16
+        # as `answer --bf16` reads: the encoder's Linears stored in bf16
+        reader = Reader(model_dir, bf16=args.bf16, lexical_weight=args.lexical_weight)
         records = []
         for row in rows:
             started = time.perf_counter()
