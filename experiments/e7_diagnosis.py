@@ -128,6 +128,20 @@ def summary(scores: dict[str, dict], groups: dict[str, list[str]]) -> dict[str, 
 FLAGS = ("dense", "unlinked", "no-selector")  # what may follow DIR:WINDOW:STRIDE in --model
 
 
+def model_specs(specs: list[str]) -> dict[str, tuple[Path, int, int, set[str]]]:
+    """{name: (directory, window, stride, flags)} from NAME=DIR:WINDOW:STRIDE[:FLAG...] (`FLAGS`)."""
+    models = {}
+    for spec in specs:
+        name, _, rest = spec.partition("=")
+        flags = set()
+        while rest.rsplit(":", 1)[-1] in FLAGS:
+            rest, flag = rest.rsplit(":", 1)
+            flags.add(flag)
+        directory, window, stride = rest.rsplit(":", 2)
+        models[name] = (Path(directory), int(window), int(stride), flags)
+    return models
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reader", type=Path, required=True, help="The paragraph reader E7 started from")
@@ -143,15 +157,7 @@ def main() -> None:
     add_output_arguments(parser, "e7_diagnosis")
     args = parser.parse_args()
     bf16 = wants_bf16(args.precision)
-    models = {}
-    for spec in args.model:
-        name, _, rest = spec.partition("=")
-        flags = set()
-        while rest.rsplit(":", 1)[-1] in FLAGS:
-            rest, flag = rest.rsplit(":", 1)
-            flags.add(flag)
-        directory, window, stride = rest.rsplit(":", 2)
-        models[name] = (Path(directory), int(window), int(stride), flags)
+    models = model_specs(args.model)
     rows, _ = read_korquad_v1_articles(ROOT / "data" / "korquad" / "KorQuAD_v1.0_dev.json")
     split = split_by_title(rows)
     _, tokenizer = load_task_model(args.reader, LongBirdForQuestionAnswering)

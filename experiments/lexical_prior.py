@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 from e4_korquad_articles import BUCKETS  # noqa: E402
 from e7_conversion_probe import validation_rows  # noqa: E402
-from e7_diagnosis import trained_apart  # noqa: E402
+from e7_diagnosis import model_specs, trained_apart  # noqa: E402
 from e7_long_reading import (  # noqa: E402
     add_output_arguments,
     draw_dev_articles,
@@ -85,10 +85,11 @@ def main() -> None:
     args = parser.parse_args()
     bf16 = wants_bf16(args.precision)
     models = {}
-    for spec in args.model or [f"paragraph-reader={args.reader}:512:128"]:
-        name, _, rest = spec.partition("=")
-        directory, window, stride = rest.rsplit(":", 2)
-        models[name] = (Path(directory), int(window), int(stride))
+    for name, (directory, window, stride, flags) in model_specs(
+            args.model or [f"paragraph-reader={args.reader}:512:128"]).items():
+        if flags:
+            raise SystemExit(f"--model {name}: the diagnosis flags ({', '.join(sorted(flags))}) do not apply here")
+        models[name] = (directory, window, stride)
     rows, _ = read_korquad_v1_articles(ROOT / "data" / "korquad" / "KorQuAD_v1.0_dev.json")
     split = split_by_title(rows)
     _, tokenizer = load_task_model(args.reader, LongBirdForQuestionAnswering)

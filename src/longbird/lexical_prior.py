@@ -98,6 +98,12 @@ class LexicalPrior:
     radius: int = DEFAULT_RADIUS
     special_ids: frozenset[int] = frozenset()  # the tokenizer's special tokens: never question words
 
+    def __post_init__(self):
+        if self.weight < 0:
+            raise ValueError(f"the lexical weight must be 0 (off) or more; got {self.weight}")
+        if self.radius < 1:
+            raise ValueError(f"the lexical radius is at least 1 token; got {self.radius}")
+
     def for_question(self, features: list[QAFeature]) -> Callable[[QAFeature, int], float]:
         """What a span starting at token `start` of window `feature` (one of `features`, all of one question) adds
         to its score."""
@@ -116,9 +122,6 @@ class LexicalPrior:
     @classmethod
     def of(cls, tokenizer, weight: float = DEFAULT_WEIGHT, radius: int = DEFAULT_RADIUS) -> LexicalPrior | None:
         """The prior for a model read with `tokenizer` (its special tokens are never question words); None when
-        `weight` is 0 (off). Refuses a negative weight or a radius below 1 with the fix."""
-        if weight < 0:
-            raise ValueError(f"the lexical weight must be 0 (off) or more; got {weight}")
-        if radius < 1:
-            raise ValueError(f"the lexical radius is at least 1 token; got {radius}")
-        return None if weight == 0 else cls(weight, radius, frozenset(tokenizer.all_special_ids))
+        `weight` is 0 (off). A negative weight or a radius below 1 is refused, off or not."""
+        prior = cls(weight, radius, frozenset(tokenizer.all_special_ids))
+        return None if weight == 0 else prior
