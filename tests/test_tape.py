@@ -175,12 +175,16 @@ def test_kernels_with_tape_equal_the_dense_reference(attention, length, init):
 
 @pytest.mark.parametrize("attention", EXACT_AT_SOURCE_LENGTH)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_tape_attention_on_the_cpu_runs_sdpas_fused_kernel(attention, dtype):
+def test_tape_attention_on_the_cpu_runs_sdpas_fused_kernel(attention, dtype, monkeypatch):
     """With the states beside V, V is twice as wide as Q and K, and SDPA's CPU dispatch then takes its math path, which
     stores every score (a 4K-token TAPE + BigBird forward ran 4.7x slower than its kobigbird twin that way). Q and K
     are padded to V's width with zero columns (`attention.full.as_wide_as_value`), so every attention call of a TAPE
-    forward, dense and blocked, runs the fused kernel; the values against the dense reference are the test above."""
+    forward, dense and blocked, runs the fused kernel; the values against the dense reference are the test above.
+    (longbird's own bf16 CPU kernel, which would take the blocked calls in bf16, is switched off here: this is about
+    SDPA's dispatch; tests/test_cpu_kernel.py covers that kernel.)"""
     from torch.profiler import ProfilerActivity, profile
+
+    monkeypatch.setenv("LONGBIRD_CPU_KERNEL", "0")
 
     model = longbird.convert(make_source("bert"), preset="tape", max_length=256, attention=attention,
                              **KERNELS[attention]).eval()

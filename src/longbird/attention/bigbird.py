@@ -15,6 +15,7 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
+from . import cpu_kernel
 from .full import as_wide_as_value
 from .patterns import BigBirdPattern
 from .tracing import outside_the_trace
@@ -63,6 +64,8 @@ def bigbird_attention(
         raise ValueError(f"bigbird_attention expects length = num_blocks * block_size = {n * block}; got {length}")
     # TAPE's wider V: q and k padded once here (before the gather), so every SDPA call below runs the fused kernel
     query, key, scale = as_wide_as_value(query, key, value)
+    if cpu_kernel.usable(query, key, value, dropout_p):
+        return _fused_cpu_attention(query, key, value, key_mask, pattern, scale)
 
     # Global query blocks: dense rows over their keys (ITC: all; block 0 of "first-reads-source": its first
     # first_block_keys key blocks, a prefix, so a slice).
@@ -108,3 +111,64 @@ def _middle_attention(query, key, value, key_mask, pattern: BigBirdPattern, work
         value_blocks.view(batch, rows, m * block, value_dim),
         mask_blocks.reshape(batch, rows, 1, m * block), dropout_p, scale,
     ).reshape(batch, heads, (end - 1) * block, value_dim)  # CUDA SDPA may return a non-contiguous layout
+
+
+def _fused_cpu_attention(query, key, value, key_mask, pattern: BigBirdPattern, scale=None):
+    """CPU bf16 inference: every query block in the fused kernel (`cpu_kernel`), reading its key blocks in place
+    (no gathered copies), written straight into the (B, H, l, d_v) output. Same pattern as the SDPA path above."""
+    batch, heads, length, dim = query.shape
+    block = pattern.block_size
+    scale = dim ** -0.5 if scale is None else scale
+    out = query.new_empty(batch, heads, length, value.shape[-1])
+    mask = key_mask.to(torch.uint8)
+    tables = _fused_tables(pattern, batch, heads, query.stride(), key.stride(), value.stride(), out.stride())
+    for query_offsets, key_offsets, value_offsets, mask_offsets, out_offsets in tables:
+        cpu_kernel.attend_blocks(query, query_offsets, block, key, key_offsets, value, value_offsets, mask,
+                                 mask_offsets, block, out, out_offsets, scale)
+    return out
+
+
+@lru_cache(maxsize=256)
+def _fused_tables(pattern: BigBirdPattern, batch: int, heads: int, query_strides, key_strides, value_strides,
+                  out_strides):
+    """Offset tables of the fused kernel's calls, one per set of query blocks that read the same number of key
+    blocks: the global blocks (ITC: first and last over every key block; "first-reads-source": block 0 over its
+    prefix), then the middle blocks over their window, global and random blocks (`middle_key_blocks`; an invalid
+    slot is a masked block). Element offsets from the tensors' strides; masks are (B, l) uint8."""
+    with outside_the_trace():
+        n, block = pattern.num_blocks, pattern.block_size
+        length = n * block
+        b = torch.arange(batch)[:, None, None]
+        h = torch.arange(heads)[None, :, None]
+
+        def rows(strides, blocks):  # (B, H, G) element offset of block `blocks` (H, G) of row b, head h
+            return b * strides[0] + h * strides[1] + blocks[None] * block * strides[2]
+
+        def table(query_blocks, key_blocks, valid=None):  # query_blocks (H, G); key_blocks (H, G, k)
+            key_rows = (b[..., None] * key_strides[0] + h[..., None] * key_strides[1]
+                        + key_blocks[None] * block * key_strides[2])
+            value_rows = (b[..., None] * value_strides[0] + h[..., None] * value_strides[1]
+                          + key_blocks[None] * block * value_strides[2])
+            mask_rows = b[..., None] * length + key_blocks[None] * block
+            if valid is not None:
+                mask_rows = torch.where(valid[None], mask_rows, -1)
+            k = key_blocks.shape[-1]
+            return (rows(query_strides, query_blocks).reshape(-1), key_rows.reshape(-1, k),
+                    value_rows.reshape(-1, k), mask_rows.reshape(-1, k), rows(out_strides, query_blocks).reshape(-1))
+
+        tables = []
+        first_blocks = pattern.first_block_keys
+        global_queries = [0] + ([n - 1] if pattern.last_global and n > 1 else [])
+        if first_blocks == n:
+            queries = torch.tensor(global_queries).expand(heads, -1)
+            tables.append(table(queries, torch.arange(n).expand(heads, len(global_queries), n)))
+        else:
+            tables.append(table(torch.zeros(heads, 1, dtype=torch.long),
+                                torch.arange(first_blocks).expand(heads, 1, -1)))
+            if len(global_queries) > 1:
+                tables.append(table(torch.full((heads, 1), n - 1), torch.arange(n).expand(heads, 1, n)))
+        if pattern.middle_end > 1:
+            indices, valid = pattern.middle_key_blocks()  # (H, end-1, k)
+            queries = torch.arange(1, pattern.middle_end).expand(heads, -1)
+            tables.append(table(queries, indices, valid))
+        return tuple(tuple(t.contiguous() for t in entry) for entry in tables)

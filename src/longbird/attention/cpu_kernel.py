@@ -1,0 +1,159 @@
+"""A fused bf16 attention kernel for CPUs with AVX-512 BF16 (`kernels/block_attention_bf16.cpp`), built on first use.
+
+Why a kernel of our own: at the head size longbird serves (multilingual-e5-small, 32) PyTorch's CPU flash kernel
+spends most of a bf16 BigBird forward on small products and bookkeeping, not arithmetic, and neither it nor compiled
+flex comes near this CPU's bf16 rate ([benchmarks](../../../docs/benchmarks.md)). The kernel computes scores with
+bf16 pair dot products summed in fp32 (as SDPA's bf16 kernel), the softmax in fp32, and reads each query group's key
+blocks in place through offset tables, so BigBird's gathered copies of key and value blocks are not made.
+
+The shared library is compiled once per machine with the system's C++ compiler (`$CXX`, else `g++`) into
+`~/.cache/longbird/kernels/` (`$LONGBIRD_KERNEL_CACHE`), named by a hash of the source and flags, written to a
+temporary file and renamed. It is used only for CPU inference in bf16 (no autograd, no dropout, not while traced);
+everywhere else, on CPUs without AVX-512 BF16, without a compiler, or with `LONGBIRD_CPU_KERNEL=0`, the callers run
+SDPA as before. A failed build is logged once and the process falls back to SDPA.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from .tracing import is_tracing
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("kernels") / "block_attention_bf16.cpp"
+FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma", "-fopenmp",
+         "-shared", "-fPIC")
+MAX_HEAD_DIM = 128   # query/key width the kernel accepts (its per-row pair buffer)
+MAX_VALUE_DIM = 64   # value width: four rows × dv/16 fp32 accumulators must fit the 32 vector registers
+_lock = threading.Lock()
+
+
+def enabled_by_environment() -> bool:
+    """False when LONGBIRD_CPU_KERNEL=0 (or "false"/"no"/"off"): SDPA everywhere, as before the kernel."""
+    return os.environ.get("LONGBIRD_CPU_KERNEL", "1").strip().lower() not in {"0", "false", "no", "off"}
+
+
+def cpu_supports_kernel() -> bool:
+    """The CPU executes AVX-512 BF16 (vdpbf16ps), which the kernel is built for."""
+    check = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
+    return bool(check and check())
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("LONGBIRD_KERNEL_CACHE", Path.home() / ".cache" / "longbird" / "kernels"))
+
+
+def compiler() -> str | None:
+    return shutil.which(os.environ.get("CXX", "g++"))
+
+
+def library_path() -> Path:
+    """Where the built kernel lives: named by the hash of its source, flags and compiler."""
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + str(compiler()).encode()).hexdigest()
+    return cache_dir() / f"block_attention_bf16-{digest[:16]}.so"
+
+
+def build(path: Path) -> None:
+    """Compile the kernel to `path` (temporary file + rename: a concurrent or killed build never leaves half a file)."""
+    cxx = compiler()
+    if cxx is None:
+        raise RuntimeError(f"no C++ compiler: install g++ or set CXX (looked for {os.environ.get('CXX', 'g++')!r})")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(suffix=".so", dir=path.parent)
+    os.close(handle)
+    try:
+        result = subprocess.run([cxx, *FLAGS, str(SOURCE), "-o", temporary], capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"building the bf16 attention kernel failed:\n{result.stderr[-2000:]}")
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+
+
+@lru_cache(maxsize=1)
+def _load() -> ctypes.CDLL | None:
+    with _lock:
+        try:
+            path = library_path()
+            if not path.exists():
+                build(path)
+            library = ctypes.CDLL(str(path))
+        except (OSError, RuntimeError) as error:
+            logger.warning("the fused bf16 attention kernel is unavailable, SDPA is used instead: %s", error)
+            return None
+    function = library.longbird_block_attention_bf16
+    function.restype = ctypes.c_int
+    function.argtypes = ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] +
+                         [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64] * 2 +
+                         [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 4 +
+                         [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_float,
+                          ctypes.c_int])
+    return library
+
+
+def available() -> bool:
+    """The kernel can run here: enabled, the CPU has AVX-512 BF16, and it built (or was built before)."""
+    return enabled_by_environment() and cpu_supports_kernel() and _load() is not None
+
+
+def usable(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout_p: float = 0.0) -> bool:
+    """This call may take the kernel: CPU bf16 inference (nothing to differentiate, no dropout, not traced) at widths
+    the kernel takes."""
+    if query.device.type != "cpu" or dropout_p > 0.0 or is_tracing():
+        return False
+    if any(x.dtype != torch.bfloat16 for x in (query, key, value)):
+        return False
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value)):
+        return False
+    dim, value_dim = query.shape[-1], value.shape[-1]
+    if dim % 2 or dim > MAX_HEAD_DIM or value_dim % 16 or value_dim > MAX_VALUE_DIM:
+        return False
+    return available()
+
+
+def attend_blocks(query: torch.Tensor, query_offsets: torch.Tensor, query_rows: int,
+                  key: torch.Tensor, key_offsets: torch.Tensor, value: torch.Tensor, value_offsets: torch.Tensor,
+                  mask: torch.Tensor, mask_offsets: torch.Tensor, block_rows: int,
+                  out: torch.Tensor, out_offsets: torch.Tensor, scale: float) -> torch.Tensor:
+    """Run the kernel over G query groups, writing into `out`.
+
+    query/key/value/out: bf16 tensors whose last dimension is contiguous and whose tokens are `stride(-2)` apart;
+    the offsets are element offsets into them (int64, contiguous): `query_offsets`/`out_offsets` (G,) the first row
+    of each group's `query_rows` rows; `key_offsets`/`value_offsets` (G, nkb) the first row of each of the group's key
+    blocks of `block_rows` rows; `mask` uint8 (1 = may attend) with `mask_offsets` (G, nkb) into it (-1: the whole
+    block is masked). The caller keeps every offset inside its tensor."""
+    library = _load()
+    groups, blocks = key_offsets.shape
+    for name, tensor in (("query", query), ("key", key), ("value", value), ("out", out)):
+        if tensor.dtype != torch.bfloat16 or tensor.stride(-1) != 1:
+            raise ValueError(f"attend_blocks: {name} must be bf16 with a contiguous last dimension")
+    tables = [t.contiguous() for t in (query_offsets, key_offsets, value_offsets, mask_offsets, out_offsets)]
+    if any(t.dtype != torch.int64 for t in tables):
+        raise ValueError("attend_blocks: offset tables must be int64")
+    mask = mask.contiguous()
+    status = library.longbird_block_attention_bf16(
+        query.data_ptr(), tables[0].data_ptr(), query.stride(-2), query_rows,
+        key.data_ptr(), tables[1].data_ptr(), key.stride(-2),
+        value.data_ptr(), tables[2].data_ptr(), value.stride(-2),
+        mask.data_ptr(), tables[3].data_ptr(),
+        blocks, block_rows, query.shape[-1], value.shape[-1],
+        out.data_ptr(), tables[4].data_ptr(), out.stride(-2),
+        groups, float(scale), torch.get_num_threads())
+    if status == 1:
+        raise ValueError("attend_blocks: shapes outside the kernel's range (see usable())")
+    if status:
+        raise MemoryError("attend_blocks: the kernel could not allocate its per-thread buffers")
+    return out

@@ -1,0 +1,171 @@
+// Fused block attention for bf16 on CPUs with AVX-512 BF16 (longbird.attention.cpu_kernel builds and loads it).
+//
+// Why: at the e5-small head size (32) PyTorch's CPU flash kernel spends most of a bf16 BigBird forward on small
+// products and bookkeeping (benchmarks: docs/benchmarks.md, "A fused bf16 attention kernel"). Here each group of
+// query rows attends to its own list of key blocks, read in place through offset tables (no gathered copies):
+//   scores  s = scale * q . k          bf16 pairs multiplied and summed in fp32 (vdpbf16ps), as SDPA's bf16 kernel
+//   softmax p = exp(s - max) / sum     in fp32; masked keys get exactly 0; a group with no allowed key outputs 0
+//   output  o = sum_j p_j v_j          p rounded to bf16 for the product (as SDPA's kernel does), sums in fp32
+// Group g: query rows q + q_off[g] + i * q_row_stride (i < Lq); key block t (t < nkb): rows k + k_off[g*nkb+t] +
+// r * k_row_stride (r < kb), value rows likewise, mask bytes mask + m_off[g*nkb+t] + r (1 = may attend; m_off < 0:
+// the whole block is masked); output rows out + o_off[g] + i * o_row_stride. Needs d even and <= 128, dv % 16 == 0
+// and dv <= 64 (the caller checks and otherwise takes SDPA); returns 1 outside that range, 2 if out of memory.
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+// e^x for x <= 0, -inf -> 0: Cephes expf's range reduction (x = n ln2 + r, |r| <= ln2/2) and its degree-6
+// polynomial, relative error about 1e-7 (fp32 rounding); 2^n applied with scalef.
+static inline __m512 exp_nonpositive(__m512 x) {
+    const __mmask16 underflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_maskz_mov_ps(static_cast<__mmask16>(~underflow), _mm512_scalef_ps(p, n));
+}
+
+static inline uint32_t bf16_pair(const uint16_t *row, int64_t c) {
+    return static_cast<uint32_t>(row[2 * c]) | (static_cast<uint32_t>(row[2 * c + 1]) << 16);
+}
+
+extern "C" int longbird_block_attention_bf16(
+    const uint16_t *q, const int64_t *q_off, int64_t q_row_stride, int64_t Lq,
+    const uint16_t *k, const int64_t *k_off, int64_t k_row_stride,
+    const uint16_t *v, const int64_t *v_off, int64_t v_row_stride,
+    const uint8_t *mask, const int64_t *m_off,
+    int64_t nkb, int64_t kb, int64_t d, int64_t dv,
+    uint16_t *out, const int64_t *o_off, int64_t o_row_stride,
+    int64_t G, float scale, int threads) {
+    const int64_t Lk = nkb * kb, padded = (Lk + 31) / 32 * 32, pairs = d / 2, tiles = dv / 16;
+    if (Lk < 1 || d % 2 != 0 || d > 128 || dv % 16 != 0 || dv > 64) return 1;
+    auto key_row = [&](int64_t g, int64_t j) { return k + k_off[g * nkb + j / kb] + (j % kb) * k_row_stride; };
+    auto value_row = [&](int64_t g, int64_t j) { return v + v_off[g * nkb + j / kb] + (j % kb) * v_row_stride; };
+    int failed = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        // Per thread: keys as bf16 pairs along d, transposed to (d/2, Lk); values as pairs of consecutive keys,
+        // (Lk/2, dv); the additive mask; four rows of scores; four rows of bf16 probability pairs.
+        uint32_t *key_pairs = static_cast<uint32_t *>(aligned_alloc(64, 4 * pairs * padded + 64));
+        uint32_t *value_pairs = static_cast<uint32_t *>(aligned_alloc(64, 4 * (padded / 2) * dv + 64));
+        float *bias = static_cast<float *>(aligned_alloc(64, 4 * padded + 64));
+        float *scores = static_cast<float *>(aligned_alloc(64, 4 * 4 * padded + 64));
+        uint32_t *probs = static_cast<uint32_t *>(aligned_alloc(64, 4 * 4 * (padded / 2) + 64));
+        if (!key_pairs || !value_pairs || !bias || !scores || !probs) {
+#pragma omp atomic write
+            failed = 2;
+        }
+#pragma omp for schedule(static)
+        for (int64_t g = 0; g < G; g++) {
+            if (failed) continue;
+            // Pack the group's keys and values; keys past Lk (up to the next multiple of 32) are masked zeros.
+            int any = 0;
+            for (int64_t j = 0; j < padded; j++) {
+                const uint16_t *krow = j < Lk ? key_row(g, j) : nullptr;
+                bool allowed = false;
+                if (krow) {
+                    const int64_t moff = m_off[g * nkb + j / kb];
+                    allowed = moff >= 0 && mask[moff + j % kb];
+                }
+                bias[j] = allowed ? 0.0f : -INFINITY;
+                any |= allowed;
+                for (int64_t c = 0; c < pairs; c++) key_pairs[c * padded + j] = krow ? bf16_pair(krow, c) : 0u;
+            }
+            for (int64_t j = 0; j < padded; j += 2) {
+                const uint16_t *v0 = j < Lk ? value_row(g, j) : nullptr;
+                const uint16_t *v1 = j + 1 < Lk ? value_row(g, j + 1) : nullptr;
+                uint32_t *dst = value_pairs + (j / 2) * dv;
+                for (int64_t e = 0; e < dv; e++)
+                    dst[e] = (v0 ? static_cast<uint32_t>(v0[e]) : 0u) | (v1 ? static_cast<uint32_t>(v1[e]) << 16 : 0u);
+            }
+            for (int64_t i0 = 0; i0 < Lq; i0 += 4) {
+                const int64_t rows = Lq - i0 < 4 ? Lq - i0 : 4;
+                uint32_t qp[4][64];
+                for (int r = 0; r < 4; r++) {
+                    const uint16_t *qrow = q + q_off[g] + (i0 + (r < rows ? r : 0)) * q_row_stride;
+                    for (int64_t c = 0; c < pairs; c++) qp[r][c] = bf16_pair(qrow, c);
+                }
+                __m512 top[4];
+                for (int r = 0; r < 4; r++) top[r] = _mm512_set1_ps(-INFINITY);
+                const __m512 vscale = _mm512_set1_ps(scale);
+                for (int64_t j = 0; j < padded; j += 16) {
+                    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+                    for (int64_t c = 0; c < pairs; c++) {
+                        const __m512bh kk = (__m512bh)_mm512_loadu_si512(key_pairs + c * padded + j);
+                        a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_set1_epi32(qp[0][c]), kk);
+                        a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_set1_epi32(qp[1][c]), kk);
+                        a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_set1_epi32(qp[2][c]), kk);
+                        a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_set1_epi32(qp[3][c]), kk);
+                    }
+                    const __m512 b = _mm512_loadu_ps(bias + j);
+                    a0 = _mm512_fmadd_ps(a0, vscale, b);
+                    a1 = _mm512_fmadd_ps(a1, vscale, b);
+                    a2 = _mm512_fmadd_ps(a2, vscale, b);
+                    a3 = _mm512_fmadd_ps(a3, vscale, b);
+                    _mm512_storeu_ps(scores + j, a0);
+                    _mm512_storeu_ps(scores + padded + j, a1);
+                    _mm512_storeu_ps(scores + 2 * padded + j, a2);
+                    _mm512_storeu_ps(scores + 3 * padded + j, a3);
+                    top[0] = _mm512_max_ps(top[0], a0);
+                    top[1] = _mm512_max_ps(top[1], a1);
+                    top[2] = _mm512_max_ps(top[2], a2);
+                    top[3] = _mm512_max_ps(top[3], a3);
+                }
+                float total[4];
+                for (int r = 0; r < 4; r++) {
+                    float m = _mm512_reduce_max_ps(top[r]);
+                    if (m == -INFINITY) m = 0.0f;
+                    const __m512 vm = _mm512_set1_ps(m);
+                    __m512 sum = _mm512_setzero_ps();
+                    for (int64_t j = 0; j < padded; j += 32) {
+                        const __m512 e0 = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(scores + r * padded + j), vm));
+                        const __m512 e1 = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(scores + r * padded + j + 16), vm));
+                        sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
+                        _mm512_storeu_si512(probs + r * (padded / 2) + j / 2, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+                    }
+                    total[r] = _mm512_reduce_add_ps(sum);
+                }
+                __m512 acc[4][4];
+                for (int r = 0; r < 4; r++)
+                    for (int t = 0; t < 4; t++) acc[r][t] = _mm512_setzero_ps();
+                for (int64_t jp = 0; jp < padded / 2; jp++) {
+                    const __m512bh p0 = (__m512bh)_mm512_set1_epi32(probs[jp]);
+                    const __m512bh p1 = (__m512bh)_mm512_set1_epi32(probs[padded / 2 + jp]);
+                    const __m512bh p2 = (__m512bh)_mm512_set1_epi32(probs[padded + jp]);
+                    const __m512bh p3 = (__m512bh)_mm512_set1_epi32(probs[3 * (padded / 2) + jp]);
+                    for (int64_t t = 0; t < tiles; t++) {
+                        const __m512bh vv = (__m512bh)_mm512_loadu_si512(value_pairs + jp * dv + 16 * t);
+                        acc[0][t] = _mm512_dpbf16_ps(acc[0][t], p0, vv);
+                        acc[1][t] = _mm512_dpbf16_ps(acc[1][t], p1, vv);
+                        acc[2][t] = _mm512_dpbf16_ps(acc[2][t], p2, vv);
+                        acc[3][t] = _mm512_dpbf16_ps(acc[3][t], p3, vv);
+                    }
+                }
+                for (int r = 0; r < rows; r++) {
+                    const float inv = (any && total[r] > 0.0f) ? 1.0f / total[r] : 0.0f;
+                    uint16_t *orow = out + o_off[g] + (i0 + r) * o_row_stride;
+                    for (int64_t t = 0; t < tiles; t++) {
+                        const __m256bh o = _mm512_cvtneps_pbh(_mm512_mul_ps(acc[r][t], _mm512_set1_ps(inv)));
+                        _mm256_storeu_si256(reinterpret_cast<__m256i *>(orow + 16 * t), (__m256i)o);
+                    }
+                }
+            }
+        }
+        free(key_pairs);
+        free(value_pairs);
+        free(bias);
+        free(scores);
+        free(probs);
+    }
+    return failed;
+}

@@ -1,0 +1,181 @@
+"""longbird's fused bf16 CPU attention kernel (attention/cpu_kernel.py) against the dense reference in float64.
+
+Tolerance from the arithmetic: scores are exact products of bf16 values summed in fp32 (error ~1e-7 relative), the
+softmax is fp32, each probability is rounded to bf16 before its product with V (relative error <= 2^-8 per term, so
+at most 2^-8 * max|v| on a convex combination of values) and the output is rounded to bf16 (2^-8 * |o| <= 2^-8 *
+max|v|): |out - ref| <= 2^-7 * max|v| plus the fp32 terms. SDPA's bf16 kernel rounds the same way.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import VOCAB, make_batch
+from transformers import BertConfig, BertModel
+
+import longbird
+from longbird.attention import bigbird as blocked
+from longbird.attention import bigbird_pattern, cpu_kernel
+
+needs_kernel = pytest.mark.skipif(not (cpu_kernel.cpu_supports_kernel() and cpu_kernel.compiler()),
+                                  reason="needs a CPU with AVX-512 BF16 and a C++ compiler")
+
+
+def _bound(value: torch.Tensor) -> float:
+    return 2.0 ** -7 * value.abs().max().item() + 1e-6
+
+
+def _reference(query, key, value, allowed):
+    """float64 softmax attention; a query row with no allowed key gives 0 (as SDPA and the kernel do)."""
+    scores = query.double() @ key.double().transpose(-1, -2) / query.shape[-1] ** 0.5
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    return weights @ value.double()
+
+
+@needs_kernel
+@pytest.mark.parametrize("dim, value_dim, block_rows, query_rows", [(32, 32, 64, 64), (64, 64, 24, 6), (2, 16, 5, 1),
+                                                                     (128, 48, 32, 13)])
+def test_attend_blocks_equals_the_reference_with_blocks_read_in_place(dim, value_dim, block_rows, query_rows):
+    """Groups read key blocks from anywhere in a pool (repeated, out of order), with partly masked blocks, wholly
+    masked ones (offset -1) and one group with no allowed key (zeros); keys per group not a multiple of 32 and
+    query rows not a multiple of 4 run the padded tails."""
+    generator = torch.Generator().manual_seed(dim + block_rows)
+    pool_blocks, groups, per_group = 7, 5, 3
+    keys = torch.randn(pool_blocks * block_rows, dim, generator=generator).bfloat16()
+    values = torch.randn(pool_blocks * block_rows, value_dim, generator=generator).bfloat16()
+    queries = torch.randn(groups * query_rows, dim, generator=generator).bfloat16()
+    mask = (torch.rand(pool_blocks * block_rows, generator=generator) > 0.3).to(torch.uint8)
+    chosen = torch.randint(0, pool_blocks, (groups, per_group), generator=generator)
+    mask_offsets = chosen * block_rows
+    mask_offsets[1, 0] = -1
+    mask_offsets[4] = -1  # group 4 reads no key
+    out = torch.full((groups * query_rows, value_dim), 7.0).bfloat16()
+    offsets = torch.arange(groups) * query_rows
+    cpu_kernel.attend_blocks(queries, offsets * dim, query_rows, keys, chosen * block_rows * dim, values,
+                             chosen * block_rows * value_dim, mask, mask_offsets, block_rows, out,
+                             offsets * value_dim, dim ** -0.5)
+    for group in range(groups):
+        rows = torch.cat([torch.arange(block * block_rows, (block + 1) * block_rows) for block in chosen[group]])
+        allowed = torch.cat([mask[offset: offset + block_rows].bool() if offset >= 0 else
+                             torch.zeros(block_rows, dtype=torch.bool) for offset in mask_offsets[group].tolist()])
+        expected = _reference(queries[group * query_rows:(group + 1) * query_rows], keys[rows], values[rows],
+                              allowed[None])
+        got = out[group * query_rows:(group + 1) * query_rows].double()
+        assert (got - expected).abs().max().item() <= _bound(values), group
+    assert out[4 * query_rows:].abs().max() == 0
+
+
+def _pattern_cases():
+    return [  # (blocks, block size, heads, random blocks, first-block reach, last global)
+        (12, 32, 3, 2, 0, True),   # ITC with random blocks
+        (10, 32, 2, 0, 4, False),  # the long reader's conversion: first-reads-source, no random blocks
+        (3, 16, 2, 1, 0, True),    # one middle block
+        (1, 32, 2, 0, 0, True),    # one block: the global block alone
+    ]
+
+
+@needs_kernel
+@pytest.mark.parametrize("blocks, block, heads, random_blocks, reach, last_global", _pattern_cases())
+@pytest.mark.parametrize("value_dim", [32, 64])
+def test_bigbird_attention_in_the_kernel_equals_the_dense_reference(blocks, block, heads, random_blocks, reach,
+                                                                    last_global, value_dim):
+    """bigbird_attention on bf16 at inference takes the kernel (no SDPA call), on q/k/v laid out as the model's
+    projections leave them ((B, l, H, d) transposed, not contiguous), with a padded row; real query rows equal the
+    dense reference with the pattern as its mask, within the bf16 bound."""
+    pattern = bigbird_pattern(blocks, block, heads, random_blocks, 1, 0, "seeded", reach, last_global, 0)
+    length, batch, dim = blocks * block, 2, 32
+    generator = torch.Generator().manual_seed(blocks)
+    query, key = (torch.randn(batch, length, heads, dim, generator=generator).transpose(1, 2).bfloat16()
+                  for _ in range(2))
+    value = torch.randn(batch, length, heads, value_dim, generator=generator).transpose(1, 2).bfloat16()
+    key_mask = torch.ones(batch, length, dtype=torch.bool)
+    key_mask[1, length - block // 2 - 3:] = False
+    calls = []
+    original = torch.nn.functional.scaled_dot_product_attention
+    with torch.inference_mode():
+        torch.nn.functional.scaled_dot_product_attention = lambda *a, **k: calls.append(1) or original(*a, **k)
+        try:
+            out = blocked.bigbird_attention(query, key, value, key_mask, pattern)
+        finally:
+            torch.nn.functional.scaled_dot_product_attention = original
+    assert not calls
+    expected = _reference(query, key, value, pattern.materialize()[None] & key_mask[:, None, None, :])
+    real = key_mask[:, None, :, None]
+    assert ((out.double() - expected).abs() * real).max().item() <= _bound(value)
+    # a row alone gives bit-identical outputs (the kernel's arithmetic per group does not see the batch)
+    with torch.inference_mode():
+        alone = blocked.bigbird_attention(query[1:], key[1:], value[1:], key_mask[1:], pattern)
+    assert torch.equal(alone, out[1:])
+
+
+def test_the_kernel_is_only_taken_for_cpu_bf16_inference(monkeypatch):
+    """fp32, autograd on inputs that need gradients, dropout, value widths past the kernel's registers, odd head
+    sizes and LONGBIRD_CPU_KERNEL=0 all keep SDPA."""
+    q = torch.zeros(1, 2, 64, 32, dtype=torch.bfloat16)
+    assert not cpu_kernel.usable(q.float(), q.float(), q.float())
+    assert not cpu_kernel.usable(q, q, q.clone().requires_grad_())
+    assert not cpu_kernel.usable(q, q, q, dropout_p=0.1)
+    assert not cpu_kernel.usable(q, q, torch.zeros(1, 2, 64, 128, dtype=torch.bfloat16))
+    assert not cpu_kernel.usable(q[..., :31], q[..., :31], q)
+    monkeypatch.setenv("LONGBIRD_CPU_KERNEL", "0")
+    assert not cpu_kernel.usable(q, q, q)
+    if cpu_kernel.cpu_supports_kernel() and cpu_kernel.compiler():
+        monkeypatch.setenv("LONGBIRD_CPU_KERNEL", "1")
+        assert cpu_kernel.usable(q, q, q)
+        with torch.no_grad():
+            assert cpu_kernel.usable(q, q, q.clone().requires_grad_())
+
+
+@needs_kernel
+def test_the_kernel_is_built_once_into_the_cache_by_rename(tmp_path, monkeypatch):
+    """A fresh cache directory gets exactly the hashed library (no temporary file left); a compiler that fails leaves
+    nothing behind, logs why, and the process keeps SDPA."""
+    monkeypatch.setenv("LONGBIRD_KERNEL_CACHE", str(tmp_path / "ok"))
+    cpu_kernel.build(cpu_kernel.library_path())
+    assert [p.name for p in (tmp_path / "ok").iterdir()] == [cpu_kernel.library_path().name]
+
+    monkeypatch.setenv("LONGBIRD_KERNEL_CACHE", str(tmp_path / "broken"))
+    monkeypatch.setenv("CXX", "false")
+    with pytest.raises(RuntimeError, match="building the bf16 attention kernel failed"):
+        cpu_kernel.build(cpu_kernel.library_path())
+    assert list((tmp_path / "broken").iterdir()) == []
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    with pytest.raises(RuntimeError, match="no C\\+\\+ compiler"):
+        cpu_kernel.build(cpu_kernel.library_path())
+
+    cpu_kernel._load.cache_clear()
+    try:
+        assert cpu_kernel._load() is None and not cpu_kernel.available()
+    finally:
+        cpu_kernel._load.cache_clear()
+
+
+@needs_kernel
+def test_a_kobigbird_model_in_bf16_reads_alike_with_and_without_the_kernel(monkeypatch):
+    """A converted model (32-wide heads, blocks of 32) at inference in bf16 past its source length: the kernel is
+    called in every layer, and the hidden states are as close to the fp32 model's as SDPA's bf16 path is (the same
+    roundings, in another order)."""
+    torch.manual_seed(0)
+    source = BertModel(BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=128, max_position_embeddings=128)).eval()
+    model = longbird.convert(source, max_length=512, block_size=32, num_random_blocks=1).eval()
+    input_ids, attention_mask = make_batch(300)
+    real = attention_mask.bool()
+    with torch.no_grad():
+        reference = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    calls = []
+    original = cpu_kernel.attend_blocks
+    monkeypatch.setattr(cpu_kernel, "attend_blocks", lambda *a, **k: calls.append(1) or original(*a, **k))
+
+    def cosine(out):
+        return torch.nn.functional.cosine_similarity(out.float()[real], reference[real], dim=-1).min().item()
+
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        fused = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        assert calls
+        monkeypatch.setenv("LONGBIRD_CPU_KERNEL", "0")
+        calls.clear()
+        sdpa = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        assert not calls
+    assert cosine(fused) > 0.99 and abs(cosine(fused) - cosine(sdpa)) < 0.01
