@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 import longbird
+from longbird.attention import cpu_kernel
 from longbird.bench.floor import floor_measurement, op_profile
 from longbird.bench.models import PRESET_SETTINGS, SIZES, build_model, forward_fn, matmul_throughput
 from longbird.bench.sweep import DTYPES, cpu_model
@@ -58,6 +59,7 @@ def main():
     command = "python benchmarks/floor.py " + " ".join(sys.argv[1:])
     report = {"command": command, "code": code_version(), "backend": args.backend or "auto",
               "row_plan": args.row_plan or "default",
+              "cpu_kernel": "on" if cpu_kernel.available() else "off",
               "cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
               "matmul_tflops": {name: matmul_throughput(DTYPES[name]) / 1e12 for name in args.dtype},
               "rows": [], "profiles": []}
@@ -109,7 +111,8 @@ def markdown(report: dict) -> str:
     lines = [f"Command: `{report['command']}`  ", f"Code: {report.get('code', '?')}; sparse attention backend: "
              f"{report.get('backend', 'auto')}"
              + (f"; compiled per-row plan: {report['row_plan']}" if report.get("row_plan", "default") != "default"
-                else "") + "  ",
+                else "")
+             + (f"; bf16 CPU kernel: {report['cpu_kernel']}" if "cpu_kernel" in report else "") + "  ",
              f"CPU: {report['cpu']}, {report['threads']} threads, torch {report['torch']}; 4096x768x3072 matmul "
              f"TFLOP/s: {tflops}. Batch 1, random weights, 12 layers; medians of alternating forward / replay calls.",
              ""]

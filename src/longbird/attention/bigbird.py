@@ -114,27 +114,35 @@ def _middle_attention(query, key, value, key_mask, pattern: BigBirdPattern, work
 
 
 def _fused_cpu_attention(query, key, value, key_mask, pattern: BigBirdPattern, scale=None):
-    """CPU bf16 inference: every query block in the fused kernel (`cpu_kernel`), reading its key blocks in place
-    (no gathered copies), written straight into the (B, H, l, d_v) output. Same pattern as the SDPA path above."""
+    """CPU bf16 inference: every query block in the fused kernel (`cpu_kernel`), written straight into the
+    (B, H, l, d_v) output; same pattern as the SDPA path above. With blocks of a multiple of 32 rows every key and
+    value block is packed once per call and read in place by each query block that attends to it (a middle block's
+    8 key blocks are other blocks' keys too); otherwise each query block packs its own key blocks."""
     batch, heads, length, dim = query.shape
-    block = pattern.block_size
+    block, value_dim = pattern.block_size, value.shape[-1]
     scale = dim ** -0.5 if scale is None else scale
-    out = query.new_empty(batch, heads, length, value.shape[-1])
+    out = query.new_empty(batch, heads, length, value_dim)
     mask = key_mask.to(torch.uint8)
-    tables = _fused_tables(pattern, batch, heads, query.stride(), key.stride(), value.stride(), out.stride())
+    packed = block % 32 == 0
+    tables, pack_offsets = _fused_tables(pattern, batch, heads, query.stride(), key.stride(), value.stride(),
+                                         out.stride(), (dim, value_dim) if packed else None)
+    if packed:
+        key, value = cpu_kernel.pack_blocks(key, pack_offsets[0], value, pack_offsets[1], block)
     for query_offsets, key_offsets, value_offsets, mask_offsets, out_offsets in tables:
         cpu_kernel.attend_blocks(query, query_offsets, block, key, key_offsets, value, value_offsets, mask,
-                                 mask_offsets, block, out, out_offsets, scale)
+                                 mask_offsets, block, out, out_offsets, scale, packed=packed)
     return out
 
 
 @lru_cache(maxsize=256)
 def _fused_tables(pattern: BigBirdPattern, batch: int, heads: int, query_strides, key_strides, value_strides,
-                  out_strides):
+                  out_strides, packed_dims):
     """Offset tables of the fused kernel's calls, one per set of query blocks that read the same number of key
     blocks: the global blocks (ITC: first and last over every key block; "first-reads-source": block 0 over its
     prefix), then the middle blocks over their window, global and random blocks (`middle_key_blocks`; an invalid
-    slot is a masked block). Element offsets from the tensors' strides; masks are (B, l) uint8."""
+    slot is a masked block). Element offsets from the tensors' strides; masks are (B, l) uint8. `packed_dims`
+    (d, d_v): key and value offsets index `cpu_kernel.pack_blocks`' output for blocks in (b, h, block) order, whose
+    row offsets are returned beside the tables (else None)."""
     with outside_the_trace():
         n, block = pattern.num_blocks, pattern.block_size
         length = n * block
@@ -144,11 +152,15 @@ def _fused_tables(pattern: BigBirdPattern, batch: int, heads: int, query_strides
         def rows(strides, blocks):  # (B, H, G) element offset of block `blocks` (H, G) of row b, head h
             return b * strides[0] + h * strides[1] + blocks[None] * block * strides[2]
 
+        def block_rows(strides, blocks):  # (B, H, G, k): the same for key blocks (H, G, k)
+            return b[..., None] * strides[0] + h[..., None] * strides[1] + blocks[None] * block * strides[2]
+
         def table(query_blocks, key_blocks, valid=None):  # query_blocks (H, G); key_blocks (H, G, k)
-            key_rows = (b[..., None] * key_strides[0] + h[..., None] * key_strides[1]
-                        + key_blocks[None] * block * key_strides[2])
-            value_rows = (b[..., None] * value_strides[0] + h[..., None] * value_strides[1]
-                          + key_blocks[None] * block * value_strides[2])
+            if packed_dims is None:
+                key_rows, value_rows = block_rows(key_strides, key_blocks), block_rows(value_strides, key_blocks)
+            else:
+                index = (b[..., None] * heads + h[..., None]) * n + key_blocks[None]
+                key_rows, value_rows = index * (packed_dims[0] // 2 * block), index * (block // 2 * packed_dims[1])
             mask_rows = b[..., None] * length + key_blocks[None] * block
             if valid is not None:
                 mask_rows = torch.where(valid[None], mask_rows, -1)
@@ -171,4 +183,8 @@ def _fused_tables(pattern: BigBirdPattern, batch: int, heads: int, query_strides
             indices, valid = pattern.middle_key_blocks()  # (H, end-1, k)
             queries = torch.arange(1, pattern.middle_end).expand(heads, -1)
             tables.append(table(queries, indices, valid))
-        return tuple(tuple(t.contiguous() for t in entry) for entry in tables)
+        pack_offsets = None
+        if packed_dims is not None:
+            every_block = torch.arange(n).expand(heads, n)
+            pack_offsets = (rows(key_strides, every_block).reshape(-1), rows(value_strides, every_block).reshape(-1))
+        return tuple(tuple(t.contiguous() for t in entry) for entry in tables), pack_offsets

@@ -100,7 +100,11 @@ def _load() -> ctypes.CDLL | None:
                          [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64] * 2 +
                          [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 4 +
                          [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_float,
-                          ctypes.c_int])
+                          ctypes.c_int, ctypes.c_int])
+    pack = library.longbird_pack_blocks_bf16
+    pack.restype = ctypes.c_int
+    pack.argtypes = ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64] * 2 + [ctypes.c_int64] * 4 +
+                     [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int])
     return library
 
 
@@ -124,22 +128,48 @@ def usable(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout_
     return available()
 
 
+def pack_blocks(key: torch.Tensor, key_offsets: torch.Tensor, value: torch.Tensor, value_offsets: torch.Tensor,
+                block_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Key and value blocks (block i's first row at element offset `key_offsets[i]` / `value_offsets[i]`, tokens
+    `stride(-2)` apart) packed as the kernel reads them: (nblocks, d/2, block_rows) and (nblocks, block_rows/2, d_v)
+    int32 tensors of bf16 pairs, for `attend_blocks(..., packed=True)`."""
+    blocks, dim, value_dim = key_offsets.numel(), key.shape[-1], value.shape[-1]
+    for name, tensor in (("key", key), ("value", value)):
+        if tensor.dtype != torch.bfloat16 or tensor.stride(-1) != 1:
+            raise ValueError(f"pack_blocks: {name} must be bf16 with a contiguous last dimension")
+    key_packed = torch.empty(blocks, dim // 2, block_rows, dtype=torch.int32)
+    value_packed = torch.empty(blocks, block_rows // 2, value_dim, dtype=torch.int32)
+    key_offsets, value_offsets = key_offsets.contiguous(), value_offsets.contiguous()
+    status = _load().longbird_pack_blocks_bf16(
+        key.data_ptr(), key_offsets.data_ptr(), key.stride(-2), value.data_ptr(), value_offsets.data_ptr(),
+        value.stride(-2), blocks, block_rows, dim, value_dim, key_packed.data_ptr(), value_packed.data_ptr(),
+        torch.get_num_threads())
+    if status:
+        raise ValueError(f"pack_blocks: block rows ({block_rows}) and head size ({dim}) must be even")
+    return key_packed, value_packed
+
+
 def attend_blocks(query: torch.Tensor, query_offsets: torch.Tensor, query_rows: int,
                   key: torch.Tensor, key_offsets: torch.Tensor, value: torch.Tensor, value_offsets: torch.Tensor,
                   mask: torch.Tensor, mask_offsets: torch.Tensor, block_rows: int,
-                  out: torch.Tensor, out_offsets: torch.Tensor, scale: float) -> torch.Tensor:
+                  out: torch.Tensor, out_offsets: torch.Tensor, scale: float, packed: bool = False) -> torch.Tensor:
     """Run the kernel over G query groups, writing into `out`.
 
     query/key/value/out: bf16 tensors whose last dimension is contiguous and whose tokens are `stride(-2)` apart;
     the offsets are element offsets into them (int64, contiguous): `query_offsets`/`out_offsets` (G,) the first row
     of each group's `query_rows` rows; `key_offsets`/`value_offsets` (G, nkb) the first row of each of the group's key
     blocks of `block_rows` rows; `mask` uint8 (1 = may attend) with `mask_offsets` (G, nkb) into it (-1: the whole
-    block is masked). The caller keeps every offset inside its tensor."""
+    block is masked). `packed=True`: key and value are `pack_blocks`' tensors and their offsets index its int32
+    elements (block i at i·(d/2)·block_rows and i·(block_rows/2)·d_v); block_rows must be a multiple of 32, and
+    `dim` is then the query's. The caller keeps every offset inside its tensor."""
     library = _load()
     groups, blocks = key_offsets.shape
-    for name, tensor in (("query", query), ("key", key), ("value", value), ("out", out)):
+    tensors = (("query", query), ("out", out)) + (() if packed else (("key", key), ("value", value)))
+    for name, tensor in tensors:
         if tensor.dtype != torch.bfloat16 or tensor.stride(-1) != 1:
             raise ValueError(f"attend_blocks: {name} must be bf16 with a contiguous last dimension")
+    if packed and (key.dtype != torch.int32 or value.dtype != torch.int32 or block_rows % 32):
+        raise ValueError("attend_blocks: packed keys and values come from pack_blocks, in blocks of a multiple of 32")
     tables = [t.contiguous() for t in (query_offsets, key_offsets, value_offsets, mask_offsets, out_offsets)]
     if any(t.dtype != torch.int64 for t in tables):
         raise ValueError("attend_blocks: offset tables must be int64")
@@ -149,9 +179,9 @@ def attend_blocks(query: torch.Tensor, query_offsets: torch.Tensor, query_rows: 
         key.data_ptr(), tables[1].data_ptr(), key.stride(-2),
         value.data_ptr(), tables[2].data_ptr(), value.stride(-2),
         mask.data_ptr(), tables[3].data_ptr(),
-        blocks, block_rows, query.shape[-1], value.shape[-1],
+        blocks, block_rows, query.shape[-1], out.shape[-1],
         out.data_ptr(), tables[4].data_ptr(), out.stride(-2),
-        groups, float(scale), torch.get_num_threads())
+        groups, float(scale), int(packed), torch.get_num_threads())
     if status == 1:
         raise ValueError("attend_blocks: shapes outside the kernel's range (see usable())")
     if status:

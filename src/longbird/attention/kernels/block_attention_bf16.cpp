@@ -10,6 +10,8 @@
 // r * k_row_stride (r < kb), value rows likewise, mask bytes mask + m_off[g*nkb+t] + r (1 = may attend; m_off < 0:
 // the whole block is masked); output rows out + o_off[g] + i * o_row_stride. Needs d even and <= 128, dv % 16 == 0
 // and dv <= 64 (the caller checks and otherwise takes SDPA); returns 1 outside that range, 2 if out of memory.
+// packed != 0: k and v are longbird_pack_blocks_bf16's output (kb a multiple of 32) and k_off/v_off index its
+// 32-bit pairs, so a key block shared by many query groups is converted once per call instead of once per group.
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -46,9 +48,13 @@ extern "C" int longbird_block_attention_bf16(
     const uint8_t *mask, const int64_t *m_off,
     int64_t nkb, int64_t kb, int64_t d, int64_t dv,
     uint16_t *out, const int64_t *o_off, int64_t o_row_stride,
-    int64_t G, float scale, int threads) {
+    int64_t G, float scale, int packed, int threads) {
     const int64_t Lk = nkb * kb, padded = (Lk + 31) / 32 * 32, pairs = d / 2, tiles = dv / 16;
-    if (Lk < 1 || d % 2 != 0 || d > 128 || dv % 16 != 0 || dv > 64) return 1;
+    if (Lk < 1 || d % 2 != 0 || d > 128 || dv % 16 != 0 || dv > 64 || (packed && kb % 32 != 0)) return 1;
+    const uint32_t *k_packed = reinterpret_cast<const uint32_t *>(k), *v_packed = reinterpret_cast<const uint32_t *>(v);
+    // The compute loops read keys and values per block: a packed call's own blocks (kb rows each), or one block of
+    // `padded` rows that this group packed into the thread's buffers.
+    const int64_t blocks = packed ? nkb : 1, block_keys = packed ? kb : padded;
     auto key_row = [&](int64_t g, int64_t j) { return k + k_off[g * nkb + j / kb] + (j % kb) * k_row_stride; };
     auto value_row = [&](int64_t g, int64_t j) { return v + v_off[g * nkb + j / kb] + (j % kb) * v_row_stride; };
     int failed = 0;
@@ -61,32 +67,47 @@ extern "C" int longbird_block_attention_bf16(
         float *bias = static_cast<float *>(aligned_alloc(64, 4 * padded + 64));
         float *scores = static_cast<float *>(aligned_alloc(64, 4 * 4 * padded + 64));
         uint32_t *probs = static_cast<uint32_t *>(aligned_alloc(64, 4 * 4 * (padded / 2) + 64));
-        if (!key_pairs || !value_pairs || !bias || !scores || !probs) {
+        const uint32_t **key_base = static_cast<const uint32_t **>(malloc(sizeof(void *) * blocks));
+        const uint32_t **value_base = static_cast<const uint32_t **>(malloc(sizeof(void *) * blocks));
+        if (!key_pairs || !value_pairs || !bias || !scores || !probs || !key_base || !value_base) {
 #pragma omp atomic write
             failed = 2;
         }
 #pragma omp for schedule(static)
         for (int64_t g = 0; g < G; g++) {
             if (failed) continue;
-            // Pack the group's keys and values; keys past Lk (up to the next multiple of 32) are masked zeros.
+            // The additive mask (keys past Lk, up to the next multiple of 32, are masked), then the keys and values
+            // as bf16 pairs: read from the packed blocks, or packed here from the rows.
             int any = 0;
             for (int64_t j = 0; j < padded; j++) {
-                const uint16_t *krow = j < Lk ? key_row(g, j) : nullptr;
                 bool allowed = false;
-                if (krow) {
+                if (j < Lk) {
                     const int64_t moff = m_off[g * nkb + j / kb];
                     allowed = moff >= 0 && mask[moff + j % kb];
                 }
                 bias[j] = allowed ? 0.0f : -INFINITY;
                 any |= allowed;
-                for (int64_t c = 0; c < pairs; c++) key_pairs[c * padded + j] = krow ? bf16_pair(krow, c) : 0u;
             }
-            for (int64_t j = 0; j < padded; j += 2) {
-                const uint16_t *v0 = j < Lk ? value_row(g, j) : nullptr;
-                const uint16_t *v1 = j + 1 < Lk ? value_row(g, j + 1) : nullptr;
-                uint32_t *dst = value_pairs + (j / 2) * dv;
-                for (int64_t e = 0; e < dv; e++)
-                    dst[e] = (v0 ? static_cast<uint32_t>(v0[e]) : 0u) | (v1 ? static_cast<uint32_t>(v1[e]) << 16 : 0u);
+            if (packed) {
+                for (int64_t t = 0; t < nkb; t++) {
+                    key_base[t] = k_packed + k_off[g * nkb + t];
+                    value_base[t] = v_packed + v_off[g * nkb + t];
+                }
+            } else {
+                for (int64_t j = 0; j < padded; j++) {
+                    const uint16_t *krow = j < Lk ? key_row(g, j) : nullptr;
+                    for (int64_t c = 0; c < pairs; c++) key_pairs[c * padded + j] = krow ? bf16_pair(krow, c) : 0u;
+                }
+                for (int64_t j = 0; j < padded; j += 2) {
+                    const uint16_t *v0 = j < Lk ? value_row(g, j) : nullptr;
+                    const uint16_t *v1 = j + 1 < Lk ? value_row(g, j + 1) : nullptr;
+                    uint32_t *dst = value_pairs + (j / 2) * dv;
+                    for (int64_t e = 0; e < dv; e++)
+                        dst[e] = (v0 ? static_cast<uint32_t>(v0[e]) : 0u) |
+                                 (v1 ? static_cast<uint32_t>(v1[e]) << 16 : 0u);
+                }
+                key_base[0] = key_pairs;
+                value_base[0] = value_pairs;
             }
             for (int64_t i0 = 0; i0 < Lq; i0 += 4) {
                 const int64_t rows = Lq - i0 < 4 ? Lq - i0 : 4;
@@ -99,9 +120,10 @@ extern "C" int longbird_block_attention_bf16(
                 for (int r = 0; r < 4; r++) top[r] = _mm512_set1_ps(-INFINITY);
                 const __m512 vscale = _mm512_set1_ps(scale);
                 for (int64_t j = 0; j < padded; j += 16) {
+                    const uint32_t *keys = key_base[j / block_keys] + j % block_keys;
                     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
                     for (int64_t c = 0; c < pairs; c++) {
-                        const __m512bh kk = (__m512bh)_mm512_loadu_si512(key_pairs + c * padded + j);
+                        const __m512bh kk = (__m512bh)_mm512_loadu_si512(keys + c * block_keys);
                         a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_set1_epi32(qp[0][c]), kk);
                         a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_set1_epi32(qp[1][c]), kk);
                         a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_set1_epi32(qp[2][c]), kk);
@@ -139,12 +161,13 @@ extern "C" int longbird_block_attention_bf16(
                 for (int r = 0; r < 4; r++)
                     for (int t = 0; t < 4; t++) acc[r][t] = _mm512_setzero_ps();
                 for (int64_t jp = 0; jp < padded / 2; jp++) {
+                    const uint32_t *values = value_base[2 * jp / block_keys] + (2 * jp % block_keys / 2) * dv;
                     const __m512bh p0 = (__m512bh)_mm512_set1_epi32(probs[jp]);
                     const __m512bh p1 = (__m512bh)_mm512_set1_epi32(probs[padded / 2 + jp]);
                     const __m512bh p2 = (__m512bh)_mm512_set1_epi32(probs[padded + jp]);
                     const __m512bh p3 = (__m512bh)_mm512_set1_epi32(probs[3 * (padded / 2) + jp]);
                     for (int64_t t = 0; t < tiles; t++) {
-                        const __m512bh vv = (__m512bh)_mm512_loadu_si512(value_pairs + jp * dv + 16 * t);
+                        const __m512bh vv = (__m512bh)_mm512_loadu_si512(values + 16 * t);
                         acc[0][t] = _mm512_dpbf16_ps(acc[0][t], p0, vv);
                         acc[1][t] = _mm512_dpbf16_ps(acc[1][t], p1, vv);
                         acc[2][t] = _mm512_dpbf16_ps(acc[2][t], p2, vv);
@@ -166,6 +189,33 @@ extern "C" int longbird_block_attention_bf16(
         free(bias);
         free(scores);
         free(probs);
+        free(key_base);
+        free(value_base);
     }
     return failed;
+}
+
+// Keys and values of `nblocks` blocks of kb rows (block i's first row at k + k_off[i], v + v_off[i]) as the bf16
+// pairs the attention reads: keys (d/2, kb) per block at k_packed + i*(d/2)*kb, values (kb/2, dv) per block at
+// v_packed + i*(kb/2)*dv. Packed once per call, a key block is then read by every query block that attends to it.
+extern "C" int longbird_pack_blocks_bf16(
+    const uint16_t *k, const int64_t *k_off, int64_t k_row_stride,
+    const uint16_t *v, const int64_t *v_off, int64_t v_row_stride,
+    int64_t nblocks, int64_t kb, int64_t d, int64_t dv, uint32_t *k_packed, uint32_t *v_packed, int threads) {
+    if (kb % 2 != 0 || d % 2 != 0) return 1;
+    const int64_t pairs = d / 2;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t i = 0; i < nblocks; i++) {
+        uint32_t *kd = k_packed + i * pairs * kb, *vd = v_packed + i * (kb / 2) * dv;
+        for (int64_t r = 0; r < kb; r++) {
+            const uint16_t *krow = k + k_off[i] + r * k_row_stride;
+            for (int64_t c = 0; c < pairs; c++) kd[c * kb + r] = bf16_pair(krow, c);
+        }
+        for (int64_t r = 0; r < kb; r += 2) {
+            const uint16_t *v0 = v + v_off[i] + r * v_row_stride, *v1 = v0 + v_row_stride;
+            for (int64_t e = 0; e < dv; e++)
+                vd[(r / 2) * dv + e] = static_cast<uint32_t>(v0[e]) | (static_cast<uint32_t>(v1[e]) << 16);
+        }
+    }
+    return 0;
 }
