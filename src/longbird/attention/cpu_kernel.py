@@ -2,9 +2,9 @@
 
 Why a kernel of our own: at the head size longbird serves (multilingual-e5-small, 32) PyTorch's CPU flash kernel
 spends most of a bf16 BigBird forward on small products and bookkeeping, not arithmetic, and neither it nor compiled
-flex comes near this CPU's bf16 rate ([benchmarks](../../../docs/benchmarks.md)). The kernel computes scores with
-bf16 pair dot products summed in fp32 (as SDPA's bf16 kernel), the softmax in fp32, and reads each query group's key
-blocks in place through offset tables, so BigBird's gathered copies of key and value blocks are not made.
+flex comes near this CPU's bf16 rate (docs/benchmarks.md, "A fused bf16 attention kernel"). The kernel computes
+scores with bf16 pair dot products summed in fp32 (as SDPA's bf16 kernel), the softmax in fp32, and reads each query
+group's key blocks in place through offset tables, so BigBird's gathered copies of key and value blocks are not made.
 
 The shared library is compiled once per machine with the system's C++ compiler (`$CXX`, else `g++`) into
 `~/.cache/longbird/kernels/` (`$LONGBIRD_KERNEL_CACHE`), named by a hash of the source and flags, written to a
