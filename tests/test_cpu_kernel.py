@@ -109,6 +109,37 @@ def test_bigbird_attention_in_the_kernel_equals_the_dense_reference(blocks, bloc
     assert torch.equal(alone, out[1:])
 
 
+@needs_kernel
+@pytest.mark.parametrize("length", [1, 37, 64, 300])
+@pytest.mark.parametrize("value_dim", [32, 64])
+def test_full_attention_in_the_kernel_equals_the_dense_reference(length, value_dim):
+    """full_attention on bf16 at inference (every length up to the source's) takes the kernel, with a padded row
+    and values wider than queries and keys (TAPE); equal to the reference within the bf16 bound, a row alone
+    bit-equal to the same row in the batch, and no key mask the same as an all-true one."""
+    from longbird.attention.full import full_attention
+
+    heads, dim = 3, 32
+    generator = torch.Generator().manual_seed(length)
+    query, key = (torch.randn(2, length, heads, dim, generator=generator).transpose(1, 2).bfloat16() for _ in range(2))
+    value = torch.randn(2, length, heads, value_dim, generator=generator).transpose(1, 2).bfloat16()
+    key_mask = torch.ones(2, length, dtype=torch.bool)
+    key_mask[1, max(1, length // 2):] = False
+    calls = []
+    original = torch.nn.functional.scaled_dot_product_attention
+    with torch.inference_mode():
+        torch.nn.functional.scaled_dot_product_attention = lambda *a, **k: calls.append(1) or original(*a, **k)
+        try:
+            out = full_attention(query, key, value, key_mask)
+            alone = full_attention(query[1:], key[1:], value[1:], key_mask[1:])
+            unmasked = full_attention(query[:1], key[:1], value[:1], None)
+        finally:
+            torch.nn.functional.scaled_dot_product_attention = original
+    assert not calls
+    expected = _reference(query, key, value, key_mask[:, None, None, :])
+    assert (out.double() - expected).abs().max().item() <= _bound(value)
+    assert torch.equal(alone, out[1:]) and torch.equal(unmasked, out[:1])
+
+
 def test_the_kernel_is_only_taken_for_cpu_bf16_inference(monkeypatch):
     """fp32, autograd on inputs that need gradients, dropout, value widths past the kernel's registers, odd head
     sizes and LONGBIRD_CPU_KERNEL=0 all keep SDPA."""

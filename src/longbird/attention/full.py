@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import cpu_kernel
 from .tracing import is_tracing
 
 
@@ -15,6 +16,8 @@ def full_attention(
     """query/key/value (B, H, l, d); key_mask (B, l) bool, True = real token. Returns (B, H, l, d_v): value may be
     wider than query and key (TAPE).
     `dropout_p`: attention dropout on the probabilities (the caller passes 0 outside training)."""
+    if cpu_kernel.usable(query, key, value, dropout_p):
+        return _fused_cpu_attention(query, key, value, key_mask)
     # Without padding SDPA runs unmasked (faster); a traced graph cannot branch on the mask's data, so it keeps it.
     unmasked = key_mask is None or (not is_tracing() and bool(key_mask.all()))
     attn_mask = None if unmasked else key_mask[:, None, None, :]
@@ -34,3 +37,22 @@ def as_wide_as_value(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         return query, key, None
     width = value.shape[-1] - query.shape[-1]
     return F.pad(query, (0, width)), F.pad(key, (0, width)), query.shape[-1] ** -0.5
+
+
+def _fused_cpu_attention(query, key, value, key_mask):
+    """CPU bf16 inference in longbird's fused kernel (`cpu_kernel`): one group per (row, head), its queries over all
+    its keys (2.2-2.7x SDPA's flash kernel at e5-small heads, 384-1024 tokens: docs/benchmarks.md). The kernel packs
+    each group's keys once and takes V wider than Q and K as it is (TAPE)."""
+    batch, heads, length, _ = query.shape
+    out = query.new_empty(batch, heads, length, value.shape[-1])
+    mask = (torch.ones(batch, length, dtype=torch.uint8) if key_mask is None else key_mask.to(torch.uint8))
+    b = torch.arange(batch)[:, None]
+    h = torch.arange(heads)[None, :]
+
+    def rows(x):  # (B·H,) element offset of each (row, head)'s first token
+        return (b * x.stride(0) + h * x.stride(1)).reshape(-1)
+
+    keys = rows(key)[:, None]
+    return cpu_kernel.attend_blocks(query, rows(query), length, key, keys, value, rows(value)[:, None], mask,
+                                    (b * length).expand(batch, heads).reshape(-1, 1), length, out, rows(out),
+                                    query.shape[-1] ** -0.5)
