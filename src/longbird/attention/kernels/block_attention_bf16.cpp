@@ -41,6 +41,35 @@ static inline uint32_t bf16_pair(const uint16_t *row, int64_t c) {
     return static_cast<uint32_t>(row[2 * c]) | (static_cast<uint32_t>(row[2 * c + 1]) << 16);
 }
 
+// acc[r][t] = sum over key pairs of probs (bf16 pairs, row r) times the values' pairs (tile t of 16 columns), for four
+// query rows; the blocks are walked in order so that no key index is divided.
+template <int TILES>
+static inline void weighted_values(const uint32_t *const *value_base, int64_t blocks, int64_t block_keys, int64_t dv,
+                                   const uint32_t *probs, int64_t half, __m512 acc[4][4]) {
+    __m512 a[4][TILES];
+    for (int r = 0; r < 4; r++)
+        for (int t = 0; t < TILES; t++) a[r][t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint32_t *values = value_base[b];
+        const uint32_t *p = probs + b * (block_keys / 2);
+        for (int64_t rp = 0; rp < block_keys / 2; rp++, values += dv, p++) {
+            const __m512bh p0 = (__m512bh)_mm512_set1_epi32(p[0]);
+            const __m512bh p1 = (__m512bh)_mm512_set1_epi32(p[half]);
+            const __m512bh p2 = (__m512bh)_mm512_set1_epi32(p[2 * half]);
+            const __m512bh p3 = (__m512bh)_mm512_set1_epi32(p[3 * half]);
+            for (int t = 0; t < TILES; t++) {
+                const __m512bh vv = (__m512bh)_mm512_loadu_si512(values + 16 * t);
+                a[0][t] = _mm512_dpbf16_ps(a[0][t], p0, vv);
+                a[1][t] = _mm512_dpbf16_ps(a[1][t], p1, vv);
+                a[2][t] = _mm512_dpbf16_ps(a[2][t], p2, vv);
+                a[3][t] = _mm512_dpbf16_ps(a[3][t], p3, vv);
+            }
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        for (int t = 0; t < TILES; t++) acc[r][t] = a[r][t];
+}
+
 extern "C" int longbird_block_attention_bf16(
     const uint16_t *q, const int64_t *q_off, int64_t q_row_stride, int64_t Lq,
     const uint16_t *k, const int64_t *k_off, int64_t k_row_stride,
@@ -120,7 +149,7 @@ extern "C" int longbird_block_attention_bf16(
                 for (int r = 0; r < 4; r++) top[r] = _mm512_set1_ps(-INFINITY);
                 const __m512 vscale = _mm512_set1_ps(scale);
                 for (int64_t j = 0; j < padded; j += 16) {
-                    const uint32_t *keys = key_base[j / block_keys] + j % block_keys;
+                    const uint32_t *keys = key_base[j / block_keys] + j % block_keys;  // 1 division per 64 products
                     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
                     for (int64_t c = 0; c < pairs; c++) {
                         const __m512bh kk = (__m512bh)_mm512_loadu_si512(keys + c * block_keys);
@@ -158,21 +187,11 @@ extern "C" int longbird_block_attention_bf16(
                     total[r] = _mm512_reduce_add_ps(sum);
                 }
                 __m512 acc[4][4];
-                for (int r = 0; r < 4; r++)
-                    for (int t = 0; t < 4; t++) acc[r][t] = _mm512_setzero_ps();
-                for (int64_t jp = 0; jp < padded / 2; jp++) {
-                    const uint32_t *values = value_base[2 * jp / block_keys] + (2 * jp % block_keys / 2) * dv;
-                    const __m512bh p0 = (__m512bh)_mm512_set1_epi32(probs[jp]);
-                    const __m512bh p1 = (__m512bh)_mm512_set1_epi32(probs[padded / 2 + jp]);
-                    const __m512bh p2 = (__m512bh)_mm512_set1_epi32(probs[padded + jp]);
-                    const __m512bh p3 = (__m512bh)_mm512_set1_epi32(probs[3 * (padded / 2) + jp]);
-                    for (int64_t t = 0; t < tiles; t++) {
-                        const __m512bh vv = (__m512bh)_mm512_loadu_si512(values + 16 * t);
-                        acc[0][t] = _mm512_dpbf16_ps(acc[0][t], p0, vv);
-                        acc[1][t] = _mm512_dpbf16_ps(acc[1][t], p1, vv);
-                        acc[2][t] = _mm512_dpbf16_ps(acc[2][t], p2, vv);
-                        acc[3][t] = _mm512_dpbf16_ps(acc[3][t], p3, vv);
-                    }
+                switch (tiles) {  // the accumulators stay in registers only with a compile-time tile count
+                    case 1: weighted_values<1>(value_base, blocks, block_keys, dv, probs, padded / 2, acc); break;
+                    case 2: weighted_values<2>(value_base, blocks, block_keys, dv, probs, padded / 2, acc); break;
+                    case 3: weighted_values<3>(value_base, blocks, block_keys, dv, probs, padded / 2, acc); break;
+                    default: weighted_values<4>(value_base, blocks, block_keys, dv, probs, padded / 2, acc); break;
                 }
                 for (int r = 0; r < rows; r++) {
                     const float inv = (any && total[r] > 0.0f) ? 1.0f / total[r] : 0.0f;
