@@ -44,7 +44,8 @@ def _fused_cpu_attention(query, key, value, key_mask):
     its keys (2.2-2.7x SDPA's flash kernel at e5-small heads, 384-1024 tokens: docs/benchmarks.md). The kernel packs
     each group's keys once and takes V wider than Q and K as it is (TAPE)."""
     batch, heads, length, _ = query.shape
-    out = query.new_empty(batch, heads, length, value.shape[-1])
+    # token-major, (B, l, H, d_v) in memory: the output projection's reshape is then a view, not a copy
+    out = query.new_empty(batch, length, heads, value.shape[-1]).transpose(1, 2)
     mask = (torch.ones(batch, length, dtype=torch.uint8) if key_mask is None else key_mask.to(torch.uint8))
     b = torch.arange(batch)[:, None]
     h = torch.arange(heads)[None, :]
