@@ -115,9 +115,9 @@ def _middle_attention(query, key, value, key_mask, pattern: BigBirdPattern, work
 
 def _fused_cpu_attention(query, key, value, key_mask, pattern: BigBirdPattern, scale=None):
     """CPU bf16 inference: every query block in the fused kernel (`cpu_kernel`), written straight into the
-    (B, H, l, d_v) output (token-major in memory); same pattern as the SDPA path above. With blocks of a multiple of 32 rows every key and
-    value block is packed once per call and read in place by each query block that attends to it (a middle block's
-    8 key blocks are other blocks' keys too); otherwise each query block packs its own key blocks."""
+    (B, H, l, d_v) output (token-major in memory); same pattern as the SDPA path above. With blocks of a multiple of
+    32 rows every key and value block is packed once per call and read in place by each query block that attends to
+    it (a middle block's 8 key blocks are other blocks' keys too); otherwise each query block packs its own."""
     batch, heads, length, dim = query.shape
     block, value_dim = pattern.block_size, value.shape[-1]
     scale = dim ** -0.5 if scale is None else scale
