@@ -148,29 +148,36 @@ extern "C" int longbird_block_attention_bf16(
                 __m512 top[4];
                 for (int r = 0; r < 4; r++) top[r] = _mm512_set1_ps(-INFINITY);
                 const __m512 vscale = _mm512_set1_ps(scale);
-                for (int64_t j = 0; j < padded; j += 16) {
-                    const uint32_t *keys = key_base[j / block_keys] + j % block_keys;  // 1 division per 64 products
-                    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+                // 32 keys at a time: each broadcast query pair feeds two products (two loads of keys per four
+                // broadcasts instead of one), padded and packed blocks being multiples of 32.
+                for (int64_t j = 0; j < padded; j += 32) {
+                    const uint32_t *keys = key_base[j / block_keys] + j % block_keys;  // 1 division per 128 products
+                    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
                     for (int64_t c = 0; c < pairs; c++) {
-                        const __m512bh kk = (__m512bh)_mm512_loadu_si512(keys + c * block_keys);
-                        a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_set1_epi32(qp[0][c]), kk);
-                        a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_set1_epi32(qp[1][c]), kk);
-                        a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_set1_epi32(qp[2][c]), kk);
-                        a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_set1_epi32(qp[3][c]), kk);
+                        const __m512bh k0 = (__m512bh)_mm512_loadu_si512(keys + c * block_keys);
+                        const __m512bh k1 = (__m512bh)_mm512_loadu_si512(keys + c * block_keys + 16);
+                        const __m512bh q0 = (__m512bh)_mm512_set1_epi32(qp[0][c]);
+                        const __m512bh q1 = (__m512bh)_mm512_set1_epi32(qp[1][c]);
+                        const __m512bh q2 = (__m512bh)_mm512_set1_epi32(qp[2][c]);
+                        const __m512bh q3 = (__m512bh)_mm512_set1_epi32(qp[3][c]);
+                        a0 = _mm512_dpbf16_ps(a0, q0, k0);
+                        b0 = _mm512_dpbf16_ps(b0, q0, k1);
+                        a1 = _mm512_dpbf16_ps(a1, q1, k0);
+                        b1 = _mm512_dpbf16_ps(b1, q1, k1);
+                        a2 = _mm512_dpbf16_ps(a2, q2, k0);
+                        b2 = _mm512_dpbf16_ps(b2, q2, k1);
+                        a3 = _mm512_dpbf16_ps(a3, q3, k0);
+                        b3 = _mm512_dpbf16_ps(b3, q3, k1);
                     }
-                    const __m512 b = _mm512_loadu_ps(bias + j);
-                    a0 = _mm512_fmadd_ps(a0, vscale, b);
-                    a1 = _mm512_fmadd_ps(a1, vscale, b);
-                    a2 = _mm512_fmadd_ps(a2, vscale, b);
-                    a3 = _mm512_fmadd_ps(a3, vscale, b);
-                    _mm512_storeu_ps(scores + j, a0);
-                    _mm512_storeu_ps(scores + padded + j, a1);
-                    _mm512_storeu_ps(scores + 2 * padded + j, a2);
-                    _mm512_storeu_ps(scores + 3 * padded + j, a3);
-                    top[0] = _mm512_max_ps(top[0], a0);
-                    top[1] = _mm512_max_ps(top[1], a1);
-                    top[2] = _mm512_max_ps(top[2], a2);
-                    top[3] = _mm512_max_ps(top[3], a3);
+                    const __m512 bias0 = _mm512_loadu_ps(bias + j), bias1 = _mm512_loadu_ps(bias + j + 16);
+                    __m512 *row_scores[4][2] = {{&a0, &b0}, {&a1, &b1}, {&a2, &b2}, {&a3, &b3}};
+                    for (int r = 0; r < 4; r++) {
+                        const __m512 lo = _mm512_fmadd_ps(*row_scores[r][0], vscale, bias0);
+                        const __m512 hi = _mm512_fmadd_ps(*row_scores[r][1], vscale, bias1);
+                        _mm512_storeu_ps(scores + r * padded + j, lo);
+                        _mm512_storeu_ps(scores + r * padded + j + 16, hi);
+                        top[r] = _mm512_max_ps(top[r], _mm512_max_ps(lo, hi));
+                    }
                 }
                 float total[4];
                 for (int r = 0; r < 4; r++) {
