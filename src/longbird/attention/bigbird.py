@@ -62,10 +62,10 @@ def bigbird_attention(
     n, block = pattern.num_blocks, pattern.block_size
     if length != n * block:
         raise ValueError(f"bigbird_attention expects length = num_blocks * block_size = {n * block}; got {length}")
+    if cpu_kernel.usable(query, key, value, dropout_p):  # takes TAPE's wider V as it is
+        return _fused_cpu_attention(query, key, value, key_mask, pattern)
     # TAPE's wider V: q and k padded once here (before the gather), so every SDPA call below runs the fused kernel
     query, key, scale = as_wide_as_value(query, key, value)
-    if cpu_kernel.usable(query, key, value, dropout_p):
-        return _fused_cpu_attention(query, key, value, key_mask, pattern, scale)
 
     # Global query blocks: dense rows over their keys (ITC: all; block 0 of "first-reads-source": its first
     # first_block_keys key blocks, a prefix, so a slice).
@@ -113,14 +113,14 @@ def _middle_attention(query, key, value, key_mask, pattern: BigBirdPattern, work
     ).reshape(batch, heads, (end - 1) * block, value_dim)  # CUDA SDPA may return a non-contiguous layout
 
 
-def _fused_cpu_attention(query, key, value, key_mask, pattern: BigBirdPattern, scale=None):
+def _fused_cpu_attention(query, key, value, key_mask, pattern: BigBirdPattern):
     """CPU bf16 inference: every query block in the fused kernel (`cpu_kernel`), written straight into the
     (B, H, l, d_v) output (token-major in memory); same pattern as the SDPA path above. With blocks of a multiple of
     32 rows every key and value block is packed once per call and read in place by each query block that attends to
     it (a middle block's 8 key blocks are other blocks' keys too); otherwise each query block packs its own."""
     batch, heads, length, dim = query.shape
     block, value_dim = pattern.block_size, value.shape[-1]
-    scale = dim ** -0.5 if scale is None else scale
+    scale = dim ** -0.5
     # written token-major, (B, l, H, d_v) in memory: the output projection's reshape is then a view, not a copy
     out = query.new_empty(batch, length, heads, value_dim).transpose(1, 2)
     mask = key_mask.to(torch.uint8)
