@@ -210,3 +210,34 @@ def test_a_kobigbird_model_in_bf16_reads_alike_with_and_without_the_kernel(monke
         sdpa = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         assert not calls
     assert cosine(fused) > 0.99 and abs(cosine(fused) - cosine(sdpa)) < 0.01
+
+
+@needs_kernel
+@pytest.mark.parametrize("length", [100, 300])
+def test_a_compiled_graph_runs_the_kernel_and_equals_eager(length):
+    """torch.compile(fullgraph=True) in bf16: at or below the source length full attention is traced, and the kernel
+    enters the graph as one opaque op (`longbird::cpu_full_attention_bf16`); past it the per-row op runs the blocked
+    path, which calls the kernel. Either way every layer calls the kernel, and the compiled model equals eager up to
+    Inductor's reordered fp32 sums (LayerNorm, GELU), which can move a bf16 rounding of a unit-scale state by one step
+    (2^-8) before the next product: 2^-6 on the LayerNorm-ed states of two layers."""
+    torch.manual_seed(0)
+    source = BertModel(BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=128, max_position_embeddings=128)).eval()
+    model = longbird.convert(source, max_length=512, block_size=32, num_random_blocks=1).eval()
+    input_ids, attention_mask = make_batch(length)
+    calls = []
+    original = cpu_kernel.attend_blocks
+    torch._dynamo.reset()
+    try:
+        cpu_kernel.attend_blocks = lambda *a, **k: calls.append(1) or original(*a, **k)
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            eager = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            calls.clear()
+            compiled = torch.compile(model, fullgraph=True)(input_ids=input_ids,
+                                                           attention_mask=attention_mask).last_hidden_state
+    finally:
+        cpu_kernel.attend_blocks = original
+        torch._dynamo.reset()
+    assert len(calls) >= model.config.num_hidden_layers
+    real = attention_mask.bool()
+    assert (compiled.float() - eager.float())[real].abs().max().item() <= 2.0 ** -6

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from .tracing import is_tracing
+from .tracing import exporting, is_tracing
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +126,30 @@ def usable(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout_
     if dim % 2 or dim > MAX_HEAD_DIM or value_dim % 16 or value_dim > MAX_VALUE_DIM:
         return False
     return available()
+
+
+@torch.compiler.assume_constant_result
+def available_to_compiled_graphs() -> bool:
+    """`available()`, read once while torch.compile traces a graph and kept in it as a constant."""
+    return available()
+
+
+def usable_in_compiled_graph(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                             dropout_p: float = 0.0) -> bool:
+    """While torch.compile traces (not torch.export, torch.jit or fake tensors alone: their graphs must run
+    elsewhere), the same conditions as `usable`; the caller then puts the kernel in the graph as an opaque op."""
+    if not torch.compiler.is_compiling() or exporting() or torch.jit.is_tracing():
+        return False
+    if query.device.type != "cpu" or dropout_p > 0.0:
+        return False
+    if any(x.dtype != torch.bfloat16 for x in (query, key, value)):
+        return False
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value)):
+        return False
+    dim, value_dim = query.shape[-1], value.shape[-1]
+    if dim % 2 or dim > MAX_HEAD_DIM or value_dim % 16 or value_dim > MAX_VALUE_DIM:
+        return False
+    return available_to_compiled_graphs()
 
 
 def pack_blocks(key: torch.Tensor, key_offsets: torch.Tensor, value: torch.Tensor, value_offsets: torch.Tensor,

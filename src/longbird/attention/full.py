@@ -18,6 +18,9 @@ def full_attention(
     `dropout_p`: attention dropout on the probabilities (the caller passes 0 outside training)."""
     if cpu_kernel.usable(query, key, value, dropout_p):
         return _fused_cpu_attention(query, key, value, key_mask)
+    if cpu_kernel.usable_in_compiled_graph(query, key, value, dropout_p):
+        # torch.compile (not export): the kernel as one opaque op, so a compiled model reads as fast as eager
+        return _fused_cpu_attention_op(query, key, value, key_mask)
     # Without padding SDPA runs unmasked (faster); a traced graph cannot branch on the mask's data, so it keeps it.
     unmasked = key_mask is None or (not is_tracing() and bool(key_mask.all()))
     attn_mask = None if unmasked else key_mask[:, None, None, :]
@@ -57,3 +60,15 @@ def _fused_cpu_attention(query, key, value, key_mask):
     return cpu_kernel.attend_blocks(query, rows(query), length, key, keys, value, rows(value)[:, None], mask,
                                     (b * length).expand(batch, heads).reshape(-1, 1), length, out, rows(out),
                                     query.shape[-1] ** -0.5)
+
+
+@torch.library.custom_op("longbird::cpu_full_attention_bf16", mutates_args=())
+def _fused_cpu_attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            key_mask: torch.Tensor | None) -> torch.Tensor:
+    return _fused_cpu_attention(query, key, value, key_mask)
+
+
+@_fused_cpu_attention_op.register_fake
+def _(query, key, value, key_mask):
+    batch, heads, length, _ = query.shape
+    return query.new_empty(batch, length, heads, value.shape[-1]).transpose(1, 2)  # the kernel's token-major layout
