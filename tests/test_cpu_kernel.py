@@ -241,3 +241,53 @@ def test_a_compiled_graph_runs_the_kernel_and_equals_eager(length):
     assert len(calls) >= model.config.num_hidden_layers
     real = attention_mask.bool()
     assert (compiled.float() - eager.float())[real].abs().max().item() <= 2.0 ** -6
+
+
+@needs_kernel
+@pytest.mark.parametrize("pack, value_dim", [(32, 32), (64, 64), (0, 32)])
+def test_littlebird_usw_attention_in_the_kernel_equals_the_dense_reference(pack, value_dim):
+    """usw_attention on bf16 at inference takes the kernel (no SDPA call), the BiALiBi distance computed inside it
+    from position ids: packed-context keys in front (D_C), a padded row, a jump in positions (Padding Insertion),
+    slopes that differ per term, TAPE's wider values; equal to the dense reference within the bf16 bound on real
+    query rows, and a row alone bit-equal to the same row in the batch."""
+    from longbird.attention import littlebird
+    from longbird.positions.alibi import BiALiBi
+
+    batch, heads, n, block, dim = 2, 3, 6, 32, 32
+    length = n * block
+    generator = torch.Generator().manual_seed(pack + value_dim)
+    query, key = (torch.randn(batch, length, heads, dim, generator=generator).transpose(1, 2).bfloat16()
+                  for _ in range(2))
+    value = torch.randn(batch, length, heads, value_dim, generator=generator).transpose(1, 2).bfloat16()
+    pack_key = torch.randn(batch, heads, pack, dim, generator=generator).bfloat16() if pack else None
+    pack_value = torch.randn(batch, heads, pack, value_dim, generator=generator).bfloat16() if pack else None
+    key_mask = torch.ones(batch, length, dtype=torch.bool)
+    key_mask[1, length - block - 5:] = False
+    positions = torch.arange(length).expand(batch, length).clone()
+    positions[1, 40:] += 7
+    slopes = BiALiBi(heads)
+    with torch.no_grad():
+        slopes.alpha.mul_(1.3)
+        slopes.gamma.mul_(0.7)
+    calls = []
+    original = torch.nn.functional.scaled_dot_product_attention
+
+    def attend(rows):
+        layout = littlebird.usw_layout(key_mask[rows], positions[rows], block, slopes)
+        take = (lambda x: None if x is None else x[rows])
+        return littlebird.usw_attention(query[rows], key[rows], value[rows], layout, slopes, take(pack_key),
+                                        take(pack_value))
+
+    with torch.inference_mode():
+        torch.nn.functional.scaled_dot_product_attention = lambda *a, **k: calls.append(1) or original(*a, **k)
+        try:
+            out, alone = attend(slice(None)), attend(slice(1, 2))
+        finally:
+            torch.nn.functional.scaled_dot_product_attention = original
+    assert not calls
+    double = (lambda x: None if x is None else x.double())
+    expected = littlebird.usw_attention_reference(query.double(), key.double(), value.double(), key_mask, positions,
+                                                  slopes, block, double(pack_key), double(pack_value))
+    real = key_mask[:, None, :, None]
+    assert ((out.double() - expected).abs() * real).max().item() <= _bound(value)
+    assert torch.equal(alone, out[1:])

@@ -100,7 +100,7 @@ def _load() -> ctypes.CDLL | None:
                          [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64] * 2 +
                          [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 4 +
                          [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_float,
-                          ctypes.c_int, ctypes.c_int])
+                          ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 4)
     pack = library.longbird_pack_blocks_bf16
     pack.restype = ctypes.c_int
     pack.argtypes = ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64] * 2 + [ctypes.c_int64] * 4 +
@@ -176,7 +176,8 @@ def pack_blocks(key: torch.Tensor, key_offsets: torch.Tensor, value: torch.Tenso
 def attend_blocks(query: torch.Tensor, query_offsets: torch.Tensor, query_rows: int,
                   key: torch.Tensor, key_offsets: torch.Tensor, value: torch.Tensor, value_offsets: torch.Tensor,
                   mask: torch.Tensor, mask_offsets: torch.Tensor, block_rows: int,
-                  out: torch.Tensor, out_offsets: torch.Tensor, scale: float, packed: bool = False) -> torch.Tensor:
+                  out: torch.Tensor, out_offsets: torch.Tensor, scale: float, packed: bool = False,
+                  bialibi: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Run the kernel over G query groups, writing into `out`.
 
     query/key/value/out: bf16 tensors whose last dimension is contiguous and whose tokens are `stride(-2)` apart;
@@ -185,7 +186,10 @@ def attend_blocks(query: torch.Tensor, query_offsets: torch.Tensor, query_rows: 
     blocks of `block_rows` rows; `mask` uint8 (1 = may attend) with `mask_offsets` (G, nkb) into it (-1: the whole
     block is masked). `packed=True`: key and value are `pack_blocks`' tensors and their offsets index its int32
     elements (block i at i·(d/2)·block_rows and i·(block_rows/2)·d_v); block_rows must be a multiple of 32, and
-    `dim` is then the query's. The caller keeps every offset inside its tensor."""
+    `dim` is then the query's. `bialibi` (LittleBird): (slopes (G, 4) fp32 [α, β, γ, D_C] of each group's head,
+    positions int64, query position offsets (G,), key position offsets (G, nkb), -1 for a block of packed-context
+    keys): the kernel subtracts the BiALiBi distance from every score. The caller keeps every offset inside its
+    tensor."""
     library = _load()
     groups, blocks = key_offsets.shape
     tensors = (("query", query), ("out", out)) + (() if packed else (("key", key), ("value", value)))
@@ -198,6 +202,11 @@ def attend_blocks(query: torch.Tensor, query_offsets: torch.Tensor, query_rows: 
     if any(t.dtype != torch.int64 for t in tables):
         raise ValueError("attend_blocks: offset tables must be int64")
     mask = mask.contiguous()
+    extra = [None] * 4
+    if bialibi is not None:
+        extra = [t.contiguous() for t in bialibi]
+        if extra[0].dtype != torch.float32 or any(t.dtype != torch.int64 for t in extra[1:]):
+            raise ValueError("attend_blocks: BiALiBi slopes are fp32, positions and their offsets int64")
     status = library.longbird_block_attention_bf16(
         query.data_ptr(), tables[0].data_ptr(), query.stride(-2), query_rows,
         key.data_ptr(), tables[1].data_ptr(), key.stride(-2),
@@ -205,7 +214,8 @@ def attend_blocks(query: torch.Tensor, query_offsets: torch.Tensor, query_rows: 
         mask.data_ptr(), tables[3].data_ptr(),
         blocks, block_rows, query.shape[-1], out.shape[-1],
         out.data_ptr(), tables[4].data_ptr(), out.stride(-2),
-        groups, float(scale), int(packed), torch.get_num_threads())
+        groups, float(scale), int(packed), torch.get_num_threads(),
+        *(None if t is None else t.data_ptr() for t in extra))
     if status == 1:
         raise ValueError("attend_blocks: shapes outside the kernel's range (see usable())")
     if status:

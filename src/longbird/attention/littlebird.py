@@ -17,7 +17,13 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from .usw_inference import grouped_usw_inference, split_kernel_applies, usw_split_attention
+from .usw_inference import (
+    fused_kernel_applies,
+    grouped_usw_inference,
+    split_kernel_applies,
+    usw_fused_attention,
+    usw_split_attention,
+)
 from .workspace import concat_into
 
 
@@ -69,6 +75,8 @@ class USWLayout:
     right: torch.Tensor
     cls: torch.Tensor
     derived: dict = field(default_factory=dict)  # per pack size s: what every layer of the call reuses
+    key_mask: torch.Tensor | None = None  # (B, l) bool and position ids (B, l): what the fused bf16 CPU kernel reads
+    positions: torch.Tensor | None = None
 
     def mask_with_pack(self, s: int) -> torch.Tensor:
         """(B, n, s + 4b) bool: the key mask with s always-visible packed keys in front."""
@@ -135,7 +143,7 @@ def usw_layout(key_mask: torch.Tensor, positions: torch.Tensor, block_size: int,
     mask = torch.cat([global_mask, _neighbour_blocks(mask_blocks, 1, False)], dim=-1)
     key_positions = torch.cat([position_blocks[:, :1].expand(-1, n, -1), _neighbour_blocks(position_blocks, 1, 0)], -1)
     left, right, cls = (term[:, None] for term in bialibi.terms(position_blocks, key_positions))
-    return USWLayout(b, mask, left, right, cls)
+    return USWLayout(b, mask, left, right, cls, key_mask=key_mask, positions=positions)
 
 
 def _key_groups(k, v, pack_key, pack_value, n, workspace):
@@ -326,6 +334,8 @@ def usw_attention(
                 layout.bias_terms(s, torch.promote_types(_upcast(cast(query)).dtype, torch.float32))
             return _USWAttention.apply(cast(query), cast(key), cast(value), cast(pack_key), cast(pack_value),
                                        slopes.alpha, slopes.beta, slopes.gamma, pack_bias, layout, scale)
+    if not dropout_p and fused_kernel_applies(query, key, value, layout, s):
+        return usw_fused_attention(query, key, value, layout, slopes, pack_key, pack_value, pack_bias, scale)
     if not dropout_p and split_kernel_applies(query, key, value):
         return usw_split_attention(query, key, value, layout, slopes, pack_key, pack_value, pack_bias, workspace,
                                    scale)

@@ -1,6 +1,8 @@
 """LittleBird's USW attention at inference (no autograd, no attention dropout): the kernels `usw_attention` calls
 (LittleBird §3.3; the layout, training kernel and dense oracle are in `littlebird`).
 
+- `usw_fused_attention` (CPU, bf16, eager, AVX-512 BF16): longbird's fused kernel (`cpu_kernel`), the BiALiBi
+  distance computed inside it from position ids;
 - `usw_split_attention` (CPU, eager): two flash-attention calls merged by their log-sum-exps, no key groups;
 - `grouped_usw_inference` (GPUs, compiled graphs, TAPE's wider values): one SDPA call over (head, block) rows of the
   gathered key groups.
@@ -13,9 +15,12 @@ imports this module).
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 import torch.nn.functional as F
 
+from . import cpu_kernel
 from .tracing import is_tracing
 from .workspace import concat_into
 
@@ -137,3 +142,85 @@ def grouped_usw_inference(query, keys, values, layout, slopes, pack_bias, s: int
     # H100 when d_v != d, as TAPE's values carry position states: "view size is not compatible"); a contiguous
     # output is still reshaped without a copy.
     return out.reshape(batch, heads, length, value_dim)
+
+
+def fused_kernel_applies(query, key, value, layout, s: int) -> bool:
+    """The fused bf16 CPU kernel takes this call: `cpu_kernel.usable`, blocks of a multiple of 32 tokens (it reads
+    them packed), packed-context keys in whole blocks, and a layout that carries the call's positions."""
+    b = layout.block_size
+    return (layout.positions is not None and b % 32 == 0 and s % b == 0
+            and cpu_kernel.usable(query, key, value))
+
+
+def usw_fused_attention(query, key, value, layout, slopes, pack_key, pack_value, pack_bias, scale) -> torch.Tensor:
+    """USW attention (LittleBird §3.3) in the fused bf16 CPU kernel: each query block of each head attends to
+    [pack | global block 0 | left | own | right], the packed-context keys and the token keys packed once per call,
+    its score minus the BiALiBi distance D computed in the kernel from the position ids (§3.1: α at [CLS], β left,
+    γ right, D_C to packed keys). The global copy of block 0 is masked for query blocks 0 and 1, which see it in
+    their window, and window blocks past either end are masked, as in `usw_layout`. A query with no allowed key gets
+    0 (the blocked kernels give an average of masked values; such a row is never used).
+    Returns (B, H, l, d_v) laid out as (B, l, H, d_v)."""
+    batch, heads, length, dim = query.shape
+    b = layout.block_size
+    n = length // b
+    s = 0 if pack_key is None else pack_key.shape[2]
+    keys = key if not s else torch.cat([pack_key, key], dim=2)  # (B, H, s + l, d): one tensor of every key
+    values = value if not s else torch.cat([pack_value, value], dim=2)
+    front = s // b  # packed-context blocks in front of a row's token blocks
+    mask = layout.key_mask.to(torch.uint8)
+    positions = layout.positions.to(torch.int64)
+    if s:
+        mask = torch.cat([mask.new_ones(batch, s), mask], dim=1)
+        positions = torch.cat([positions.new_zeros(batch, s), positions], dim=1)
+    value_dim = values.shape[-1]
+    tables = _fused_usw_tables(batch, heads, n, b, front, dim, value_dim, keys.stride(), values.stride(),
+                               query.stride())
+    key_packed, value_packed = cpu_kernel.pack_blocks(keys, tables["key_blocks"], values, tables["value_blocks"], b)
+    out = query.new_empty(batch, length, heads, value_dim).transpose(1, 2)
+    pack = pack_bias.float() if pack_bias is not None else torch.zeros(heads)
+    head_slopes = torch.stack([slopes.alpha.float(), slopes.beta.float(), slopes.gamma.float(), pack], dim=-1)
+    group_slopes = head_slopes[None, :, None].expand(batch, heads, n, 4).reshape(-1, 4)
+    return cpu_kernel.attend_blocks(
+        query, tables["queries"], b, key_packed, tables["keys"], value_packed, tables["values"], mask,
+        tables["masks"], b, out, tables["outs"], dim ** -0.5 if scale is None else scale, packed=True,
+        bialibi=(group_slopes, positions, tables["query_positions"], tables["key_positions"]))
+
+
+def _rows_of(strides, batch, heads, n, b) -> torch.Tensor:
+    """(B·H·n,) element offsets of every (row, head, query block)'s first token in a tensor of these strides."""
+    return (torch.arange(batch)[:, None, None] * strides[0] + torch.arange(heads)[None, :, None] * strides[1]
+            + torch.arange(n)[None, None, :] * b * strides[2]).reshape(-1)
+
+
+@lru_cache(maxsize=64)
+def _fused_usw_tables(batch, heads, n, b, front, dim, value_dim, key_strides, value_strides, query_strides) -> dict:
+    """Offset tables of `usw_fused_attention` (a function of the shapes and strides only). Key blocks of a row: the
+    `front` packed-context blocks, then the n token blocks; each query block reads [pack blocks | 0 | i−1 | i | i+1]
+    (token block indices), the invalid ones pointing at its own block and masked (offset −1)."""
+    total_blocks, length = front + n, n * b
+    row = torch.arange(batch)[:, None, None, None]
+    head = torch.arange(heads)[None, :, None, None]
+    block = torch.arange(n)[None, None, :, None]
+    token = torch.arange(n)[:, None]
+    chosen = torch.cat([torch.zeros_like(token), token - 1, token, token + 1], dim=1)  # (n, 4) token blocks
+    valid = torch.stack([token[:, 0] >= 2, token[:, 0] >= 1, torch.ones(n, dtype=torch.bool), token[:, 0] < n - 1], 1)
+    chosen = torch.where(valid, chosen, token)
+    front_blocks = torch.arange(front).expand(n, front)
+    index = torch.cat([front_blocks, chosen + front], dim=1)[None, None]  # (1, 1, n, k) into a row's key blocks
+    packed = (row * heads + head) * total_blocks + index
+    usable = torch.cat([torch.ones(n, front, dtype=torch.bool), valid], dim=1)[None, None]
+    masks = torch.where(usable, row * (front * b + length) + index * b, -1)
+    key_positions = torch.where(index >= front, row * (front * b + length) + index * b, -1).expand_as(packed)
+    every = torch.arange(total_blocks)[None, None, :]
+    rows = lambda strides: (row[..., 0] * strides[0] + head[..., 0] * strides[1] + every * b * strides[2]).reshape(-1)
+    k = index.shape[-1]
+    out_strides = (length * heads * value_dim, value_dim, heads * value_dim, 1)  # token-major, as allocated
+    return {
+        "key_blocks": rows(key_strides), "value_blocks": rows(value_strides),
+        "keys": (packed * (dim // 2 * b)).reshape(-1, k), "values": (packed * (b // 2 * value_dim)).reshape(-1, k),
+        "masks": masks.expand_as(packed).reshape(-1, k).contiguous(),
+        "key_positions": key_positions.reshape(-1, k).contiguous(),
+        "queries": _rows_of(query_strides, batch, heads, n, b), "outs": _rows_of(out_strides, batch, heads, n, b),
+        "query_positions": (row[..., 0] * (front * b + length) + front * b + block[..., 0] * b).expand(
+            batch, heads, n).reshape(-1).contiguous(),
+    }

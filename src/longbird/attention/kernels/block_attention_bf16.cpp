@@ -12,6 +12,9 @@
 // and dv <= 64 (the caller checks and otherwise takes SDPA); returns 1 outside that range, 2 if out of memory.
 // packed != 0: k and v are longbird_pack_blocks_bf16's output (kb a multiple of 32) and k_off/v_off index its
 // 32-bit pairs, so a key block shared by many query groups is converted once per call instead of once per group.
+// alibi != nullptr (LittleBird): alibi (G, 4) holds each group's head slopes [α, β, γ, D_C]; the score of query row
+// i and key j is then s − D(p_i, p_j) (bialibi_distance), with p_i = positions[qpos_off[g] + i] and p_j =
+// positions[kpos_off[g*nkb+t] + r] for key r of block t, kpos_off < 0 marking a block of packed-context keys.
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -70,6 +73,24 @@ static inline void weighted_values(const uint32_t *const *value_base, int64_t bl
         for (int t = 0; t < TILES; t++) acc[r][t] = a[r][t];
 }
 
+// LittleBird's BiALiBi distance D (LittleBird §3.1, §3.3; positions/alibi.py) of one query position to 16 keys, for
+// the group's head slopes [α, β, γ, D_C]: 0 at the same position, α where either position is 0 ([CLS]), β·(p_i − p_j)
+// for a key on the left, γ·(p_j − p_i) on the right; a packed-context key gets D_C whatever its position.
+static inline __m512 bialibi_distance(float query_position, const float *slopes, const float *key_position,
+                                      const float *key_is_pack) {
+    const __m512 pj = _mm512_loadu_ps(key_position);
+    const __m512 delta = _mm512_sub_ps(_mm512_set1_ps(query_position), pj);
+    const __m512 zero = _mm512_setzero_ps();
+    __m512 d = _mm512_add_ps(_mm512_mul_ps(_mm512_max_ps(delta, zero), _mm512_set1_ps(slopes[1])),
+                             _mm512_mul_ps(_mm512_max_ps(_mm512_sub_ps(zero, delta), zero), _mm512_set1_ps(slopes[2])));
+    const __mmask16 moved = _mm512_cmp_ps_mask(delta, zero, _CMP_NEQ_OQ);
+    const __mmask16 at_cls = query_position == 0.0f ? static_cast<__mmask16>(0xFFFF)
+                                                    : _mm512_cmp_ps_mask(pj, zero, _CMP_EQ_OQ);
+    d = _mm512_mask_mov_ps(d, moved & at_cls, _mm512_set1_ps(slopes[0]));
+    const __mmask16 pack = _mm512_cmp_ps_mask(_mm512_loadu_ps(key_is_pack), zero, _CMP_NEQ_OQ);
+    return _mm512_mask_mov_ps(d, pack, _mm512_set1_ps(slopes[3]));
+}
+
 extern "C" int longbird_block_attention_bf16(
     const uint16_t *q, const int64_t *q_off, int64_t q_row_stride, int64_t Lq,
     const uint16_t *k, const int64_t *k_off, int64_t k_row_stride,
@@ -77,7 +98,8 @@ extern "C" int longbird_block_attention_bf16(
     const uint8_t *mask, const int64_t *m_off,
     int64_t nkb, int64_t kb, int64_t d, int64_t dv,
     uint16_t *out, const int64_t *o_off, int64_t o_row_stride,
-    int64_t G, float scale, int packed, int threads) {
+    int64_t G, float scale, int packed, int threads,
+    const float *alibi, const int64_t *positions, const int64_t *qpos_off, const int64_t *kpos_off) {
     const int64_t Lk = nkb * kb, padded = (Lk + 31) / 32 * 32, pairs = d / 2, tiles = dv / 16;
     if (Lk < 1 || d % 2 != 0 || d > 128 || dv % 16 != 0 || dv > 64 || (packed && kb % 32 != 0)) return 1;
     const uint32_t *k_packed = reinterpret_cast<const uint32_t *>(k), *v_packed = reinterpret_cast<const uint32_t *>(v);
@@ -96,9 +118,12 @@ extern "C" int longbird_block_attention_bf16(
         float *bias = static_cast<float *>(aligned_alloc(64, 4 * padded + 64));
         float *scores = static_cast<float *>(aligned_alloc(64, 4 * 4 * padded + 64));
         uint32_t *probs = static_cast<uint32_t *>(aligned_alloc(64, 4 * 4 * (padded / 2) + 64));
+        float *key_position = static_cast<float *>(aligned_alloc(64, 4 * padded + 64));
+        float *key_is_pack = static_cast<float *>(aligned_alloc(64, 4 * padded + 64));
         const uint32_t **key_base = static_cast<const uint32_t **>(malloc(sizeof(void *) * blocks));
         const uint32_t **value_base = static_cast<const uint32_t **>(malloc(sizeof(void *) * blocks));
-        if (!key_pairs || !value_pairs || !bias || !scores || !probs || !key_base || !value_base) {
+        if (!key_pairs || !value_pairs || !bias || !scores || !probs || !key_base || !value_base || !key_position ||
+            !key_is_pack) {
 #pragma omp atomic write
             failed = 2;
         }
@@ -116,6 +141,13 @@ extern "C" int longbird_block_attention_bf16(
                 }
                 bias[j] = allowed ? 0.0f : -INFINITY;
                 any |= allowed;
+            }
+            if (alibi) {  // BiALiBi: each key's position id, or a packed-context key (kpos_off < 0)
+                for (int64_t j = 0; j < padded; j++) {
+                    const int64_t poff = j < Lk ? kpos_off[g * nkb + j / kb] : -1;
+                    key_is_pack[j] = poff < 0 ? 1.0f : 0.0f;
+                    key_position[j] = poff < 0 ? 0.0f : static_cast<float>(positions[poff + j % kb]);
+                }
             }
             if (packed) {
                 for (int64_t t = 0; t < nkb; t++) {
@@ -145,6 +177,10 @@ extern "C" int longbird_block_attention_bf16(
                     const uint16_t *qrow = q + q_off[g] + (i0 + (r < rows ? r : 0)) * q_row_stride;
                     for (int64_t c = 0; c < pairs; c++) qp[r][c] = bf16_pair(qrow, c);
                 }
+                float query_position[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                if (alibi)
+                    for (int r = 0; r < 4; r++)
+                        query_position[r] = static_cast<float>(positions[qpos_off[g] + i0 + (r < rows ? r : 0)]);
                 __m512 top[4];
                 for (int r = 0; r < 4; r++) top[r] = _mm512_set1_ps(-INFINITY);
                 const __m512 vscale = _mm512_set1_ps(scale);
@@ -172,8 +208,14 @@ extern "C" int longbird_block_attention_bf16(
                     const __m512 bias0 = _mm512_loadu_ps(bias + j), bias1 = _mm512_loadu_ps(bias + j + 16);
                     __m512 *row_scores[4][2] = {{&a0, &b0}, {&a1, &b1}, {&a2, &b2}, {&a3, &b3}};
                     for (int r = 0; r < 4; r++) {
-                        const __m512 lo = _mm512_fmadd_ps(*row_scores[r][0], vscale, bias0);
-                        const __m512 hi = _mm512_fmadd_ps(*row_scores[r][1], vscale, bias1);
+                        __m512 lo = _mm512_fmadd_ps(*row_scores[r][0], vscale, bias0);
+                        __m512 hi = _mm512_fmadd_ps(*row_scores[r][1], vscale, bias1);
+                        if (alibi) {
+                            lo = _mm512_sub_ps(lo, bialibi_distance(query_position[r], alibi + 4 * g, key_position + j,
+                                                                    key_is_pack + j));
+                            hi = _mm512_sub_ps(hi, bialibi_distance(query_position[r], alibi + 4 * g,
+                                                                    key_position + j + 16, key_is_pack + j + 16));
+                        }
                         _mm512_storeu_ps(scores + r * padded + j, lo);
                         _mm512_storeu_ps(scores + r * padded + j + 16, hi);
                         top[r] = _mm512_max_ps(top[r], _mm512_max_ps(lo, hi));
@@ -217,6 +259,8 @@ extern "C" int longbird_block_attention_bf16(
         free(probs);
         free(key_base);
         free(value_base);
+        free(key_position);
+        free(key_is_pack);
     }
     return failed;
 }
