@@ -145,11 +145,12 @@ def grouped_usw_inference(query, keys, values, layout, slopes, pack_bias, s: int
 
 
 def fused_kernel_applies(query, key, value, layout, s: int) -> bool:
-    """The fused bf16 CPU kernel takes this call: `cpu_kernel.usable`, blocks of a multiple of 32 tokens (it reads
-    them packed), packed-context keys in whole blocks, and a layout that carries the call's positions."""
+    """The fused bf16 CPU kernel takes this call, eagerly or as an op in a torch.compile graph
+    (`cpu_kernel.usable`, `usable_in_compiled_graph`): blocks of a multiple of 32 tokens (it reads them packed),
+    packed-context keys in whole blocks, and a layout that carries the call's positions."""
     b = layout.block_size
     return (layout.positions is not None and b % 32 == 0 and s % b == 0
-            and cpu_kernel.usable(query, key, value))
+            and (cpu_kernel.usable(query, key, value) or cpu_kernel.usable_in_compiled_graph(query, key, value)))
 
 
 def usw_fused_attention(query, key, value, layout, slopes, pack_key, pack_value, pack_bias, scale) -> torch.Tensor:
@@ -158,17 +159,29 @@ def usw_fused_attention(query, key, value, layout, slopes, pack_key, pack_value,
     its score minus the BiALiBi distance D computed in the kernel from the position ids (§3.1: α at [CLS], β left,
     γ right, D_C to packed keys). The global copy of block 0 is masked for query blocks 0 and 1, which see it in
     their window, and window blocks past either end are masked, as in `usw_layout`. A query with no allowed key gets
-    0 (the blocked kernels give an average of masked values; such a row is never used).
+    0 (the blocked kernels give an average of masked values; such a row is never used). In a torch.compile graph
+    the kernel is one opaque op (`longbird::cpu_usw_attention_bf16`).
     Returns (B, H, l, d_v) laid out as (B, l, H, d_v)."""
+    pack = pack_bias if pack_bias is not None else torch.zeros_like(slopes.alpha, dtype=torch.float32)
+    slopes = torch.stack([slopes.alpha.float(), slopes.beta.float(), slopes.gamma.float(), pack.float()], dim=-1)
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    run = _usw_kernel_op if is_tracing() else _usw_kernel
+    return run(query, key, value, pack_key, pack_value, layout.key_mask, layout.positions, slopes,
+               layout.block_size, scale)
+
+
+def _usw_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pack_key: torch.Tensor | None,
+                pack_value: torch.Tensor | None, key_mask: torch.Tensor, positions: torch.Tensor,
+                head_slopes: torch.Tensor, b: int, scale: float) -> torch.Tensor:
+    """`usw_fused_attention` on tensors: head_slopes (H, 4) fp32 [α, β, γ, D_C]."""
     batch, heads, length, dim = query.shape
-    b = layout.block_size
     n = length // b
     s = 0 if pack_key is None else pack_key.shape[2]
     keys = key if not s else torch.cat([pack_key, key], dim=2)  # (B, H, s + l, d): one tensor of every key
     values = value if not s else torch.cat([pack_value, value], dim=2)
     front = s // b  # packed-context blocks in front of a row's token blocks
-    mask = layout.key_mask.to(torch.uint8)
-    positions = layout.positions.to(torch.int64)
+    mask = key_mask.to(torch.uint8)
+    positions = positions.to(torch.int64)
     if s:
         mask = torch.cat([mask.new_ones(batch, s), mask], dim=1)
         positions = torch.cat([positions.new_zeros(batch, s), positions], dim=1)
@@ -177,13 +190,24 @@ def usw_fused_attention(query, key, value, layout, slopes, pack_key, pack_value,
                                query.stride())
     key_packed, value_packed = cpu_kernel.pack_blocks(keys, tables["key_blocks"], values, tables["value_blocks"], b)
     out = query.new_empty(batch, length, heads, value_dim).transpose(1, 2)
-    pack = pack_bias.float() if pack_bias is not None else torch.zeros(heads)
-    head_slopes = torch.stack([slopes.alpha.float(), slopes.beta.float(), slopes.gamma.float(), pack], dim=-1)
     group_slopes = head_slopes[None, :, None].expand(batch, heads, n, 4).reshape(-1, 4)
     return cpu_kernel.attend_blocks(
         query, tables["queries"], b, key_packed, tables["keys"], value_packed, tables["values"], mask,
-        tables["masks"], b, out, tables["outs"], dim ** -0.5 if scale is None else scale, packed=True,
+        tables["masks"], b, out, tables["outs"], scale, packed=True,
         bialibi=(group_slopes, positions, tables["query_positions"], tables["key_positions"]))
+
+
+@torch.library.custom_op("longbird::cpu_usw_attention_bf16", mutates_args=())
+def _usw_kernel_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pack_key: torch.Tensor | None,
+                   pack_value: torch.Tensor | None, key_mask: torch.Tensor, positions: torch.Tensor,
+                   head_slopes: torch.Tensor, b: int, scale: float) -> torch.Tensor:
+    return _usw_kernel(query, key, value, pack_key, pack_value, key_mask, positions, head_slopes, b, scale)
+
+
+@_usw_kernel_op.register_fake
+def _(query, key, value, pack_key, pack_value, key_mask, positions, head_slopes, b, scale):
+    batch, heads, length, _ = query.shape
+    return query.new_empty(batch, length, heads, value.shape[-1]).transpose(1, 2)  # the kernel's token-major layout
 
 
 def _rows_of(strides, batch, heads, n, b) -> torch.Tensor:
