@@ -219,8 +219,8 @@ def test_a_compiled_graph_runs_the_kernel_and_equals_eager(preset, length):
     enters the graph as one opaque op (`longbird::cpu_full_attention_bf16`); past it kobigbird's per-row op runs the
     blocked path, which calls the kernel; LittleBird's USW attention is an op of its own
     (`longbird::cpu_usw_attention_bf16`). Either way every layer calls the kernel, and the compiled model equals eager
-    up to Inductor's reordered fp32 sums (LayerNorm, GELU), which can move a bf16 rounding of a unit-scale state by one step
-    (2^-8) before the next product: 2^-6 on the LayerNorm-ed states of two layers."""
+    up to Inductor's reordered fp32 sums (LayerNorm, GELU), which can move a bf16 rounding of a unit-scale state by
+    one step (2^-8) before the next product: 2^-6 on the LayerNorm-ed states of two layers."""
     torch.manual_seed(0)
     source = BertModel(BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                                   intermediate_size=128, max_position_embeddings=128)).eval()
