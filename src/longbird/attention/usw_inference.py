@@ -163,10 +163,10 @@ def usw_fused_attention(query, key, value, layout, slopes, pack_key, pack_value,
     the kernel is one opaque op (`longbird::cpu_usw_attention_bf16`).
     Returns (B, H, l, d_v) laid out as (B, l, H, d_v)."""
     pack = pack_bias if pack_bias is not None else torch.zeros_like(slopes.alpha, dtype=torch.float32)
-    slopes = torch.stack([slopes.alpha.float(), slopes.beta.float(), slopes.gamma.float(), pack.float()], dim=-1)
+    head_slopes = torch.stack([slopes.alpha.float(), slopes.beta.float(), slopes.gamma.float(), pack.float()], dim=-1)
     scale = query.shape[-1] ** -0.5 if scale is None else scale
     run = _usw_kernel_op if is_tracing() else _usw_kernel
-    return run(query, key, value, pack_key, pack_value, layout.key_mask, layout.positions, slopes,
+    return run(query, key, value, pack_key, pack_value, layout.key_mask, layout.positions, head_slopes,
                layout.block_size, scale)
 
 
