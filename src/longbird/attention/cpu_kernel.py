@@ -113,19 +113,21 @@ def available() -> bool:
     return enabled_by_environment() and cpu_supports_kernel() and _load() is not None
 
 
-def usable(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout_p: float = 0.0) -> bool:
-    """This call may take the kernel: CPU bf16 inference (nothing to differentiate, no dropout, not traced) at widths
-    the kernel takes."""
-    if query.device.type != "cpu" or dropout_p > 0.0 or is_tracing():
+def _call_fits(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout_p: float) -> bool:
+    """CPU bf16 inference (nothing to differentiate, no dropout) at widths the kernel takes."""
+    if query.device.type != "cpu" or dropout_p > 0.0:
         return False
     if any(x.dtype != torch.bfloat16 for x in (query, key, value)):
         return False
     if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value)):
         return False
     dim, value_dim = query.shape[-1], value.shape[-1]
-    if dim % 2 or dim > MAX_HEAD_DIM or value_dim % 16 or value_dim > MAX_VALUE_DIM:
-        return False
-    return available()
+    return not (dim % 2 or dim > MAX_HEAD_DIM or value_dim % 16 or value_dim > MAX_VALUE_DIM)
+
+
+def usable(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout_p: float = 0.0) -> bool:
+    """This eager call may take the kernel: not traced, and `_call_fits`."""
+    return not is_tracing() and _call_fits(query, key, value, dropout_p) and available()
 
 
 @torch.compiler.assume_constant_result
@@ -136,20 +138,11 @@ def available_to_compiled_graphs() -> bool:
 
 def usable_in_compiled_graph(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                              dropout_p: float = 0.0) -> bool:
-    """While torch.compile traces (not torch.export, torch.jit or fake tensors alone: their graphs must run
-    elsewhere), the same conditions as `usable`; the caller then puts the kernel in the graph as an opaque op."""
+    """While torch.compile traces (not torch.export or torch.jit: their graphs must run elsewhere), the same
+    conditions as `usable`; the caller then puts the kernel in the graph as an opaque op."""
     if not torch.compiler.is_compiling() or exporting() or torch.jit.is_tracing():
         return False
-    if query.device.type != "cpu" or dropout_p > 0.0:
-        return False
-    if any(x.dtype != torch.bfloat16 for x in (query, key, value)):
-        return False
-    if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value)):
-        return False
-    dim, value_dim = query.shape[-1], value.shape[-1]
-    if dim % 2 or dim > MAX_HEAD_DIM or value_dim % 16 or value_dim > MAX_VALUE_DIM:
-        return False
-    return available_to_compiled_graphs()
+    return _call_fits(query, key, value, dropout_p) and available_to_compiled_graphs()
 
 
 def pack_blocks(key: torch.Tensor, key_offsets: torch.Tensor, value: torch.Tensor, value_offsets: torch.Tensor,
