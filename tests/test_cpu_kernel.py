@@ -1,9 +1,10 @@
 """longbird's fused bf16 CPU attention kernel (attention/cpu_kernel.py) against the dense reference in float64.
 
 Tolerance from the arithmetic: scores are exact products of bf16 values summed in fp32 (error ~1e-7 relative), the
-softmax is fp32, each probability is rounded to bf16 before its product with V (relative error <= 2^-8 per term, so
-at most 2^-8 * max|v| on a convex combination of values) and the output is rounded to bf16 (2^-8 * |o| <= 2^-8 *
-max|v|): |out - ref| <= 2^-7 * max|v| plus the fp32 terms. SDPA's bf16 kernel rounds the same way.
+softmax is fp32 with an exponential good to 5.6e-5 relative (the kernel's degree-4 polynomial), each probability is
+rounded to bf16 before its product with V (relative error <= 2^-8 per term, so at most 2^-8 * max|v| on a convex
+combination of values) and the output is rounded to bf16 (2^-8 * |o| <= 2^-8 * max|v|): |out - ref| <= (2^-7 +
+6e-5) * max|v| plus the fp32 terms. SDPA's bf16 kernel rounds the probabilities and the output the same way.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ needs_kernel = pytest.mark.skipif(not (cpu_kernel.cpu_supports_kernel() and cpu_
 
 
 def _bound(value: torch.Tensor) -> float:
-    return 2.0 ** -7 * value.abs().max().item() + 1e-6
+    return (2.0 ** -7 + 6e-5) * value.abs().max().item() + 1e-6
 
 
 def _reference(query, key, value, allowed):

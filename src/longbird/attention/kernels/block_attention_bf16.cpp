@@ -4,8 +4,9 @@
 // products and bookkeeping (benchmarks: docs/benchmarks.md, "A fused bf16 attention kernel"). Here each group of
 // query rows attends to its own list of key blocks, read in place through offset tables (no gathered copies):
 //   scores  s = scale * q . k          bf16 pairs multiplied and summed in fp32 (vdpbf16ps), as SDPA's bf16 kernel
-//   softmax p = exp(s - max) / sum     in fp32; masked keys get exactly 0; a group with no allowed key outputs 0
-//   output  o = sum_j p_j v_j          p rounded to bf16 for the product (as SDPA's kernel does), sums in fp32
+//   softmax p = exp(s - max) / sum     in fp32 (exp to 5.6e-5, below p's bf16 rounding); masked keys exactly 0
+//   output  o = sum_j p_j v_j          p rounded to bf16 for the product (as SDPA's kernel does), sums in fp32;
+//                                      a group with no allowed key outputs 0
 // Group g: query rows q + q_off[g] + i * q_row_stride (i < Lq); key block t (t < nkb): rows k + k_off[g*nkb+t] +
 // r * k_row_stride (r < kb), value rows likewise, mask bytes mask + m_off[g*nkb+t] + r (1 = may attend; m_off < 0:
 // the whole block is masked); output rows out + o_off[g] + i * o_row_stride. Needs d even and <= 128, dv % 16 == 0
@@ -21,8 +22,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-// e^x for x <= 0, -inf -> 0: Cephes expf's range reduction (x = n ln2 + r, |r| <= ln2/2) and its degree-6
-// polynomial, relative error about 1e-7 (fp32 rounding); 2^n applied with scalef.
+// e^x for x <= 0, -inf -> 0: Cephes expf's range reduction (x = n ln2 + r, |r| <= ln2/2), e^r by its Taylor
+// polynomial of degree 4 (relative error at most 5.6e-5 on that range), 2^n applied with scalef. The probability is
+// rounded to bf16 right after (relative error up to 2^-8 = 3.9e-3), so a longer polynomial would buy nothing: one
+// layer at 4K ran 7 % faster than with Cephes' degree 6 (alternating builds in one process).
 static inline __m512 exp_nonpositive(__m512 x) {
     const __mmask16 underflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
     x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
@@ -30,12 +33,9 @@ static inline __m512 exp_nonpositive(__m512 x) {
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
     r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 p = _mm512_set1_ps(1.0f / 24.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
     p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
     return _mm512_maskz_mov_ps(static_cast<__mmask16>(~underflow), _mm512_scalef_ps(p, n));
 }
