@@ -113,15 +113,18 @@ def test_bigbird_attention_in_the_kernel_equals_the_dense_reference(blocks, bloc
 @needs_kernel
 @pytest.mark.parametrize("length", [1, 37, 64, 300])
 @pytest.mark.parametrize("value_dim", [32, 64])
-def test_full_attention_in_the_kernel_equals_the_dense_reference(length, value_dim):
+@pytest.mark.parametrize("queries", [None, 16])
+def test_full_attention_in_the_kernel_equals_the_dense_reference(length, value_dim, queries):
     """full_attention on bf16 at inference (every length up to the source's) takes the kernel, with a padded row
-    and values wider than queries and keys (TAPE); equal to the reference within the bf16 bound, a row alone
-    bit-equal to the same row in the batch, and no key mask the same as an all-true one."""
+    and values wider than queries and keys (TAPE), and with fewer queries than keys (LittleBird's pack attention:
+    16 pack queries over the tokens); equal to the reference within the bf16 bound, a row alone bit-equal to the same
+    row in the batch, and no key mask the same as an all-true one."""
     from longbird.attention.full import full_attention
 
     heads, dim = 3, 32
     generator = torch.Generator().manual_seed(length)
-    query, key = (torch.randn(2, length, heads, dim, generator=generator).transpose(1, 2).bfloat16() for _ in range(2))
+    query = torch.randn(2, queries or length, heads, dim, generator=generator).transpose(1, 2).bfloat16()
+    key = torch.randn(2, length, heads, dim, generator=generator).transpose(1, 2).bfloat16()
     value = torch.randn(2, length, heads, value_dim, generator=generator).transpose(1, 2).bfloat16()
     key_mask = torch.ones(2, length, dtype=torch.bool)
     key_mask[1, max(1, length // 2):] = False

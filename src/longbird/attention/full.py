@@ -13,8 +13,8 @@ def full_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor | None = None,
     dropout_p: float = 0.0,
 ) -> torch.Tensor:
-    """query/key/value (B, H, l, d); key_mask (B, l) bool, True = real token. Returns (B, H, l, d_v): value may be
-    wider than query and key (TAPE).
+    """query (B, H, q, d), key/value (B, H, l, d / d_v); key_mask (B, l) bool, True = real token. Returns
+    (B, H, q, d_v): value may be wider than query and key (TAPE); q is l but for LittleBird's pack attention.
     `dropout_p`: attention dropout on the probabilities (the caller passes 0 outside training)."""
     if cpu_kernel.usable(query, key, value, dropout_p):
         return _fused_cpu_attention(query, key, value, key_mask)
@@ -45,20 +45,21 @@ def as_wide_as_value(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 def _fused_cpu_attention(query, key, value, key_mask):
     """CPU bf16 inference in longbird's fused kernel (`cpu_kernel`): one group per (row, head), its queries over all
     its keys (2.2-2.7x SDPA's flash kernel at e5-small heads, 384-1024 tokens: docs/benchmarks.md). The kernel packs
-    each group's keys once and takes V wider than Q and K as it is (TAPE)."""
-    batch, heads, length, _ = query.shape
+    each group's keys once and takes V wider than Q and K as it is (TAPE). Queries and keys may differ in number
+    (LittleBird's pack attention: s pack queries over the l tokens)."""
+    batch, heads, queries, _ = query.shape
+    keys = key.shape[2]
     # token-major, (B, l, H, d_v) in memory: the output projection's reshape is then a view, not a copy
-    out = query.new_empty(batch, length, heads, value.shape[-1]).transpose(1, 2)
-    mask = (torch.ones(batch, length, dtype=torch.uint8) if key_mask is None else key_mask.to(torch.uint8))
+    out = query.new_empty(batch, queries, heads, value.shape[-1]).transpose(1, 2)
+    mask = (torch.ones(batch, keys, dtype=torch.uint8) if key_mask is None else key_mask.to(torch.uint8))
     b = torch.arange(batch)[:, None]
     h = torch.arange(heads)[None, :]
 
     def rows(x):  # (B·H,) element offset of each (row, head)'s first token
         return (b * x.stride(0) + h * x.stride(1)).reshape(-1)
 
-    keys = rows(key)[:, None]
-    return cpu_kernel.attend_blocks(query, rows(query), length, key, keys, value, rows(value)[:, None], mask,
-                                    (b * length).expand(batch, heads).reshape(-1, 1), length, out, rows(out),
+    return cpu_kernel.attend_blocks(query, rows(query), queries, key, rows(key)[:, None], value, rows(value)[:, None],
+                                    mask, (b * keys).expand(batch, heads).reshape(-1, 1), keys, out, rows(out),
                                     query.shape[-1] ** -0.5)
 
 
@@ -70,5 +71,5 @@ def _fused_cpu_attention_op(query: torch.Tensor, key: torch.Tensor, value: torch
 
 @_fused_cpu_attention_op.register_fake
 def _(query, key, value, key_mask):
-    batch, heads, length, _ = query.shape
-    return query.new_empty(batch, length, heads, value.shape[-1]).transpose(1, 2)  # the kernel's token-major layout
+    batch, heads, queries, _ = query.shape
+    return query.new_empty(batch, queries, heads, value.shape[-1]).transpose(1, 2)  # the kernel's token-major layout

@@ -17,6 +17,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from .full import full_attention
 from .usw_inference import (
     fused_kernel_applies,
     grouped_usw_inference,
@@ -43,9 +44,10 @@ class BiALiBiSlopes(Protocol):
 
 def pack_attention(pack_query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor,
                    dropout_p: float = 0.0):
-    """C_p = Attn(P, X): pack queries (B, H, s, d) over all real tokens; key_mask (B, l). O(l s)."""
-    return F.scaled_dot_product_attention(pack_query, key, value, attn_mask=key_mask[:, None, None, :],
-                                          dropout_p=dropout_p)
+    """C_p = Attn(P, X): pack queries (B, H, s, d) over all real tokens; key_mask (B, l). O(l s). Full attention
+    (`full.full_attention`): SDPA, or the fused bf16 CPU kernel at inference, and TAPE's wider values kept on SDPA's
+    fused path."""
+    return full_attention(pack_query, key, value, key_mask, dropout_p)
 
 
 def _neighbour_blocks(x: torch.Tensor, axis: int, fill) -> torch.Tensor:
