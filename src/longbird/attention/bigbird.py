@@ -10,7 +10,7 @@ SDPA's CPU kernels accumulate the softmax in fp32 whatever the input dtype (bf16
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import torch
 import torch.nn.functional as F
@@ -147,27 +147,22 @@ def _fused_tables(pattern: BigBirdPattern, batch: int, heads: int, query_strides
     with outside_the_trace():
         n, block = pattern.num_blocks, pattern.block_size
         length = n * block
-        b = torch.arange(batch)[:, None, None]
-        h = torch.arange(heads)[None, :, None]
-
-        def rows(strides, blocks):  # (B, H, G) element offset of block `blocks` (H, G) of row b, head h
-            return b * strides[0] + h * strides[1] + blocks[None] * block * strides[2]
-
-        def block_rows(strides, blocks):  # (B, H, G, k): the same for key blocks (H, G, k)
-            return b[..., None] * strides[0] + h[..., None] * strides[1] + blocks[None] * block * strides[2]
+        offsets = partial(cpu_kernel.token_offsets, batch=batch, heads=heads)
 
         def table(query_blocks, key_blocks, valid=None):  # query_blocks (H, G); key_blocks (H, G, k)
             if packed_dims is None:
-                key_rows, value_rows = block_rows(key_strides, key_blocks), block_rows(value_strides, key_blocks)
+                key_rows = offsets(key_strides, tokens=key_blocks * block)
+                value_rows = offsets(value_strides, tokens=key_blocks * block)
             else:
-                index = (b[..., None] * heads + h[..., None]) * n + key_blocks[None]
+                index = offsets((heads * n, n, 1), tokens=key_blocks)  # (b, h, block) order of pack_blocks
                 key_rows, value_rows = index * (packed_dims[0] // 2 * block), index * (block // 2 * packed_dims[1])
-            mask_rows = b[..., None] * length + key_blocks[None] * block
+            mask_rows = offsets((length, 0, 1), tokens=key_blocks * block)
             if valid is not None:
                 mask_rows = torch.where(valid[None], mask_rows, -1)
             k = key_blocks.shape[-1]
-            return (rows(query_strides, query_blocks).reshape(-1), key_rows.reshape(-1, k),
-                    value_rows.reshape(-1, k), mask_rows.reshape(-1, k), rows(out_strides, query_blocks).reshape(-1))
+            return (offsets(query_strides, tokens=query_blocks * block).reshape(-1), key_rows.reshape(-1, k),
+                    value_rows.reshape(-1, k), mask_rows.reshape(-1, k),
+                    offsets(out_strides, tokens=query_blocks * block).reshape(-1))
 
         tables = []
         first_blocks = pattern.first_block_keys
@@ -186,6 +181,7 @@ def _fused_tables(pattern: BigBirdPattern, batch: int, heads: int, query_strides
             tables.append(table(queries, indices, valid))
         pack_offsets = None
         if packed_dims is not None:
-            every_block = torch.arange(n).expand(heads, n)
-            pack_offsets = (rows(key_strides, every_block).reshape(-1), rows(value_strides, every_block).reshape(-1))
+            every_block = torch.arange(n)[None] * block
+            pack_offsets = (offsets(key_strides, tokens=every_block).reshape(-1),
+                            offsets(value_strides, tokens=every_block).reshape(-1))
         return tuple(tuple(t.contiguous() for t in entry) for entry in tables), pack_offsets

@@ -45,6 +45,7 @@ def enabled_by_environment() -> bool:
     return os.environ.get("LONGBIRD_CPU_KERNEL", "1").strip().lower() not in {"0", "false", "no", "off"}
 
 
+@lru_cache(maxsize=1)
 def cpu_supports_kernel() -> bool:
     """The CPU executes AVX-512 BF16 (vdpbf16ps), which the kernel is built for."""
     check = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
@@ -143,6 +144,16 @@ def usable_in_compiled_graph(query: torch.Tensor, key: torch.Tensor, value: torc
     if not torch.compiler.is_compiling() or exporting() or torch.jit.is_tracing():
         return False
     return _call_fits(query, key, value, dropout_p) and available_to_compiled_graphs()
+
+
+def token_offsets(strides, batch: int, heads: int, tokens: torch.Tensor) -> torch.Tensor:
+    """(B, H, *tokens.shape[1:]) element offsets of token `tokens[h, ...]` (or `tokens[0, ...]` for every head) of
+    row b, head h in a (B, H, l, ·) tensor of these strides: the offset tables every caller of `attend_blocks`
+    builds. Strides such as (l, 0, 1) address a (B, l) mask; (H·n, n, 1) index (row, head, block)-ordered blocks."""
+    rest = [1] * (tokens.dim() - 1)
+    b = torch.arange(batch).view(batch, 1, *rest)
+    h = torch.arange(heads).view(1, heads, *rest)
+    return b * strides[0] + h * strides[1] + tokens[None] * strides[2]
 
 
 def pack_blocks(key: torch.Tensor, key_offsets: torch.Tensor, value: torch.Tensor, value_offsets: torch.Tensor,

@@ -52,15 +52,14 @@ def _fused_cpu_attention(query, key, value, key_mask):
     # token-major, (B, l, H, d_v) in memory: the output projection's reshape is then a view, not a copy
     out = query.new_empty(batch, queries, heads, value.shape[-1]).transpose(1, 2)
     mask = (torch.ones(batch, keys, dtype=torch.uint8) if key_mask is None else key_mask.to(torch.uint8))
-    b = torch.arange(batch)[:, None]
-    h = torch.arange(heads)[None, :]
+    first = torch.zeros(1, 1, dtype=torch.long)
 
-    def rows(x):  # (B·H,) element offset of each (row, head)'s first token
-        return (b * x.stride(0) + h * x.stride(1)).reshape(-1)
+    def rows(strides):  # (B·H, 1) element offset of each (row, head)'s first token
+        return cpu_kernel.token_offsets(strides, batch, heads, first).reshape(-1, 1)
 
-    return cpu_kernel.attend_blocks(query, rows(query), queries, key, rows(key)[:, None], value, rows(value)[:, None],
-                                    mask, (b * keys).expand(batch, heads).reshape(-1, 1), keys, out, rows(out),
-                                    query.shape[-1] ** -0.5)
+    return cpu_kernel.attend_blocks(query, rows(query.stride())[:, 0], queries, key, rows(key.stride()), value,
+                                    rows(value.stride()), mask, rows((keys, 0, 1)), keys, out,
+                                    rows(out.stride())[:, 0], query.shape[-1] ** -0.5)
 
 
 @torch.library.custom_op("longbird::cpu_full_attention_bf16", mutates_args=())

@@ -15,7 +15,7 @@ imports this module).
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import torch
 import torch.nn.functional as F
@@ -210,41 +210,34 @@ def _(query, key, value, pack_key, pack_value, key_mask, positions, head_slopes,
     return query.new_empty(batch, length, heads, value.shape[-1]).transpose(1, 2)  # the kernel's token-major layout
 
 
-def _rows_of(strides, batch, heads, n, b) -> torch.Tensor:
-    """(B·H·n,) element offsets of every (row, head, query block)'s first token in a tensor of these strides."""
-    return (torch.arange(batch)[:, None, None] * strides[0] + torch.arange(heads)[None, :, None] * strides[1]
-            + torch.arange(n)[None, None, :] * b * strides[2]).reshape(-1)
-
-
 @lru_cache(maxsize=64)
 def _fused_usw_tables(batch, heads, n, b, front, dim, value_dim, key_strides, value_strides, query_strides) -> dict:
     """Offset tables of `usw_fused_attention` (a function of the shapes and strides only). Key blocks of a row: the
     `front` packed-context blocks, then the n token blocks; each query block reads [pack blocks | 0 | i−1 | i | i+1]
     (token block indices), the invalid ones pointing at its own block and masked (offset −1)."""
     total_blocks, length = front + n, n * b
-    row = torch.arange(batch)[:, None, None, None]
-    head = torch.arange(heads)[None, :, None, None]
-    block = torch.arange(n)[None, None, :, None]
+    offsets = partial(cpu_kernel.token_offsets, batch=batch, heads=heads)
     token = torch.arange(n)[:, None]
     chosen = torch.cat([torch.zeros_like(token), token - 1, token, token + 1], dim=1)  # (n, 4) token blocks
     valid = torch.stack([token[:, 0] >= 2, token[:, 0] >= 1, torch.ones(n, dtype=torch.bool), token[:, 0] < n - 1], 1)
     chosen = torch.where(valid, chosen, token)
     front_blocks = torch.arange(front).expand(n, front)
-    index = torch.cat([front_blocks, chosen + front], dim=1)[None, None]  # (1, 1, n, k) into a row's key blocks
-    packed = (row * heads + head) * total_blocks + index
+    index = torch.cat([front_blocks, chosen + front], dim=1)[None]  # (1, n, k) into a row's key blocks
+    packed = offsets((heads * total_blocks, total_blocks, 1), tokens=index)  # (b, h, block) order of pack_blocks
     usable = torch.cat([torch.ones(n, front, dtype=torch.bool), valid], dim=1)[None, None]
-    masks = torch.where(usable, row * (front * b + length) + index * b, -1)
-    key_positions = torch.where(index >= front, row * (front * b + length) + index * b, -1).expand_as(packed)
-    every = torch.arange(total_blocks)[None, None, :]
-    rows = lambda strides: (row[..., 0] * strides[0] + head[..., 0] * strides[1] + every * b * strides[2]).reshape(-1)
-    k = index.shape[-1]
+    key_rows = offsets((front * b + length, 0, 1), tokens=index * b)  # into the (B, s + l) mask and positions
+    masks = torch.where(usable, key_rows, -1)
+    key_positions = torch.where(index[None] >= front, key_rows, -1)
+    every_block = torch.arange(total_blocks)[None] * b
+    query_blocks = torch.arange(n)[None] * b
     out_strides = (length * heads * value_dim, value_dim, heads * value_dim, 1)  # token-major, as allocated
+    k = index.shape[-1]
     return {
-        "key_blocks": rows(key_strides), "value_blocks": rows(value_strides),
+        "key_blocks": offsets(key_strides, tokens=every_block).reshape(-1),
+        "value_blocks": offsets(value_strides, tokens=every_block).reshape(-1),
         "keys": (packed * (dim // 2 * b)).reshape(-1, k), "values": (packed * (b // 2 * value_dim)).reshape(-1, k),
-        "masks": masks.expand_as(packed).reshape(-1, k).contiguous(),
-        "key_positions": key_positions.reshape(-1, k).contiguous(),
-        "queries": _rows_of(query_strides, batch, heads, n, b), "outs": _rows_of(out_strides, batch, heads, n, b),
-        "query_positions": (row[..., 0] * (front * b + length) + front * b + block[..., 0] * b).expand(
-            batch, heads, n).reshape(-1).contiguous(),
+        "masks": masks.reshape(-1, k).contiguous(), "key_positions": key_positions.reshape(-1, k).contiguous(),
+        "queries": offsets(query_strides, tokens=query_blocks).reshape(-1),
+        "outs": offsets(out_strides, tokens=query_blocks).reshape(-1),
+        "query_positions": offsets((front * b + length, 0, 1), tokens=front * b + query_blocks).reshape(-1),
     }

@@ -113,17 +113,19 @@ extern "C" int longbird_block_attention_bf16(
     {
         // Per thread: keys as bf16 pairs along d, transposed to (d/2, Lk); values as pairs of consecutive keys,
         // (Lk/2, dv); the additive mask; four rows of scores; four rows of bf16 probability pairs.
-        uint32_t *key_pairs = static_cast<uint32_t *>(aligned_alloc(64, 4 * pairs * padded + 64));
-        uint32_t *value_pairs = static_cast<uint32_t *>(aligned_alloc(64, 4 * (padded / 2) * dv + 64));
+        // A packed call reads its blocks in place (no pair buffers of its own); key positions only with BiALiBi.
+        uint32_t *key_pairs = packed ? nullptr : static_cast<uint32_t *>(aligned_alloc(64, 4 * pairs * padded + 64));
+        uint32_t *value_pairs =
+            packed ? nullptr : static_cast<uint32_t *>(aligned_alloc(64, 4 * (padded / 2) * dv + 64));
         float *bias = static_cast<float *>(aligned_alloc(64, 4 * padded + 64));
         float *scores = static_cast<float *>(aligned_alloc(64, 4 * 4 * padded + 64));
         uint32_t *probs = static_cast<uint32_t *>(aligned_alloc(64, 4 * 4 * (padded / 2) + 64));
-        float *key_position = static_cast<float *>(aligned_alloc(64, 4 * padded + 64));
-        float *key_is_pack = static_cast<float *>(aligned_alloc(64, 4 * padded + 64));
+        float *key_position = alibi ? static_cast<float *>(aligned_alloc(64, 4 * padded + 64)) : nullptr;
+        float *key_is_pack = alibi ? static_cast<float *>(aligned_alloc(64, 4 * padded + 64)) : nullptr;
         const uint32_t **key_base = static_cast<const uint32_t **>(malloc(sizeof(void *) * blocks));
         const uint32_t **value_base = static_cast<const uint32_t **>(malloc(sizeof(void *) * blocks));
-        if (!key_pairs || !value_pairs || !bias || !scores || !probs || !key_base || !value_base || !key_position ||
-            !key_is_pack) {
+        if ((!packed && (!key_pairs || !value_pairs)) || (alibi && (!key_position || !key_is_pack)) || !bias ||
+            !scores || !probs || !key_base || !value_base) {
 #pragma omp atomic write
             failed = 2;
         }
