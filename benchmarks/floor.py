@@ -59,7 +59,7 @@ def main():
     command = "python benchmarks/floor.py " + " ".join(sys.argv[1:])
     report = {"command": command, "code": code_version(), "backend": args.backend or "auto",
               "row_plan": args.row_plan or "default",
-              "cpu_kernel": "on" if cpu_kernel.available() else "off",
+              "cpu_kernel": {name: "on" if cpu_kernel.available(DTYPES[name]) else "off" for name in args.dtype},
               "cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
               "matmul_tflops": {name: matmul_throughput(DTYPES[name]) / 1e12 for name in args.dtype},
               "rows": [], "profiles": []}
@@ -106,13 +106,22 @@ def code_version() -> str:
     return f"{commit}{' + uncommitted changes' if dirty else ''} ({package})"
 
 
+def _kernel_note(state) -> str:
+    """"; fused CPU kernel: bf16 on, fp32 on" (reports before the fp32 kernel hold one state, the bf16 kernel's)."""
+    if state is None:
+        return ""
+    if isinstance(state, str):
+        return f"; bf16 CPU kernel: {state}"
+    return "; fused CPU kernel: " + ", ".join(f"{name} {value}" for name, value in state.items())
+
+
 def markdown(report: dict) -> str:
     tflops = ", ".join(f"{name} {value:.3f}" for name, value in report["matmul_tflops"].items())
     lines = [f"Command: `{report['command']}`  ", f"Code: {report.get('code', '?')}; sparse attention backend: "
              f"{report.get('backend', 'auto')}"
              + (f"; compiled per-row plan: {report['row_plan']}" if report.get("row_plan", "default") != "default"
                 else "")
-             + (f"; bf16 CPU kernel: {report['cpu_kernel']}" if "cpu_kernel" in report else "") + "  ",
+             + _kernel_note(report.get("cpu_kernel")) + "  ",
              f"CPU: {report['cpu']}, {report['threads']} threads, torch {report['torch']}; 4096x768x3072 matmul "
              f"TFLOP/s: {tflops}. Batch 1, random weights, 12 layers; medians of alternating forward / replay calls.",
              ""]

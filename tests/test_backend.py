@@ -20,6 +20,8 @@ def fresh_state(monkeypatch, tmp_path):
     monkeypatch.setattr(dispatch, "_last_logged", None)
     monkeypatch.delenv("LONGBIRD_ATTENTION_BACKEND", raising=False)
     monkeypatch.delenv("LONGBIRD_VERBOSE", raising=False)
+    # the CPU rules without longbird's fused fp32 kernel (which takes LittleBird from flex where it runs: tested below)
+    monkeypatch.setenv("LONGBIRD_CPU_KERNEL", "0")
 
 
 def test_cpu_rule_follows_autograd_and_length(caplog):
@@ -74,6 +76,21 @@ def test_cpu_inference_runs_bigbird_rows_on_the_blocked_kernels_and_the_model_na
         with torch.no_grad():
             model(input_ids=input_ids)
     assert seen[0] == "bigbird" and seen[-1] == "usw" and set(seen) == {"bigbird", "usw"}
+
+
+def test_cpu_fp32_littlebird_takes_the_fused_kernel_where_it_runs_instead_of_flex(monkeypatch):
+    """Where longbird's fused fp32 CPU kernel runs (AVX-512, a compiler), LittleBird's fp32 inference at 4K and
+    beyond takes it (the blocked path calls it) instead of compiled flex; blocks that are not a multiple of 32 tokens,
+    which the kernel does not read packed, keep flex."""
+    from longbird.attention import cpu_kernel
+
+    monkeypatch.setattr(cpu_kernel, "available", lambda dtype=torch.bfloat16: dtype == torch.float32)
+    with torch.no_grad():
+        chosen = choose_backend("auto", CPU, 8192, 64, dtype=torch.float32, kernel="usw")
+        assert chosen.name == "blocked" and "fused fp32 kernel" in chosen.reason
+        assert choose_backend("auto", CPU, 8192, 48, dtype=torch.float32, kernel="usw").name == "flex"
+        assert choose_backend("flex", CPU, 8192, 64, dtype=torch.float32, kernel="usw").name == "flex"
+    assert choose_backend("auto", CPU, 8192, 64, dtype=torch.float32, kernel="usw").name == "blocked"  # training
 
 
 def test_explicit_requests_and_the_environment_variable(monkeypatch):

@@ -1,10 +1,17 @@
-"""longbird's fused bf16 CPU attention kernel (attention/cpu_kernel.py) against the dense reference in float64.
+"""longbird's fused CPU attention kernels (attention/cpu_kernel.py), bf16 and fp32, against the dense reference in
+float64. Tolerances from the arithmetic (`_bound`):
 
-Tolerance from the arithmetic: scores are exact products of bf16 values summed in fp32 (error ~1e-7 relative), the
-softmax is fp32 with an exponential good to 5.6e-5 relative (the kernel's degree-4 polynomial), each probability is
-rounded to bf16 before its product with V (relative error <= 2^-8 per term, so at most 2^-8 * max|v| on a convex
-combination of values) and the output is rounded to bf16 (2^-8 * |o| <= 2^-8 * max|v|): |out - ref| <= (2^-7 +
-6e-5) * max|v| plus the fp32 terms. SDPA's bf16 kernel rounds the probabilities and the output the same way.
+bf16: scores are exact products of bf16 values summed in fp32 (error ~1e-7 relative), the softmax is fp32 with an
+exponential good to 5.6e-5 relative (the kernel's degree-4 polynomial), each probability is rounded to bf16 before
+its product with V (relative error <= 2^-8 per term, so at most 2^-8 * max|v| on a convex combination of values) and
+the output is rounded to bf16 (2^-8 * |o| <= 2^-8 * max|v|): |out - ref| <= (2^-7 + 6e-5) * max|v| plus the fp32
+terms. SDPA's bf16 kernel rounds the probabilities and the output the same way.
+
+fp32 (u = 2^-24): a score sums d products and is scaled (and has the BiALiBi distance subtracted), so its error is at
+most (d + 3)·u·S, S bounding |score| and its terms (scale·max Σ|q_i k_i| + max|D|); each unnormalised probability exp(s − m) then
+carries its score's and the maximum's error, the subtraction's rounding (u·2S) and the exponential's (Cephes'
+degree-6 polynomial: 1.18e-7 relative, measured over [-87, 0] in steps of 1e-6); the normalised output adds twice
+that relative error and the fp32 sums over L keys ((L + 2)·u each for numerator and denominator), all times max|v|.
 """
 
 from __future__ import annotations
@@ -20,10 +27,28 @@ from longbird.attention import bigbird_pattern, cpu_kernel
 
 needs_kernel = pytest.mark.skipif(not (cpu_kernel.cpu_supports_kernel() and cpu_kernel.compiler()),
                                   reason="needs a CPU with AVX-512 BF16 and a C++ compiler")
+needs_fp32_kernel = pytest.mark.skipif(not (cpu_kernel.cpu_supports_kernel(torch.float32) and cpu_kernel.compiler()),
+                                       reason="needs a CPU with AVX-512 and a C++ compiler")
+DTYPES = [pytest.param(torch.bfloat16, marks=needs_kernel, id="bf16"),
+          pytest.param(torch.float32, marks=needs_fp32_kernel, id="fp32")]
+U = 2.0 ** -24  # fp32 unit roundoff
+EXP_ERROR = 1.2e-7  # the fp32 kernel's exponential, relative (measured: 1.18e-7, module docstring)
 
 
-def _bound(value: torch.Tensor) -> float:
-    return (2.0 ** -7 + 6e-5) * value.abs().max().item() + 1e-6
+def _bound(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, keys: int | None = None,
+           distance: float = 0.0) -> float:
+    """|kernel − float64 reference| allowed for these inputs (module docstring); `keys`: most keys one query reads
+    (default: all of `key`'s), `distance`: the largest BiALiBi distance subtracted from a score."""
+    largest = value.abs().max().item()
+    if value.dtype == torch.bfloat16:
+        return (2.0 ** -7 + 6e-5) * largest + 1e-6
+    dim = query.shape[-1]
+    keys = key.shape[-2] if keys is None else keys
+    products = query.double().abs().flatten(0, -2) @ key.double().abs().flatten(0, -2).T  # Σ|q_i k_i| per pair
+    span = dim ** -0.5 * products.max().item() + distance
+    score = (dim + 3) * U * span
+    probability = 2 * score + 2 * U * span + EXP_ERROR
+    return (2 * probability + 2 * (keys + 2) * U) * largest + 1e-7
 
 
 def _reference(query, key, value, allowed):
@@ -34,24 +59,24 @@ def _reference(query, key, value, allowed):
     return weights @ value.double()
 
 
-@needs_kernel
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("dim, value_dim, block_rows, query_rows", [(32, 32, 64, 64), (64, 64, 24, 6), (2, 16, 5, 1),
                                                                      (128, 48, 32, 13)])
-def test_attend_blocks_equals_the_reference_with_blocks_read_in_place(dim, value_dim, block_rows, query_rows):
+def test_attend_blocks_equals_the_reference_with_blocks_read_in_place(dim, value_dim, block_rows, query_rows, dtype):
     """Groups read key blocks from anywhere in a pool (repeated, out of order), with partly masked blocks, wholly
     masked ones (offset -1) and one group with no allowed key (zeros); keys per group not a multiple of 32 and
     query rows not a multiple of 4 run the padded tails."""
     generator = torch.Generator().manual_seed(dim + block_rows)
     pool_blocks, groups, per_group = 7, 5, 3
-    keys = torch.randn(pool_blocks * block_rows, dim, generator=generator).bfloat16()
-    values = torch.randn(pool_blocks * block_rows, value_dim, generator=generator).bfloat16()
-    queries = torch.randn(groups * query_rows, dim, generator=generator).bfloat16()
+    keys = torch.randn(pool_blocks * block_rows, dim, generator=generator).to(dtype)
+    values = torch.randn(pool_blocks * block_rows, value_dim, generator=generator).to(dtype)
+    queries = torch.randn(groups * query_rows, dim, generator=generator).to(dtype)
     mask = (torch.rand(pool_blocks * block_rows, generator=generator) > 0.3).to(torch.uint8)
     chosen = torch.randint(0, pool_blocks, (groups, per_group), generator=generator)
     mask_offsets = chosen * block_rows
     mask_offsets[1, 0] = -1
     mask_offsets[4] = -1  # group 4 reads no key
-    out = torch.full((groups * query_rows, value_dim), 7.0).bfloat16()
+    out = torch.full((groups * query_rows, value_dim), 7.0).to(dtype)
     offsets = torch.arange(groups) * query_rows
     cpu_kernel.attend_blocks(queries, offsets * dim, query_rows, keys, chosen * block_rows * dim, values,
                              chosen * block_rows * value_dim, mask, mask_offsets, block_rows, out,
@@ -63,7 +88,7 @@ def test_attend_blocks_equals_the_reference_with_blocks_read_in_place(dim, value
         expected = _reference(queries[group * query_rows:(group + 1) * query_rows], keys[rows], values[rows],
                               allowed[None])
         got = out[group * query_rows:(group + 1) * query_rows].double()
-        assert (got - expected).abs().max().item() <= _bound(values), group
+        assert (got - expected).abs().max().item() <= _bound(queries, keys, values, per_group * block_rows), group
     assert out[4 * query_rows:].abs().max() == 0
 
 
@@ -76,20 +101,20 @@ def _pattern_cases():
     ]
 
 
-@needs_kernel
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("blocks, block, heads, random_blocks, reach, last_global", _pattern_cases())
 @pytest.mark.parametrize("value_dim", [32, 64])
 def test_bigbird_attention_in_the_kernel_equals_the_dense_reference(blocks, block, heads, random_blocks, reach,
-                                                                    last_global, value_dim):
-    """bigbird_attention on bf16 at inference takes the kernel (no SDPA call), on q/k/v laid out as the model's
+                                                                    last_global, value_dim, dtype):
+    """bigbird_attention in bf16 or fp32 at inference takes the kernel (no SDPA call), on q/k/v laid out as the model's
     projections leave them ((B, l, H, d) transposed, not contiguous), with a padded row; real query rows equal the
-    dense reference with the pattern as its mask, within the bf16 bound."""
+    dense reference with the pattern as its mask, within the dtype's bound."""
     pattern = bigbird_pattern(blocks, block, heads, random_blocks, 1, 0, "seeded", reach, last_global, 0)
     length, batch, dim = blocks * block, 2, 32
     generator = torch.Generator().manual_seed(blocks)
-    query, key = (torch.randn(batch, length, heads, dim, generator=generator).transpose(1, 2).bfloat16()
+    query, key = (torch.randn(batch, length, heads, dim, generator=generator).transpose(1, 2).to(dtype)
                   for _ in range(2))
-    value = torch.randn(batch, length, heads, value_dim, generator=generator).transpose(1, 2).bfloat16()
+    value = torch.randn(batch, length, heads, value_dim, generator=generator).transpose(1, 2).to(dtype)
     key_mask = torch.ones(batch, length, dtype=torch.bool)
     key_mask[1, length - block // 2 - 3:] = False
     calls = []
@@ -103,29 +128,29 @@ def test_bigbird_attention_in_the_kernel_equals_the_dense_reference(blocks, bloc
     assert not calls
     expected = _reference(query, key, value, pattern.materialize()[None] & key_mask[:, None, None, :])
     real = key_mask[:, None, :, None]
-    assert ((out.double() - expected).abs() * real).max().item() <= _bound(value)
+    assert ((out.double() - expected).abs() * real).max().item() <= _bound(query, key, value)
     # a row alone gives bit-identical outputs (the kernel's arithmetic per group does not see the batch)
     with torch.inference_mode():
         alone = blocked.bigbird_attention(query[1:], key[1:], value[1:], key_mask[1:], pattern)
     assert torch.equal(alone, out[1:])
 
 
-@needs_kernel
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("length", [1, 37, 64, 300])
 @pytest.mark.parametrize("value_dim", [32, 64])
 @pytest.mark.parametrize("queries", [None, 16])
-def test_full_attention_in_the_kernel_equals_the_dense_reference(length, value_dim, queries):
-    """full_attention on bf16 at inference (every length up to the source's) takes the kernel, with a padded row
+def test_full_attention_in_the_kernel_equals_the_dense_reference(length, value_dim, queries, dtype):
+    """full_attention in bf16 or fp32 at inference (every length up to the source's) takes the kernel, with a padded row
     and values wider than queries and keys (TAPE), and with fewer queries than keys (LittleBird's pack attention:
-    16 pack queries over the tokens); equal to the reference within the bf16 bound, a row alone bit-equal to the same
+    16 pack queries over the tokens); equal to the reference within the dtype's bound, a row alone bit-equal to the same
     row in the batch, and no key mask the same as an all-true one."""
     from longbird.attention.full import full_attention
 
     heads, dim = 3, 32
     generator = torch.Generator().manual_seed(length)
-    query = torch.randn(2, queries or length, heads, dim, generator=generator).transpose(1, 2).bfloat16()
-    key = torch.randn(2, length, heads, dim, generator=generator).transpose(1, 2).bfloat16()
-    value = torch.randn(2, length, heads, value_dim, generator=generator).transpose(1, 2).bfloat16()
+    query = torch.randn(2, queries or length, heads, dim, generator=generator).transpose(1, 2).to(dtype)
+    key = torch.randn(2, length, heads, dim, generator=generator).transpose(1, 2).to(dtype)
+    value = torch.randn(2, length, heads, value_dim, generator=generator).transpose(1, 2).to(dtype)
     key_mask = torch.ones(2, length, dtype=torch.bool)
     key_mask[1, max(1, length // 2):] = False
     calls = []
@@ -140,26 +165,34 @@ def test_full_attention_in_the_kernel_equals_the_dense_reference(length, value_d
             torch.nn.functional.scaled_dot_product_attention = original
     assert not calls
     expected = _reference(query, key, value, key_mask[:, None, None, :])
-    assert (out.double() - expected).abs().max().item() <= _bound(value)
+    assert (out.double() - expected).abs().max().item() <= _bound(query, key, value)
     assert torch.equal(alone, out[1:]) and torch.equal(unmasked, out[:1])
 
 
-def test_the_kernel_is_only_taken_for_cpu_bf16_inference(monkeypatch):
-    """fp32, autograd on inputs that need gradients, dropout, value widths past the kernel's registers, odd head
-    sizes and LONGBIRD_CPU_KERNEL=0 all keep SDPA."""
+def test_the_kernel_is_only_taken_for_cpu_inference_in_bf16_and_fp32(monkeypatch):
+    """fp16, mixed dtypes, autograd on inputs that need gradients, dropout, value widths past the kernel's registers,
+    odd head sizes in bf16 (read as pairs) and LONGBIRD_CPU_KERNEL=0 all keep SDPA; bf16 needs AVX-512 BF16, fp32
+    AVX-512."""
     q = torch.zeros(1, 2, 64, 32, dtype=torch.bfloat16)
-    assert not cpu_kernel.usable(q.float(), q.float(), q.float())
+    assert not cpu_kernel.usable(q.half(), q.half(), q.half())
+    assert not cpu_kernel.usable(q, q.float(), q)
     assert not cpu_kernel.usable(q, q, q.clone().requires_grad_())
+    assert not cpu_kernel.usable(q.float(), q.float(), q.float().requires_grad_())
     assert not cpu_kernel.usable(q, q, q, dropout_p=0.1)
     assert not cpu_kernel.usable(q, q, torch.zeros(1, 2, 64, 128, dtype=torch.bfloat16))
     assert not cpu_kernel.usable(q[..., :31], q[..., :31], q)
     monkeypatch.setenv("LONGBIRD_CPU_KERNEL", "0")
-    assert not cpu_kernel.usable(q, q, q)
-    if cpu_kernel.cpu_supports_kernel() and cpu_kernel.compiler():
-        monkeypatch.setenv("LONGBIRD_CPU_KERNEL", "1")
-        assert cpu_kernel.usable(q, q, q)
-        with torch.no_grad():
-            assert cpu_kernel.usable(q, q, q.clone().requires_grad_())
+    assert not cpu_kernel.usable(q, q, q) and not cpu_kernel.usable(q.float(), q.float(), q.float())
+    monkeypatch.setenv("LONGBIRD_CPU_KERNEL", "1")
+    for dtype in (torch.bfloat16, torch.float32):
+        x = q.to(dtype)
+        assert cpu_kernel.usable(x, x, x) == (cpu_kernel.cpu_supports_kernel(dtype) and bool(cpu_kernel.compiler()))
+        if cpu_kernel.usable(x, x, x):
+            with torch.no_grad():
+                assert cpu_kernel.usable(x, x, x.clone().requires_grad_())
+    if cpu_kernel.usable(q.float(), q.float(), q.float()):
+        odd = q.float()[..., :31]
+        assert cpu_kernel.usable(odd, odd, q.float())  # fp32 reads q and k one value at a time
 
 
 @needs_kernel
@@ -172,7 +205,7 @@ def test_the_kernel_is_built_once_into_the_cache_by_rename(tmp_path, monkeypatch
 
     monkeypatch.setenv("LONGBIRD_KERNEL_CACHE", str(tmp_path / "broken"))
     monkeypatch.setenv("CXX", "false")
-    with pytest.raises(RuntimeError, match="building the bf16 attention kernel failed"):
+    with pytest.raises(RuntimeError, match="building the CPU attention kernels failed"):
         cpu_kernel.build(cpu_kernel.library_path())
     assert list((tmp_path / "broken").iterdir()) == []
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
@@ -191,24 +224,18 @@ def test_a_kobigbird_model_in_bf16_reads_alike_with_and_without_the_kernel(monke
     """A converted model (32-wide heads, blocks of 32) at inference in bf16 past its source length: the kernel is
     called in every layer, and the hidden states are as close to the fp32 model's as SDPA's bf16 path is (the same
     roundings, in another order)."""
-    torch.manual_seed(0)
-    source = BertModel(BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                                  intermediate_size=128, max_position_embeddings=128)).eval()
-    model = longbird.convert(source, max_length=512, block_size=32, num_random_blocks=1).eval()
-    input_ids, attention_mask = make_batch(300)
+    model, input_ids, attention_mask = _small_kobigbird()
     real = attention_mask.bool()
     with torch.no_grad():
         reference = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-    calls = []
-    original = cpu_kernel.attend_blocks
-    monkeypatch.setattr(cpu_kernel, "attend_blocks", lambda *a, **k: calls.append(1) or original(*a, **k))
+    calls = _count_kernel_calls(monkeypatch)
 
     def cosine(out):
         return torch.nn.functional.cosine_similarity(out.float()[real], reference[real], dim=-1).min().item()
 
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         fused = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        assert calls
+        assert len(calls) >= model.config.num_hidden_layers
         monkeypatch.setenv("LONGBIRD_CPU_KERNEL", "0")
         calls.clear()
         sdpa = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
@@ -216,15 +243,53 @@ def test_a_kobigbird_model_in_bf16_reads_alike_with_and_without_the_kernel(monke
     assert cosine(fused) > 0.99 and abs(cosine(fused) - cosine(sdpa)) < 0.01
 
 
-@needs_kernel
+@needs_fp32_kernel
+def test_a_kobigbird_model_in_fp32_reads_alike_with_and_without_the_kernel(monkeypatch):
+    """The same model in fp32 (no autocast: what `answer` and `serve` run by default): the fp32 kernel is called in
+    every layer, and the hidden states equal SDPA's fp32 path within 2^-12 on the LayerNorm-ed (unit-scale) states:
+    each attention output is within `_bound` of exact (about 1e-3·max|v| here, a worst case ~1000x the usual
+    error), and two layers of LayerNorm-ed residual sums pass that on at the states' unit scale."""
+    model, input_ids, attention_mask = _small_kobigbird()
+    real = attention_mask.bool()
+    calls = _count_kernel_calls(monkeypatch)
+    with torch.no_grad():
+        fused = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        assert len(calls) >= model.config.num_hidden_layers
+        monkeypatch.setenv("LONGBIRD_CPU_KERNEL", "0")
+        calls.clear()
+        sdpa = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        assert not calls
+    assert fused.dtype == torch.float32
+    assert (fused - sdpa)[real].abs().max().item() <= 2.0 ** -12
+
+
+def _small_kobigbird():
+    torch.manual_seed(0)
+    source = BertModel(BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=128, max_position_embeddings=128)).eval()
+    model = longbird.convert(source, max_length=512, block_size=32, num_random_blocks=1).eval()
+    input_ids, attention_mask = make_batch(300)
+    return model, input_ids, attention_mask
+
+
+def _count_kernel_calls(monkeypatch) -> list:
+    calls = []
+    original = cpu_kernel.attend_blocks
+    monkeypatch.setattr(cpu_kernel, "attend_blocks", lambda *a, **k: calls.append(1) or original(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("preset, length", [("kobigbird", 100), ("kobigbird", 300), ("littlebird", 300)])
-def test_a_compiled_graph_runs_the_kernel_and_equals_eager(preset, length):
-    """torch.compile(fullgraph=True) in bf16: at or below the source length full attention is traced, and the kernel
-    enters the graph as one opaque op (`longbird::cpu_full_attention_bf16`); past it kobigbird's per-row op runs the
+def test_a_compiled_graph_runs_the_kernel_and_equals_eager(preset, length, dtype):
+    """torch.compile(fullgraph=True) in bf16 (autocast) and fp32: at or below the source length full attention is traced, and the kernel
+    enters the graph as one opaque op (`longbird::cpu_full_attention`); past it kobigbird's per-row op runs the
     blocked path, which calls the kernel; LittleBird's USW attention is an op of its own
-    (`longbird::cpu_usw_attention_bf16`). Either way every layer calls the kernel, and the compiled model equals eager
+    (`longbird::cpu_usw_attention`). Either way every layer calls the kernel, and the compiled model equals eager
     up to Inductor's reordered fp32 sums (LayerNorm, GELU), which can move a bf16 rounding of a unit-scale state by
-    one step (2^-8) before the next product: 2^-6 on the LayerNorm-ed states of two layers."""
+    one step (2^-8) before the next product: 2^-6 on the LayerNorm-ed states of two layers. In fp32 the same
+    reordering moves a state by a few units of 2^-24 per sum (at most 128 terms here), which the attention's fp32
+    bound passes on: 2^-12."""
     torch.manual_seed(0)
     source = BertModel(BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                                   intermediate_size=128, max_position_embeddings=128)).eval()
@@ -236,7 +301,7 @@ def test_a_compiled_graph_runs_the_kernel_and_equals_eager(preset, length):
     torch._dynamo.reset()
     try:
         cpu_kernel.attend_blocks = lambda *a, **k: calls.append(1) or original(*a, **k)
-        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
             eager = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
             calls.clear()
             compiled = torch.compile(model, fullgraph=True)(input_ids=input_ids,
@@ -246,15 +311,16 @@ def test_a_compiled_graph_runs_the_kernel_and_equals_eager(preset, length):
         torch._dynamo.reset()
     assert len(calls) >= model.config.num_hidden_layers
     real = attention_mask.bool()
-    assert (compiled.float() - eager.float())[real].abs().max().item() <= 2.0 ** -6
+    tolerance = 2.0 ** -6 if dtype == torch.bfloat16 else 2.0 ** -12
+    assert (compiled.float() - eager.float())[real].abs().max().item() <= tolerance
 
 
-@needs_kernel
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("pack, value_dim", [(32, 32), (64, 64), (0, 32)])
-def test_littlebird_usw_attention_in_the_kernel_equals_the_dense_reference(pack, value_dim):
-    """usw_attention on bf16 at inference takes the kernel (no SDPA call), the BiALiBi distance computed inside it
+def test_littlebird_usw_attention_in_the_kernel_equals_the_dense_reference(pack, value_dim, dtype):
+    """usw_attention in bf16 or fp32 at inference takes the kernel (no SDPA call), the BiALiBi distance computed inside it
     from position ids: packed-context keys in front (D_C), a padded row, a jump in positions (Padding Insertion),
-    slopes that differ per term, TAPE's wider values; equal to the dense reference within the bf16 bound on real
+    slopes that differ per term, TAPE's wider values; equal to the dense reference within the dtype's bound on real
     query rows, and a row alone bit-equal to the same row in the batch."""
     from longbird.attention import littlebird
     from longbird.positions.alibi import BiALiBi
@@ -262,11 +328,11 @@ def test_littlebird_usw_attention_in_the_kernel_equals_the_dense_reference(pack,
     batch, heads, n, block, dim = 2, 3, 6, 32, 32
     length = n * block
     generator = torch.Generator().manual_seed(pack + value_dim)
-    query, key = (torch.randn(batch, length, heads, dim, generator=generator).transpose(1, 2).bfloat16()
+    query, key = (torch.randn(batch, length, heads, dim, generator=generator).transpose(1, 2).to(dtype)
                   for _ in range(2))
-    value = torch.randn(batch, length, heads, value_dim, generator=generator).transpose(1, 2).bfloat16()
-    pack_key = torch.randn(batch, heads, pack, dim, generator=generator).bfloat16() if pack else None
-    pack_value = torch.randn(batch, heads, pack, value_dim, generator=generator).bfloat16() if pack else None
+    value = torch.randn(batch, length, heads, value_dim, generator=generator).transpose(1, 2).to(dtype)
+    pack_key = torch.randn(batch, heads, pack, dim, generator=generator).to(dtype) if pack else None
+    pack_value = torch.randn(batch, heads, pack, value_dim, generator=generator).to(dtype) if pack else None
     key_mask = torch.ones(batch, length, dtype=torch.bool)
     key_mask[1, length - block - 5:] = False
     positions = torch.arange(length).expand(batch, length).clone()
@@ -295,5 +361,9 @@ def test_littlebird_usw_attention_in_the_kernel_equals_the_dense_reference(pack,
     expected = littlebird.usw_attention_reference(query.double(), key.double(), value.double(), key_mask, positions,
                                                   slopes, block, double(pack_key), double(pack_value))
     real = key_mask[:, None, :, None]
-    assert ((out.double() - expected).abs() * real).max().item() <= _bound(value)
+    distance = max(slopes.distance(positions, positions).abs().max().item(),
+                   slopes.pack_distance(block).abs().max().item())
+    every_key = key if not pack else torch.cat([pack_key, key], dim=2)
+    bound = _bound(query, every_key, value, pack + 4 * block, distance)
+    assert ((out.double() - expected).abs() * real).max().item() <= bound
     assert torch.equal(alone, out[1:])

@@ -53,7 +53,8 @@ def test_usw_kernel_dropout_is_unbiased():
     assert (samples.mean(0) - exact).abs().max() < 0.12  # inverted dropout keeps the expectation
 
 
-def test_flex_is_never_chosen_for_a_call_with_attention_dropout():
+def test_flex_is_never_chosen_for_a_call_with_attention_dropout(monkeypatch):
+    monkeypatch.setenv("LONGBIRD_CPU_KERNEL", "0")  # without it LittleBird's fp32 inference takes the fused kernel
     cpu = torch.device("cpu")
     with torch.no_grad():
         assert choose_backend("auto", cpu, 8192, 64, kernel="usw").name == "flex"

@@ -33,6 +33,7 @@ import torch
 from . import flex_failures
 from .attention import (
     bigbird_attention,
+    cpu_kernel,
     full_attention,
     reference_attention,
     usw_attention,
@@ -133,6 +134,9 @@ def choose_backend(requested: str, device: torch.device, length: int, block_size
         return _logged("blocked", "CPU inference, BigBird rows: the blocked kernels are as fast as compiled "
                                   "flex_attention at base-size heads and faster at e5-small heads (measured: "
                                   "benchmarks/results/flex_cpu_fp32_small_rerun.md)")
+    if block_size % 32 == 0 and cpu_kernel.available(dtype):
+        return _logged("blocked", "CPU inference, LittleBird: longbird's fused fp32 kernel is faster than compiled "
+                                  "flex_attention (measured: docs/benchmarks.md, \"The fused kernel in fp32\")")
     if length < CPU_FLEX_MIN_LENGTH:
         return _logged("blocked", f"CPU inference below {CPU_FLEX_MIN_LENGTH} tokens: the blocked kernel is faster "
                                   "once compile time is counted")

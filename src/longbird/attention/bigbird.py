@@ -114,7 +114,7 @@ def _middle_attention(query, key, value, key_mask, pattern: BigBirdPattern, work
 
 
 def _fused_cpu_attention(query, key, value, key_mask, pattern: BigBirdPattern):
-    """CPU bf16 inference: every query block in the fused kernel (`cpu_kernel`), written straight into the
+    """CPU inference in bf16 or fp32: every query block in the fused kernel (`cpu_kernel`), written straight into the
     (B, H, l, d_v) output (token-major in memory); same pattern as the SDPA path above. With blocks of a multiple of
     32 rows every key and value block is packed once per call and read in place by each query block that attends to
     it (a middle block's 8 key blocks are other blocks' keys too); otherwise each query block packs its own."""
@@ -125,8 +125,9 @@ def _fused_cpu_attention(query, key, value, key_mask, pattern: BigBirdPattern):
     out = query.new_empty(batch, length, heads, value_dim).transpose(1, 2)
     mask = key_mask.to(torch.uint8)
     packed = block % 32 == 0
+    units = cpu_kernel.packed_units(query.dtype, dim, value_dim, block) if packed else None
     tables, pack_offsets = _fused_tables(pattern, batch, heads, query.stride(), key.stride(), value.stride(),
-                                         out.stride(), (dim, value_dim) if packed else None)
+                                         out.stride(), units)
     if packed:
         key, value = cpu_kernel.pack_blocks(key, pack_offsets[0], value, pack_offsets[1], block)
     for query_offsets, key_offsets, value_offsets, mask_offsets, out_offsets in tables:
@@ -137,25 +138,25 @@ def _fused_cpu_attention(query, key, value, key_mask, pattern: BigBirdPattern):
 
 @lru_cache(maxsize=256)
 def _fused_tables(pattern: BigBirdPattern, batch: int, heads: int, query_strides, key_strides, value_strides,
-                  out_strides, packed_dims):
+                  out_strides, packed_units):
     """Offset tables of the fused kernel's calls, one per set of query blocks that read the same number of key
     blocks: the global blocks (ITC: first and last over every key block; "first-reads-source": block 0 over its
     prefix), then the middle blocks over their window, global and random blocks (`middle_key_blocks`; an invalid
-    slot is a masked block). Element offsets from the tensors' strides; masks are (B, l) uint8. `packed_dims`
-    (d, d_v): key and value offsets index `cpu_kernel.pack_blocks`' output for blocks in (b, h, block) order, whose
-    row offsets are returned beside the tables (else None)."""
+    slot is a masked block). Element offsets from the tensors' strides; masks are (B, l) uint8. `packed_units`
+    (`cpu_kernel.packed_units`): key and value offsets index `cpu_kernel.pack_blocks`' output for blocks in
+    (b, h, block) order, whose row offsets are returned beside the tables (else None)."""
     with outside_the_trace():
         n, block = pattern.num_blocks, pattern.block_size
         length = n * block
         offsets = partial(cpu_kernel.token_offsets, batch=batch, heads=heads)
 
         def table(query_blocks, key_blocks, valid=None):  # query_blocks (H, G); key_blocks (H, G, k)
-            if packed_dims is None:
+            if packed_units is None:
                 key_rows = offsets(key_strides, tokens=key_blocks * block)
                 value_rows = offsets(value_strides, tokens=key_blocks * block)
             else:
                 index = offsets((heads * n, n, 1), tokens=key_blocks)  # (b, h, block) order of pack_blocks
-                key_rows, value_rows = index * (packed_dims[0] // 2 * block), index * (block // 2 * packed_dims[1])
+                key_rows, value_rows = index * packed_units[0], index * packed_units[1]
             mask_rows = offsets((length, 0, 1), tokens=key_blocks * block)
             if valid is not None:
                 mask_rows = torch.where(valid[None], mask_rows, -1)
@@ -180,7 +181,7 @@ def _fused_tables(pattern: BigBirdPattern, batch: int, heads: int, query_strides
             queries = torch.arange(1, pattern.middle_end).expand(heads, -1)
             tables.append(table(queries, indices, valid))
         pack_offsets = None
-        if packed_dims is not None:
+        if packed_units is not None:
             every_block = torch.arange(n)[None] * block
             pack_offsets = (offsets(key_strides, tokens=every_block).reshape(-1),
                             offsets(value_strides, tokens=every_block).reshape(-1))

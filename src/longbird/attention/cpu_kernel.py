@@ -1,16 +1,18 @@
-"""A fused bf16 attention kernel for CPUs with AVX-512 BF16 (`kernels/block_attention_bf16.cpp`), built on first use.
+"""Fused attention kernels for AVX-512 CPUs, bf16 and fp32 (`kernels/block_attention_*.cpp`), built on first use.
 
-Why a kernel of our own: at the head size longbird serves (multilingual-e5-small, 32) PyTorch's CPU flash kernel
-spends most of a bf16 BigBird forward on small products and bookkeeping, not arithmetic, and neither it nor compiled
-flex comes near this CPU's bf16 rate (docs/benchmarks.md, "A fused bf16 attention kernel"). The kernel computes
-scores with bf16 pair dot products summed in fp32 (as SDPA's bf16 kernel), the softmax in fp32, and reads each query
-group's key blocks in place through offset tables, so BigBird's gathered copies of key and value blocks are not made.
+Why kernels of our own: at the head size longbird serves (multilingual-e5-small, 32) PyTorch's CPU flash kernel
+spends most of a BigBird forward's attention on small products and bookkeeping, not arithmetic, and neither it nor
+compiled flex comes near this CPU's rate (docs/benchmarks.md, "A fused bf16 attention kernel" and "The fused kernel
+in fp32"). The bf16 kernel computes scores with bf16 pair dot products summed in fp32 (as SDPA's bf16 kernel), the
+fp32 kernel with fp32 products; both take the softmax in fp32 and read each query group's key blocks in place
+through offset tables, so BigBird's gathered copies of key and value blocks are not made.
 
 The shared library is compiled once per machine with the system's C++ compiler (`$CXX`, else `g++`) into
-`~/.cache/longbird/kernels/` (`$LONGBIRD_KERNEL_CACHE`), named by a hash of the source and flags, written to a
-temporary file and renamed. It is used only for CPU inference in bf16 (no autograd, no dropout, not while traced);
-everywhere else, on CPUs without AVX-512 BF16, without a compiler, or with `LONGBIRD_CPU_KERNEL=0`, the callers run
-SDPA as before. A failed build is logged once and the process falls back to SDPA.
+`~/.cache/longbird/kernels/` (`$LONGBIRD_KERNEL_CACHE`), named by a hash of the sources and flags, written to a
+temporary file and renamed. It is used only for CPU inference (no autograd, no dropout, not while traced) in bf16 on
+CPUs with AVX-512 BF16 and in fp32 on CPUs with AVX-512; everywhere else (fp16, GPUs, other CPUs, no compiler, or
+`LONGBIRD_CPU_KERNEL=0`) the callers run SDPA as before. A failed build is logged once and the process falls back
+to SDPA.
 """
 
 from __future__ import annotations
@@ -32,11 +34,14 @@ from .tracing import exporting, is_tracing
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("kernels") / "block_attention_bf16.cpp"
-FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma", "-fopenmp",
-         "-shared", "-fPIC")
+KERNELS = Path(__file__).with_name("kernels")
+SOURCES = (KERNELS / "block_attention_bf16.cpp", KERNELS / "block_attention_fp32.cpp")
+HEADERS = (KERNELS / "block_attention_common.h",)
+FLAGS = ("-std=c++17", "-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma",
+         "-fopenmp", "-shared", "-fPIC")
 MAX_HEAD_DIM = 128   # query/key width the kernel accepts (its per-row pair buffer)
 MAX_VALUE_DIM = 64   # value width: four rows × dv/16 fp32 accumulators must fit the 32 vector registers
+KERNEL_DTYPES = (torch.bfloat16, torch.float32)
 _lock = threading.Lock()
 
 
@@ -45,10 +50,13 @@ def enabled_by_environment() -> bool:
     return os.environ.get("LONGBIRD_CPU_KERNEL", "1").strip().lower() not in {"0", "false", "no", "off"}
 
 
-@lru_cache(maxsize=1)
-def cpu_supports_kernel() -> bool:
-    """The CPU executes AVX-512 BF16 (vdpbf16ps), which the kernel is built for."""
-    check = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
+@lru_cache(maxsize=2)
+def cpu_supports_kernel(dtype: torch.dtype = torch.bfloat16) -> bool:
+    """The CPU executes the kernel for `dtype`: AVX-512 BF16 (vdpbf16ps) for bf16, AVX-512 for fp32."""
+    if dtype not in KERNEL_DTYPES:
+        return False
+    name = "_is_avx512_bf16_supported" if dtype == torch.bfloat16 else "_is_avx512_supported"
+    check = getattr(torch.cpu, name, None)
     return bool(check and check())
 
 
@@ -61,9 +69,10 @@ def compiler() -> str | None:
 
 
 def library_path() -> Path:
-    """Where the built kernel lives: named by the hash of its source, flags and compiler."""
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + str(compiler()).encode()).hexdigest()
-    return cache_dir() / f"block_attention_bf16-{digest[:16]}.so"
+    """Where the built kernels live: named by the hash of their sources, flags and compiler."""
+    text = b"".join(path.read_bytes() for path in SOURCES + HEADERS)
+    digest = hashlib.sha256(text + " ".join(FLAGS).encode() + str(compiler()).encode()).hexdigest()
+    return cache_dir() / f"block_attention-{digest[:16]}.so"
 
 
 def build(path: Path) -> None:
@@ -75,9 +84,9 @@ def build(path: Path) -> None:
     handle, temporary = tempfile.mkstemp(suffix=".so", dir=path.parent)
     os.close(handle)
     try:
-        result = subprocess.run([cxx, *FLAGS, str(SOURCE), "-o", temporary], capture_output=True, text=True)
+        result = subprocess.run([cxx, *FLAGS, *map(str, SOURCES), "-o", temporary], capture_output=True, text=True)
         if result.returncode != 0:
-            raise RuntimeError(f"building the bf16 attention kernel failed:\n{result.stderr[-2000:]}")
+            raise RuntimeError(f"building the CPU attention kernels failed:\n{result.stderr[-2000:]}")
         os.replace(temporary, path)
     finally:
         if os.path.exists(temporary):
@@ -93,48 +102,66 @@ def _load() -> ctypes.CDLL | None:
                 build(path)
             library = ctypes.CDLL(str(path))
         except (OSError, RuntimeError) as error:
-            logger.warning("the fused bf16 attention kernel is unavailable, SDPA is used instead: %s", error)
+            logger.warning("the fused CPU attention kernels are unavailable, SDPA is used instead: %s", error)
             return None
-    function = library.longbird_block_attention_bf16
-    function.restype = ctypes.c_int
-    function.argtypes = ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] +
-                         [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64] * 2 +
-                         [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 4 +
-                         [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_float,
-                          ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 4)
-    pack = library.longbird_pack_blocks_bf16
-    pack.restype = ctypes.c_int
-    pack.argtypes = ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64] * 2 + [ctypes.c_int64] * 4 +
-                     [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int])
+    for suffix in ("bf16", "fp32"):
+        function = getattr(library, f"longbird_block_attention_{suffix}")
+        function.restype = ctypes.c_int
+        function.argtypes = ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] +
+                             [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64] * 2 +
+                             [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 4 +
+                             [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_float,
+                              ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 4)
+        pack = getattr(library, f"longbird_pack_blocks_{suffix}")
+        pack.restype = ctypes.c_int
+        pack.argtypes = ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64] * 2 + [ctypes.c_int64] * 4 +
+                         [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int])
     return library
 
 
-def available() -> bool:
-    """The kernel can run here: enabled, the CPU has AVX-512 BF16, and it built (or was built before)."""
-    return enabled_by_environment() and cpu_supports_kernel() and _load() is not None
+def _suffix(dtype: torch.dtype) -> str:
+    return "bf16" if dtype == torch.bfloat16 else "fp32"
+
+
+def available(dtype: torch.dtype = torch.bfloat16) -> bool:
+    """The kernel for `dtype` can run here: enabled, the CPU has its instructions (AVX-512 BF16 for bf16, AVX-512
+    for fp32), and the library built (or was built before)."""
+    return enabled_by_environment() and cpu_supports_kernel(dtype) and _load() is not None
 
 
 def _call_fits(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout_p: float) -> bool:
-    """CPU bf16 inference (nothing to differentiate, no dropout) at widths the kernel takes."""
+    """CPU inference in bf16 or fp32 (nothing to differentiate, no dropout) at widths the kernel takes."""
     if query.device.type != "cpu" or dropout_p > 0.0:
         return False
-    if any(x.dtype != torch.bfloat16 for x in (query, key, value)):
+    if query.dtype not in KERNEL_DTYPES or any(x.dtype != query.dtype for x in (key, value)):
         return False
     if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value)):
         return False
     dim, value_dim = query.shape[-1], value.shape[-1]
-    return not (dim % 2 or dim > MAX_HEAD_DIM or value_dim % 16 or value_dim > MAX_VALUE_DIM)
+    odd = dim % 2 and query.dtype == torch.bfloat16  # the bf16 kernel reads q and k as pairs
+    return not (odd or dim > MAX_HEAD_DIM or value_dim % 16 or value_dim > MAX_VALUE_DIM)
 
 
 def usable(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout_p: float = 0.0) -> bool:
     """This eager call may take the kernel: not traced, and `_call_fits`."""
-    return not is_tracing() and _call_fits(query, key, value, dropout_p) and available()
+    return not is_tracing() and _call_fits(query, key, value, dropout_p) and available(query.dtype)
 
 
 @torch.compiler.assume_constant_result
-def available_to_compiled_graphs() -> bool:
-    """`available()`, read once while torch.compile traces a graph and kept in it as a constant."""
-    return available()
+def _bf16_available_to_compiled_graphs() -> bool:
+    return available(torch.bfloat16)
+
+
+@torch.compiler.assume_constant_result
+def _fp32_available_to_compiled_graphs() -> bool:
+    return available(torch.float32)
+
+
+def available_to_compiled_graphs(dtype: torch.dtype = torch.bfloat16) -> bool:
+    """`available(dtype)`, read once while torch.compile traces a graph and kept in it as a constant."""
+    if dtype == torch.bfloat16:
+        return _bf16_available_to_compiled_graphs()
+    return _fp32_available_to_compiled_graphs()
 
 
 def usable_in_compiled_graph(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -143,7 +170,7 @@ def usable_in_compiled_graph(query: torch.Tensor, key: torch.Tensor, value: torc
     conditions as `usable`; the caller then puts the kernel in the graph as an opaque op."""
     if not torch.compiler.is_compiling() or exporting() or torch.jit.is_tracing():
         return False
-    return _call_fits(query, key, value, dropout_p) and available_to_compiled_graphs()
+    return _call_fits(query, key, value, dropout_p) and available_to_compiled_graphs(query.dtype)
 
 
 def token_offsets(strides, batch: int, heads: int, tokens: torch.Tensor) -> torch.Tensor:
@@ -156,19 +183,33 @@ def token_offsets(strides, batch: int, heads: int, tokens: torch.Tensor) -> torc
     return b * strides[0] + h * strides[1] + tokens[None] * strides[2]
 
 
+def packed_units(dtype: torch.dtype, dim: int, value_dim: int, block_rows: int) -> tuple[int, int]:
+    """Elements of one packed key block and one packed value block in `pack_blocks`' output for `dtype`: block i of
+    the key tensor starts at i times the first, of the value tensor at i times the second."""
+    if dtype == torch.bfloat16:
+        return dim // 2 * block_rows, block_rows // 2 * value_dim  # int32 elements, each a bf16 pair
+    return dim * block_rows, block_rows * value_dim
+
+
 def pack_blocks(key: torch.Tensor, key_offsets: torch.Tensor, value: torch.Tensor, value_offsets: torch.Tensor,
                 block_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Key and value blocks (block i's first row at element offset `key_offsets[i]` / `value_offsets[i]`, tokens
-    `stride(-2)` apart) packed as the kernel reads them: (nblocks, d/2, block_rows) and (nblocks, block_rows/2, d_v)
-    int32 tensors of bf16 pairs, for `attend_blocks(..., packed=True)`."""
+    `stride(-2)` apart) packed as the kernel reads them, for `attend_blocks(..., packed=True)`: bf16 as int32
+    tensors of bf16 pairs, (nblocks, d/2, block_rows) and (nblocks, block_rows/2, d_v); fp32 as (nblocks, d,
+    block_rows) keys (transposed) and (nblocks, block_rows, d_v) values. Offsets: `packed_units`."""
     blocks, dim, value_dim = key_offsets.numel(), key.shape[-1], value.shape[-1]
+    dtype = key.dtype
     for name, tensor in (("key", key), ("value", value)):
-        if tensor.dtype != torch.bfloat16 or tensor.stride(-1) != 1:
-            raise ValueError(f"pack_blocks: {name} must be bf16 with a contiguous last dimension")
-    key_packed = torch.empty(blocks, dim // 2, block_rows, dtype=torch.int32)
-    value_packed = torch.empty(blocks, block_rows // 2, value_dim, dtype=torch.int32)
+        if tensor.dtype not in KERNEL_DTYPES or tensor.dtype != dtype or tensor.stride(-1) != 1:
+            raise ValueError(f"pack_blocks: {name} must be bf16 or fp32 (both alike) with a contiguous last dimension")
+    if dtype == torch.bfloat16:
+        key_packed = torch.empty(blocks, dim // 2, block_rows, dtype=torch.int32)
+        value_packed = torch.empty(blocks, block_rows // 2, value_dim, dtype=torch.int32)
+    else:
+        key_packed = torch.empty(blocks, dim, block_rows, dtype=torch.float32)
+        value_packed = torch.empty(blocks, block_rows, value_dim, dtype=torch.float32)
     key_offsets, value_offsets = key_offsets.contiguous(), value_offsets.contiguous()
-    status = _load().longbird_pack_blocks_bf16(
+    status = getattr(_load(), f"longbird_pack_blocks_{_suffix(dtype)}")(
         key.data_ptr(), key_offsets.data_ptr(), key.stride(-2), value.data_ptr(), value_offsets.data_ptr(),
         value.stride(-2), blocks, block_rows, dim, value_dim, key_packed.data_ptr(), value_packed.data_ptr(),
         torch.get_num_threads())
@@ -184,24 +225,29 @@ def attend_blocks(query: torch.Tensor, query_offsets: torch.Tensor, query_rows: 
                   bialibi: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Run the kernel over G query groups, writing into `out`.
 
-    query/key/value/out: bf16 tensors whose last dimension is contiguous and whose tokens are `stride(-2)` apart;
+    query/key/value/out: bf16 or fp32 tensors (one dtype) whose last dimension is contiguous and whose tokens are
+    `stride(-2)` apart;
     the offsets are element offsets into them (int64, contiguous): `query_offsets`/`out_offsets` (G,) the first row
     of each group's `query_rows` rows; `key_offsets`/`value_offsets` (G, nkb) the first row of each of the group's key
     blocks of `block_rows` rows; `mask` uint8 (1 = may attend) with `mask_offsets` (G, nkb) into it (-1: the whole
-    block is masked). `packed=True`: key and value are `pack_blocks`' tensors and their offsets index its int32
-    elements (block i at i·(d/2)·block_rows and i·(block_rows/2)·d_v); block_rows must be a multiple of 32, and
-    `dim` is then the query's. `bialibi` (LittleBird): (slopes (G, 4) fp32 [α, β, γ, D_C] of each group's head,
+    block is masked). `packed=True`: key and value are `pack_blocks`' tensors and their offsets index its
+    elements (block i at i times `packed_units`); block_rows must be a multiple of 32, and `dim` is then the
+    query's. `bialibi` (LittleBird): (slopes (G, 4) fp32 [α, β, γ, D_C] of each group's head,
     positions int64, query position offsets (G,), key position offsets (G, nkb), -1 for a block of packed-context
     keys): the kernel subtracts the BiALiBi distance from every score. The caller keeps every offset inside its
     tensor."""
     library = _load()
     groups, blocks = key_offsets.shape
+    dtype = query.dtype
     tensors = (("query", query), ("out", out)) + (() if packed else (("key", key), ("value", value)))
     for name, tensor in tensors:
-        if tensor.dtype != torch.bfloat16 or tensor.stride(-1) != 1:
-            raise ValueError(f"attend_blocks: {name} must be bf16 with a contiguous last dimension")
-    if packed and (key.dtype != torch.int32 or value.dtype != torch.int32 or block_rows % 32):
-        raise ValueError("attend_blocks: packed keys and values come from pack_blocks, in blocks of a multiple of 32")
+        if dtype not in KERNEL_DTYPES or tensor.dtype != dtype or tensor.stride(-1) != 1:
+            raise ValueError(f"attend_blocks: {name} must be bf16 or fp32, as the query, with a contiguous last "
+                             "dimension")
+    packed_dtype = torch.int32 if dtype == torch.bfloat16 else torch.float32
+    if packed and (key.dtype != packed_dtype or value.dtype != packed_dtype or block_rows % 32):
+        raise ValueError("attend_blocks: packed keys and values come from pack_blocks (of the query's dtype), in "
+                         "blocks of a multiple of 32")
     tables = [t.contiguous() for t in (query_offsets, key_offsets, value_offsets, mask_offsets, out_offsets)]
     if any(t.dtype != torch.int64 for t in tables):
         raise ValueError("attend_blocks: offset tables must be int64")
@@ -211,7 +257,7 @@ def attend_blocks(query: torch.Tensor, query_offsets: torch.Tensor, query_rows: 
         extra = [t.contiguous() for t in bialibi]
         if extra[0].dtype != torch.float32 or any(t.dtype != torch.int64 for t in extra[1:]):
             raise ValueError("attend_blocks: BiALiBi slopes are fp32, positions and their offsets int64")
-    status = library.longbird_block_attention_bf16(
+    status = getattr(library, f"longbird_block_attention_{_suffix(dtype)}")(
         query.data_ptr(), tables[0].data_ptr(), query.stride(-2), query_rows,
         key.data_ptr(), tables[1].data_ptr(), key.stride(-2),
         value.data_ptr(), tables[2].data_ptr(), value.stride(-2),

@@ -43,8 +43,9 @@ def as_wide_as_value(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 
 
 def _fused_cpu_attention(query, key, value, key_mask):
-    """CPU bf16 inference in longbird's fused kernel (`cpu_kernel`): one group per (row, head), its queries over all
-    its keys (2.2-2.7x SDPA's flash kernel at e5-small heads, 384-1024 tokens: docs/benchmarks.md). The kernel packs
+    """CPU inference (bf16 or fp32) in longbird's fused kernel (`cpu_kernel`): one group per (row, head), its queries
+    over all its keys (in bf16 2.2-2.7x SDPA's flash kernel at e5-small heads, 384-1024 tokens: docs/benchmarks.md;
+    fp32: "The fused kernel in fp32" there). The kernel packs
     each group's keys once and takes V wider than Q and K as it is (TAPE). Queries and keys may differ in number
     (LittleBird's pack attention: s pack queries over the l tokens)."""
     batch, heads, queries, _ = query.shape
@@ -62,7 +63,7 @@ def _fused_cpu_attention(query, key, value, key_mask):
                                     rows(out.stride())[:, 0], query.shape[-1] ** -0.5)
 
 
-@torch.library.custom_op("longbird::cpu_full_attention_bf16", mutates_args=())
+@torch.library.custom_op("longbird::cpu_full_attention", mutates_args=())
 def _fused_cpu_attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                             key_mask: torch.Tensor | None) -> torch.Tensor:
     return _fused_cpu_attention(query, key, value, key_mask)

@@ -1,7 +1,7 @@
 """LittleBird's USW attention at inference (no autograd, no attention dropout): the kernels `usw_attention` calls
 (LittleBird §3.3; the layout, training kernel and dense oracle are in `littlebird`).
 
-- `usw_fused_attention` (CPU, bf16, eager, AVX-512 BF16): longbird's fused kernel (`cpu_kernel`), the BiALiBi
+- `usw_fused_attention` (CPU inference, bf16 or fp32, AVX-512): longbird's fused kernel (`cpu_kernel`), the BiALiBi
   distance computed inside it from position ids;
 - `usw_split_attention` (CPU, eager): two flash-attention calls merged by their log-sum-exps, no key groups;
 - `grouped_usw_inference` (GPUs, compiled graphs, TAPE's wider values): one SDPA call over (head, block) rows of the
@@ -145,7 +145,7 @@ def grouped_usw_inference(query, keys, values, layout, slopes, pack_bias, s: int
 
 
 def fused_kernel_applies(query, key, value, layout, s: int) -> bool:
-    """The fused bf16 CPU kernel takes this call, eagerly or as an op in a torch.compile graph
+    """The fused CPU kernel (bf16 or fp32) takes this call, eagerly or as an op in a torch.compile graph
     (`cpu_kernel.usable`, `usable_in_compiled_graph`): blocks of a multiple of 32 tokens (it reads them packed),
     packed-context keys in whole blocks, and a layout that carries the call's positions."""
     b = layout.block_size
@@ -154,13 +154,13 @@ def fused_kernel_applies(query, key, value, layout, s: int) -> bool:
 
 
 def usw_fused_attention(query, key, value, layout, slopes, pack_key, pack_value, pack_bias, scale) -> torch.Tensor:
-    """USW attention (LittleBird §3.3) in the fused bf16 CPU kernel: each query block of each head attends to
+    """USW attention (LittleBird §3.3) in the fused CPU kernel (bf16 or fp32): each query block of each head attends to
     [pack | global block 0 | left | own | right], the packed-context keys and the token keys packed once per call,
     its score minus the BiALiBi distance D computed in the kernel from the position ids (§3.1: α at [CLS], β left,
     γ right, D_C to packed keys). The global copy of block 0 is masked for query blocks 0 and 1, which see it in
     their window, and window blocks past either end are masked, as in `usw_layout`. A query with no allowed key gets
     0 (the blocked kernels give an average of masked values; such a row is never used). In a torch.compile graph
-    the kernel is one opaque op (`longbird::cpu_usw_attention_bf16`).
+    the kernel is one opaque op (`longbird::cpu_usw_attention`).
     Returns (B, H, l, d_v) laid out as (B, l, H, d_v)."""
     pack = pack_bias if pack_bias is not None else torch.zeros_like(slopes.alpha, dtype=torch.float32)
     head_slopes = torch.stack([slopes.alpha.float(), slopes.beta.float(), slopes.gamma.float(), pack.float()], dim=-1)
@@ -186,8 +186,8 @@ def _usw_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pac
         mask = torch.cat([mask.new_ones(batch, s), mask], dim=1)
         positions = torch.cat([positions.new_zeros(batch, s), positions], dim=1)
     value_dim = values.shape[-1]
-    tables = _fused_usw_tables(batch, heads, n, b, front, dim, value_dim, keys.stride(), values.stride(),
-                               query.stride())
+    tables = _fused_usw_tables(batch, heads, n, b, front, cpu_kernel.packed_units(query.dtype, dim, value_dim, b),
+                               value_dim, keys.stride(), values.stride(), query.stride())
     key_packed, value_packed = cpu_kernel.pack_blocks(keys, tables["key_blocks"], values, tables["value_blocks"], b)
     out = query.new_empty(batch, length, heads, value_dim).transpose(1, 2)
     group_slopes = head_slopes[None, :, None].expand(batch, heads, n, 4).reshape(-1, 4)
@@ -197,7 +197,7 @@ def _usw_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pac
         bialibi=(group_slopes, positions, tables["query_positions"], tables["key_positions"]))
 
 
-@torch.library.custom_op("longbird::cpu_usw_attention_bf16", mutates_args=())
+@torch.library.custom_op("longbird::cpu_usw_attention", mutates_args=())
 def _usw_kernel_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pack_key: torch.Tensor | None,
                    pack_value: torch.Tensor | None, key_mask: torch.Tensor, positions: torch.Tensor,
                    head_slopes: torch.Tensor, b: int, scale: float) -> torch.Tensor:
@@ -211,7 +211,8 @@ def _(query, key, value, pack_key, pack_value, key_mask, positions, head_slopes,
 
 
 @lru_cache(maxsize=64)
-def _fused_usw_tables(batch, heads, n, b, front, dim, value_dim, key_strides, value_strides, query_strides) -> dict:
+def _fused_usw_tables(batch, heads, n, b, front, packed_units, value_dim, key_strides, value_strides,
+                      query_strides) -> dict:
     """Offset tables of `usw_fused_attention` (a function of the shapes and strides only). Key blocks of a row: the
     `front` packed-context blocks, then the n token blocks; each query block reads [pack blocks | 0 | i−1 | i | i+1]
     (token block indices), the invalid ones pointing at its own block and masked (offset −1)."""
@@ -235,7 +236,7 @@ def _fused_usw_tables(batch, heads, n, b, front, dim, value_dim, key_strides, va
     return {
         "key_blocks": offsets(key_strides, tokens=every_block).reshape(-1),
         "value_blocks": offsets(value_strides, tokens=every_block).reshape(-1),
-        "keys": (packed * (dim // 2 * b)).reshape(-1, k), "values": (packed * (b // 2 * value_dim)).reshape(-1, k),
+        "keys": (packed * packed_units[0]).reshape(-1, k), "values": (packed * packed_units[1]).reshape(-1, k),
         "masks": masks.reshape(-1, k).contiguous(), "key_positions": key_positions.reshape(-1, k).contiguous(),
         "queries": offsets(query_strides, tokens=query_blocks).reshape(-1),
         "outs": offsets(out_strides, tokens=query_blocks).reshape(-1),

@@ -16,29 +16,7 @@
 // alibi != nullptr (LittleBird): alibi (G, 4) holds each group's head slopes [α, β, γ, D_C]; the score of query row
 // i and key j is then s − D(p_i, p_j) (bialibi_distance), with p_i = positions[qpos_off[g] + i] and p_j =
 // positions[kpos_off[g*nkb+t] + r] for key r of block t, kpos_off < 0 marking a block of packed-context keys.
-#include <immintrin.h>
-#include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-// e^x for x <= 0, -inf -> 0: Cephes expf's range reduction (x = n ln2 + r, |r| <= ln2/2), e^r by its Taylor
-// polynomial of degree 4 (relative error at most 5.6e-5 on that range), 2^n applied with scalef. The probability is
-// rounded to bf16 right after (relative error up to 2^-8 = 3.9e-3), so a longer polynomial would buy nothing: one
-// layer at 4K ran 7 % faster than with Cephes' degree 6 (alternating builds in one process).
-static inline __m512 exp_nonpositive(__m512 x) {
-    const __mmask16 underflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 24.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_maskz_mov_ps(static_cast<__mmask16>(~underflow), _mm512_scalef_ps(p, n));
-}
+#include "block_attention_common.h"
 
 static inline uint32_t bf16_pair(const uint16_t *row, int64_t c) {
     return static_cast<uint32_t>(row[2 * c]) | (static_cast<uint32_t>(row[2 * c + 1]) << 16);
@@ -71,24 +49,6 @@ static inline void weighted_values(const uint32_t *const *value_base, int64_t bl
     }
     for (int r = 0; r < 4; r++)
         for (int t = 0; t < TILES; t++) acc[r][t] = a[r][t];
-}
-
-// LittleBird's BiALiBi distance D (LittleBird §3.1, §3.3; positions/alibi.py) of one query position to 16 keys, for
-// the group's head slopes [α, β, γ, D_C]: 0 at the same position, α where either position is 0 ([CLS]), β·(p_i − p_j)
-// for a key on the left, γ·(p_j − p_i) on the right; a packed-context key gets D_C whatever its position.
-static inline __m512 bialibi_distance(float query_position, const float *slopes, const float *key_position,
-                                      const float *key_is_pack) {
-    const __m512 pj = _mm512_loadu_ps(key_position);
-    const __m512 delta = _mm512_sub_ps(_mm512_set1_ps(query_position), pj);
-    const __m512 zero = _mm512_setzero_ps();
-    __m512 d = _mm512_add_ps(_mm512_mul_ps(_mm512_max_ps(delta, zero), _mm512_set1_ps(slopes[1])),
-                             _mm512_mul_ps(_mm512_max_ps(_mm512_sub_ps(zero, delta), zero), _mm512_set1_ps(slopes[2])));
-    const __mmask16 moved = _mm512_cmp_ps_mask(delta, zero, _CMP_NEQ_OQ);
-    const __mmask16 at_cls = query_position == 0.0f ? static_cast<__mmask16>(0xFFFF)
-                                                    : _mm512_cmp_ps_mask(pj, zero, _CMP_EQ_OQ);
-    d = _mm512_mask_mov_ps(d, moved & at_cls, _mm512_set1_ps(slopes[0]));
-    const __mmask16 pack = _mm512_cmp_ps_mask(_mm512_loadu_ps(key_is_pack), zero, _CMP_NEQ_OQ);
-    return _mm512_mask_mov_ps(d, pack, _mm512_set1_ps(slopes[3]));
 }
 
 extern "C" int longbird_block_attention_bf16(
@@ -134,32 +94,19 @@ extern "C" int longbird_block_attention_bf16(
             if (failed) continue;
             // The additive mask (keys past Lk, up to the next multiple of 32, are masked), then the keys and values
             // as bf16 pairs: read from the packed blocks, or packed here from the rows.
-            int any = 0;
-            for (int64_t j = 0; j < padded; j++) {
-                bool allowed = false;
-                if (j < Lk) {
-                    const int64_t moff = m_off[g * nkb + j / kb];
-                    allowed = moff >= 0 && mask[moff + j % kb];
-                }
-                bias[j] = allowed ? 0.0f : -INFINITY;
-                any |= allowed;
-            }
-            if (alibi) {  // BiALiBi: each key's position id, or a packed-context key (kpos_off < 0)
-                for (int64_t j = 0; j < padded; j++) {
-                    const int64_t poff = j < Lk ? kpos_off[g * nkb + j / kb] : -1;
-                    key_is_pack[j] = poff < 0 ? 1.0f : 0.0f;
-                    key_position[j] = poff < 0 ? 0.0f : static_cast<float>(positions[poff + j % kb]);
-                }
-            }
+            const int any = group_bias(mask, m_off, g, nkb, kb, padded, bias);
+            if (alibi) group_key_positions(positions, kpos_off, g, nkb, kb, padded, key_position, key_is_pack);
             if (packed) {
                 for (int64_t t = 0; t < nkb; t++) {
                     key_base[t] = k_packed + k_off[g * nkb + t];
                     value_base[t] = v_packed + v_off[g * nkb + t];
                 }
             } else {
-                for (int64_t j = 0; j < padded; j++) {
-                    const uint16_t *krow = j < Lk ? key_row(g, j) : nullptr;
-                    for (int64_t c = 0; c < pairs; c++) key_pairs[c * padded + j] = krow ? bf16_pair(krow, c) : 0u;
+                for (int64_t j0 = 0; j0 < padded; j0 += 16) {
+                    const uint16_t *krow[16];
+                    for (int i = 0; i < 16; i++) krow[i] = j0 + i < Lk ? key_row(g, j0 + i) : nullptr;
+                    transpose_rows(pairs, 16, key_pairs + j0, padded,
+                                   [&](int i, int64_t c) { return krow[i] ? bf16_pair(krow[i], c) : 0u; });
                 }
                 for (int64_t j = 0; j < padded; j += 2) {
                     const uint16_t *v0 = j < Lk ? value_row(g, j) : nullptr;
@@ -230,8 +177,8 @@ extern "C" int longbird_block_attention_bf16(
                     const __m512 vm = _mm512_set1_ps(m);
                     __m512 sum = _mm512_setzero_ps();
                     for (int64_t j = 0; j < padded; j += 32) {
-                        const __m512 e0 = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(scores + r * padded + j), vm));
-                        const __m512 e1 = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(scores + r * padded + j + 16), vm));
+                        const __m512 e0 = exp_nonpositive<4>(_mm512_sub_ps(_mm512_loadu_ps(scores + r * padded + j), vm));
+                        const __m512 e1 = exp_nonpositive<4>(_mm512_sub_ps(_mm512_loadu_ps(scores + r * padded + j + 16), vm));
                         sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
                         _mm512_storeu_si512(probs + r * (padded / 2) + j / 2, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
                     }
@@ -279,9 +226,11 @@ extern "C" int longbird_pack_blocks_bf16(
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t i = 0; i < nblocks; i++) {
         uint32_t *kd = k_packed + i * pairs * kb, *vd = v_packed + i * (kb / 2) * dv;
-        for (int64_t r = 0; r < kb; r++) {
-            const uint16_t *krow = k + k_off[i] + r * k_row_stride;
-            for (int64_t c = 0; c < pairs; c++) kd[c * kb + r] = bf16_pair(krow, c);
+        for (int64_t r0 = 0; r0 < kb; r0 += 16) {
+            const int count = kb - r0 < 16 ? static_cast<int>(kb - r0) : 16;
+            const uint16_t *krow = k + k_off[i] + r0 * k_row_stride;
+            transpose_rows(pairs, count, kd + r0, kb,
+                           [&](int row, int64_t c) { return bf16_pair(krow + row * k_row_stride, c); });
         }
         for (int64_t r = 0; r < kb; r += 2) {
             const uint16_t *v0 = v + v_off[i] + r * v_row_stride, *v1 = v0 + v_row_stride;

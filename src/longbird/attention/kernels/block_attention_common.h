@@ -1,0 +1,101 @@
+// What the bf16 and fp32 block attention kernels share (block_attention_bf16.cpp, block_attention_fp32.cpp): the
+// exponential, LittleBird's BiALiBi distance, and each query group's additive mask and key positions.
+#pragma once
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+// e^x for x <= 0, -inf -> 0: Cephes expf's range reduction (x = n ln2 + r, |r| <= ln2/2), 2^n applied with scalef.
+// DEGREE 6: Cephes' polynomial for e^r (relative error about 1e-7, fp32's own rounding), for the fp32 kernel.
+// DEGREE 4: e^r's Taylor polynomial of degree 4 (relative error at most 5.6e-5 on that range), for the bf16 kernel,
+// whose probabilities are rounded to bf16 right after (relative error up to 2^-8 = 3.9e-3), so a longer polynomial
+// would buy nothing there: one layer at 4K ran 7 % faster than with degree 6 (alternating builds in one process).
+template <int DEGREE>
+static inline __m512 exp_nonpositive(__m512 x) {
+    const __mmask16 underflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p;
+    if constexpr (DEGREE == 4) {
+        p = _mm512_set1_ps(1.0f / 24.0f);
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    } else {
+        static_assert(DEGREE == 6, "exp_nonpositive: degree 4 or 6");
+        p = _mm512_set1_ps(1.9875691500e-4f);
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    }
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_maskz_mov_ps(static_cast<__mmask16>(~underflow), _mm512_scalef_ps(p, n));
+}
+
+// LittleBird's BiALiBi distance D (LittleBird §3.1, §3.3; positions/alibi.py) of one query position to 16 keys, for
+// the group's head slopes [α, β, γ, D_C]: 0 at the same position, α where either position is 0 ([CLS]), β·(p_i − p_j)
+// for a key on the left, γ·(p_j − p_i) on the right; a packed-context key gets D_C whatever its position.
+static inline __m512 bialibi_distance(float query_position, const float *slopes, const float *key_position,
+                                      const float *key_is_pack) {
+    const __m512 pj = _mm512_loadu_ps(key_position);
+    const __m512 delta = _mm512_sub_ps(_mm512_set1_ps(query_position), pj);
+    const __m512 zero = _mm512_setzero_ps();
+    __m512 d = _mm512_add_ps(_mm512_mul_ps(_mm512_max_ps(delta, zero), _mm512_set1_ps(slopes[1])),
+                             _mm512_mul_ps(_mm512_max_ps(_mm512_sub_ps(zero, delta), zero), _mm512_set1_ps(slopes[2])));
+    const __mmask16 moved = _mm512_cmp_ps_mask(delta, zero, _CMP_NEQ_OQ);
+    const __mmask16 at_cls = query_position == 0.0f ? static_cast<__mmask16>(0xFFFF)
+                                                    : _mm512_cmp_ps_mask(pj, zero, _CMP_EQ_OQ);
+    d = _mm512_mask_mov_ps(d, moved & at_cls, _mm512_set1_ps(slopes[0]));
+    const __mmask16 pack = _mm512_cmp_ps_mask(_mm512_loadu_ps(key_is_pack), zero, _CMP_NEQ_OQ);
+    return _mm512_mask_mov_ps(d, pack, _mm512_set1_ps(slopes[3]));
+}
+
+// Group g's additive mask over its `padded` key slots (0 = may attend, -inf otherwise; slots past Lk = nkb·kb, up to
+// the next multiple of 32, are masked). Returns whether any key is allowed.
+static inline int group_bias(const uint8_t *mask, const int64_t *m_off, int64_t g, int64_t nkb, int64_t kb,
+                             int64_t padded, float *bias) {
+    const int64_t Lk = nkb * kb;
+    int any = 0;
+    for (int64_t j = 0; j < padded; j++) {
+        bool allowed = false;
+        if (j < Lk) {
+            const int64_t moff = m_off[g * nkb + j / kb];
+            allowed = moff >= 0 && mask[moff + j % kb];
+        }
+        bias[j] = allowed ? 0.0f : -INFINITY;
+        any |= allowed;
+    }
+    return any;
+}
+
+// BiALiBi: each of group g's keys' position id, or a packed-context key (kpos_off < 0).
+static inline void group_key_positions(const int64_t *positions, const int64_t *kpos_off, int64_t g, int64_t nkb,
+                                       int64_t kb, int64_t padded, float *key_position, float *key_is_pack) {
+    const int64_t Lk = nkb * kb;
+    for (int64_t j = 0; j < padded; j++) {
+        const int64_t poff = j < Lk ? kpos_off[g * nkb + j / kb] : -1;
+        key_is_pack[j] = poff < 0 ? 1.0f : 0.0f;
+        key_position[j] = poff < 0 ? 0.0f : static_cast<float>(positions[poff + j % kb]);
+    }
+}
+
+// dst[c * ld + i] = element(i, c) for i < count (at most 16) and c < columns: `count` keys (rows) written as columns,
+// 16 at a time in one vector store per column. Why: writing one key's d values down a column (stride ld) with ld a
+// power of two sends them to one L1 set, which thrashes: 12 heads x 4096 keys of 32 fp32 values took 7.3 ms that way
+// (about 5 ns a value; LittleBird's pack attention at 4K, where ld = 4096).
+template <typename T, typename Element>
+static inline void transpose_rows(int64_t columns, int count, T *dst, int64_t ld, Element element) {
+    static_assert(sizeof(T) == 4, "transpose_rows: 32-bit elements");
+    alignas(64) T tile[16] = {};
+    const __mmask16 keep = count >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << count) - 1);
+    for (int64_t c = 0; c < columns; c++) {
+        for (int i = 0; i < count; i++) tile[i] = element(i, c);
+        _mm512_mask_storeu_epi32(dst + c * ld, keep, _mm512_load_si512(tile));
+    }
+}
