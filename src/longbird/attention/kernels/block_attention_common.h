@@ -84,18 +84,3 @@ static inline void group_key_positions(const int64_t *positions, const int64_t *
         key_position[j] = poff < 0 ? 0.0f : static_cast<float>(positions[poff + j % kb]);
     }
 }
-
-// dst[c * ld + i] = element(i, c) for i < count (at most 16) and c < columns: `count` keys (rows) written as columns,
-// 16 at a time in one vector store per column. Why: writing one key's d values down a column (stride ld) with ld a
-// power of two sends them to one L1 set, which thrashes: 12 heads x 4096 keys of 32 fp32 values took 7.3 ms that way
-// (about 5 ns a value; LittleBird's pack attention at 4K, where ld = 4096).
-template <typename T, typename Element>
-static inline void transpose_rows(int64_t columns, int count, T *dst, int64_t ld, Element element) {
-    static_assert(sizeof(T) == 4, "transpose_rows: 32-bit elements");
-    alignas(64) T tile[16] = {};
-    const __mmask16 keep = count >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << count) - 1);
-    for (int64_t c = 0; c < columns; c++) {
-        for (int i = 0; i < count; i++) tile[i] = element(i, c);
-        _mm512_mask_storeu_epi32(dst + c * ld, keep, _mm512_load_si512(tile));
-    }
-}
