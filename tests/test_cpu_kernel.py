@@ -7,11 +7,12 @@ its product with V (relative error <= 2^-8 per term, so at most 2^-8 * max|v| on
 the output is rounded to bf16 (2^-8 * |o| <= 2^-8 * max|v|): |out - ref| <= (2^-7 + 6e-5) * max|v| plus the fp32
 terms. SDPA's bf16 kernel rounds the probabilities and the output the same way.
 
-fp32 (u = 2^-24): a score sums d products and is scaled (and has the BiALiBi distance subtracted), so its error is at
-most (d + 3)·u·S, S bounding |score| and its terms (scale·max Σ|q_i k_i| + max|D|); each unnormalised probability exp(s − m) then
-carries its score's and the maximum's error, the subtraction's rounding (u·2S) and the exponential's (Cephes'
-degree-6 polynomial: 1.18e-7 relative, measured over [-87, 0] in steps of 1e-6); the normalised output adds twice
-that relative error and the fp32 sums over L keys ((L + 2)·u each for numerator and denominator), all times max|v|.
+fp32 (u = 2^-24): a score sums d products and is scaled (and has the BiALiBi distance subtracted), so its error is
+at most (d + 3)·u·S, S bounding |score| and its terms (scale·max Σ|q_i k_i| + max|D|); each unnormalised probability
+exp(s − m) then carries its score's and the maximum's error, the subtraction's rounding (u·2S) and the
+exponential's (Cephes' degree-6 polynomial: 1.18e-7 relative, measured over [-87, 0] in steps of 1e-6); the
+normalised output adds twice that relative error and the fp32 sums over L keys ((L + 2)·u each for numerator and
+denominator), all times max|v|.
 """
 
 from __future__ import annotations
@@ -282,9 +283,9 @@ def _count_kernel_calls(monkeypatch) -> list:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("preset, length", [("kobigbird", 100), ("kobigbird", 300), ("littlebird", 300)])
 def test_a_compiled_graph_runs_the_kernel_and_equals_eager(preset, length, dtype):
-    """torch.compile(fullgraph=True) in bf16 (autocast) and fp32: at or below the source length full attention is traced, and the kernel
-    enters the graph as one opaque op (`longbird::cpu_full_attention`); past it kobigbird's per-row op runs the
-    blocked path, which calls the kernel; LittleBird's USW attention is an op of its own
+    """torch.compile(fullgraph=True) in bf16 (autocast) and fp32: at or below the source length full attention is
+    traced, and the kernel enters the graph as one opaque op (`longbird::cpu_full_attention`); past it kobigbird's
+    per-row op runs the blocked path, which calls the kernel; LittleBird's USW attention is an op of its own
     (`longbird::cpu_usw_attention`). Either way every layer calls the kernel, and the compiled model equals eager
     up to Inductor's reordered fp32 sums (LayerNorm, GELU), which can move a bf16 rounding of a unit-scale state by
     one step (2^-8) before the next product: 2^-6 on the LayerNorm-ed states of two layers. In fp32 the same
@@ -318,10 +319,10 @@ def test_a_compiled_graph_runs_the_kernel_and_equals_eager(preset, length, dtype
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("pack, value_dim", [(32, 32), (64, 64), (0, 32)])
 def test_littlebird_usw_attention_in_the_kernel_equals_the_dense_reference(pack, value_dim, dtype):
-    """usw_attention in bf16 or fp32 at inference takes the kernel (no SDPA call), the BiALiBi distance computed inside it
-    from position ids: packed-context keys in front (D_C), a padded row, a jump in positions (Padding Insertion),
-    slopes that differ per term, TAPE's wider values; equal to the dense reference within the dtype's bound on real
-    query rows, and a row alone bit-equal to the same row in the batch."""
+    """usw_attention in bf16 or fp32 at inference takes the kernel (no SDPA call), the BiALiBi distance computed
+    inside it from position ids: packed-context keys in front (D_C), a padded row, a jump in positions (Padding
+    Insertion), slopes that differ per term, TAPE's wider values; equal to the dense reference within the dtype's
+    bound on real query rows, and a row alone bit-equal to the same row in the batch."""
     from longbird.attention import littlebird
     from longbird.positions.alibi import BiALiBi
 
