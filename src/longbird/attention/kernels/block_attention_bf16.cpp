@@ -68,8 +68,8 @@ extern "C" int longbird_block_attention_bf16(
     const int64_t blocks = packed ? nkb : 1, block_keys = packed ? kb : padded;
     // Rows of the keys' transposed layout lie key_stride apart: a packed call's blocks, or the thread's buffer,
     // whose rows are 16 elements longer than `padded`: with rows a power of two apart (4096 keys: 16 KB) the
-    // copy that writes one key down a column sends its values to one L1 set and thrashes (LittleBird's pack
-    // attention at 4K, 12 heads of 32: 4.7 ms for the copies against 1.0 ms with the longer rows, fp32).
+    // copy that writes one key down a column sends its values to one L1 set and thrashes (4 queries over 4,096 keys,
+    // 12 heads of 32, fp32, nearly all copying: 4.7 ms a call, 0.7-1.0 ms with the longer rows).
     const int64_t key_stride = packed ? kb : padded + 16;
     auto key_row = [&](int64_t g, int64_t j) { return k + k_off[g * nkb + j / kb] + (j % kb) * k_row_stride; };
     auto value_row = [&](int64_t g, int64_t j) { return v + v_off[g * nkb + j / kb] + (j % kb) * v_row_stride; };
