@@ -81,7 +81,7 @@ def test_cpu_inference_runs_bigbird_rows_on_the_blocked_kernels_and_the_model_na
 def test_cpu_fp32_littlebird_takes_the_fused_kernel_where_it_runs_instead_of_flex(monkeypatch):
     """Where longbird's fused fp32 CPU kernel runs (AVX-512, a compiler), LittleBird's fp32 inference at 4K and
     beyond takes it (the blocked path calls it) instead of compiled flex; blocks that are not a multiple of 32 tokens,
-    which the kernel does not read packed, keep flex."""
+    which the kernel does not read packed, and heads wider than it takes keep flex."""
     from longbird.attention import cpu_kernel
 
     monkeypatch.setattr(cpu_kernel, "available", lambda dtype=torch.bfloat16: dtype == torch.float32)
@@ -89,6 +89,9 @@ def test_cpu_fp32_littlebird_takes_the_fused_kernel_where_it_runs_instead_of_fle
         chosen = choose_backend("auto", CPU, 8192, 64, dtype=torch.float32, kernel="usw")
         assert chosen.name == "blocked" and "fused fp32 kernel" in chosen.reason
         assert choose_backend("auto", CPU, 8192, 48, dtype=torch.float32, kernel="usw").name == "flex"
+        assert choose_backend("auto", CPU, 8192, 64, dtype=torch.float32, kernel="usw", head_size=64).name == "blocked"
+        # heads wider than the kernel's registers take (value width <= 64) keep flex
+        assert choose_backend("auto", CPU, 8192, 64, dtype=torch.float32, kernel="usw", head_size=96).name == "flex"
         assert choose_backend("flex", CPU, 8192, 64, dtype=torch.float32, kernel="usw").name == "flex"
     assert choose_backend("auto", CPU, 8192, 64, dtype=torch.float32, kernel="usw").name == "blocked"  # training
 

@@ -90,13 +90,14 @@ class SparseBackend:
 def choose_backend(requested: str, device: torch.device, length: int, block_size: int,
                    attention_dropout: bool = False, repeated_blocks: bool = False,
                    position_states: bool = False, dtype: torch.dtype = torch.float32,
-                   kernel: str = "bigbird") -> SparseBackend:
+                   kernel: str = "bigbird", head_size: int | None = None) -> SparseBackend:
     """The backend for one call; `requested` is the config's attention_backend (or LONGBIRD_ATTENTION_BACKEND).
     `attention_dropout`: the call applies attention dropout (training with attention_probs_dropout_prob > 0).
     `repeated_blocks`: the pattern counts a key block more than once (random_blocks="transformers").
     `position_states`: TAPE states ride beside V (values wider than the queries), which the flex path does not take.
     `dtype`: the dtype the attention computes in (autocast's, when it is on).
-    `kernel`: "bigbird" (BigBird rows) or "usw" (LittleBird's sliding window): on CPU they differ in which is faster."""
+    `kernel`: "bigbird" (BigBird rows) or "usw" (LittleBird's sliding window): on CPU they differ in which is faster.
+    `head_size`: the attention heads' width, which decides whether longbird's fused CPU kernel takes the call."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}; got {kernel!r}")
     if position_states:
@@ -134,7 +135,8 @@ def choose_backend(requested: str, device: torch.device, length: int, block_size
         return _logged("blocked", "CPU inference, BigBird rows: the blocked kernels are as fast as compiled "
                                   "flex_attention at base-size heads and faster at e5-small heads (measured: "
                                   "benchmarks/results/flex_cpu_fp32_small_rerun.md)")
-    if block_size % 32 == 0 and cpu_kernel.available(dtype):
+    fused = head_size is None or cpu_kernel.takes_head_size(head_size, dtype)
+    if block_size % 32 == 0 and fused and cpu_kernel.available(dtype):
         return _logged("blocked", "CPU inference, LittleBird: longbird's fused fp32 kernel is faster than compiled "
                                   "flex_attention (measured: docs/benchmarks.md, \"The fused kernel in fp32\")")
     if length < CPU_FLEX_MIN_LENGTH:

@@ -78,7 +78,8 @@ class LongBirdEncoder(nn.Module):
                               attention_dropout=self.training and config.attention_probs_dropout_prob > 0,
                               repeated_blocks=config.attention == "bigbird" and config.random_blocks == "transformers",
                               position_states=config.position == "tape", dtype=_compute_dtype(hidden_states),
-                              kernel=config.sparse_kernel)
+                              kernel=config.sparse_kernel,
+                              head_size=config.hidden_size // config.num_attention_heads)
 
     def _initial_tape_states(self, position_ids):
         """TAPE's (B, H, l, d/2, 2) states from the (padded) position ids, or None without TAPE."""

@@ -142,6 +142,12 @@ def _call_fits(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, drop
     return not (odd or dim > MAX_HEAD_DIM or value_dim % 16 or value_dim > MAX_VALUE_DIM)
 
 
+def takes_head_size(head_size: int, dtype: torch.dtype) -> bool:
+    """Heads of this width (queries, keys and values alike) are within the kernel's range for `dtype`."""
+    return (dtype in KERNEL_DTYPES and head_size % 16 == 0 and head_size <= MAX_VALUE_DIM
+            and not (dtype == torch.bfloat16 and head_size % 2))
+
+
 def usable(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout_p: float = 0.0) -> bool:
     """This eager call may take the kernel: not traced, and `_call_fits`."""
     return not is_tracing() and _call_fits(query, key, value, dropout_p) and available(query.dtype)
