@@ -229,18 +229,12 @@ def test_a_kobigbird_model_in_bf16_reads_alike_with_and_without_the_kernel(monke
     real = attention_mask.bool()
     with torch.no_grad():
         reference = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-    calls = _count_kernel_calls(monkeypatch)
 
     def cosine(out):
         return torch.nn.functional.cosine_similarity(out.float()[real], reference[real], dim=-1).min().item()
 
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        fused = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        assert len(calls) >= model.config.num_hidden_layers
-        monkeypatch.setenv("LONGBIRD_CPU_KERNEL", "0")
-        calls.clear()
-        sdpa = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        assert not calls
+        fused, sdpa = _with_and_without_the_kernel(monkeypatch, model, input_ids, attention_mask)
     assert cosine(fused) > 0.99 and abs(cosine(fused) - cosine(sdpa)) < 0.01
 
 
@@ -252,14 +246,8 @@ def test_a_kobigbird_model_in_fp32_reads_alike_with_and_without_the_kernel(monke
     error), and two layers of LayerNorm-ed residual sums pass that on at the states' unit scale."""
     model, input_ids, attention_mask = _small_kobigbird()
     real = attention_mask.bool()
-    calls = _count_kernel_calls(monkeypatch)
     with torch.no_grad():
-        fused = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        assert len(calls) >= model.config.num_hidden_layers
-        monkeypatch.setenv("LONGBIRD_CPU_KERNEL", "0")
-        calls.clear()
-        sdpa = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        assert not calls
+        fused, sdpa = _with_and_without_the_kernel(monkeypatch, model, input_ids, attention_mask)
     assert fused.dtype == torch.float32
     assert (fused - sdpa)[real].abs().max().item() <= 2.0 ** -12
 
@@ -273,11 +261,19 @@ def _small_kobigbird():
     return model, input_ids, attention_mask
 
 
-def _count_kernel_calls(monkeypatch) -> list:
+def _with_and_without_the_kernel(monkeypatch, model, input_ids, attention_mask):
+    """The model's last hidden states with the kernel (called in every layer), then with it switched off (not
+    called: SDPA)."""
     calls = []
     original = cpu_kernel.attend_blocks
     monkeypatch.setattr(cpu_kernel, "attend_blocks", lambda *a, **k: calls.append(1) or original(*a, **k))
-    return calls
+    fused = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    assert len(calls) >= model.config.num_hidden_layers
+    monkeypatch.setenv("LONGBIRD_CPU_KERNEL", "0")
+    calls.clear()
+    sdpa = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    assert not calls
+    return fused, sdpa
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

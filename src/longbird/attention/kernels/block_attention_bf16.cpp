@@ -157,21 +157,9 @@ extern "C" int longbird_block_attention_bf16(
                         a3 = _mm512_dpbf16_ps(a3, q3, k0);
                         b3 = _mm512_dpbf16_ps(b3, q3, k1);
                     }
-                    const __m512 bias0 = _mm512_loadu_ps(bias + j), bias1 = _mm512_loadu_ps(bias + j + 16);
-                    __m512 *row_scores[4][2] = {{&a0, &b0}, {&a1, &b1}, {&a2, &b2}, {&a3, &b3}};
-                    for (int r = 0; r < 4; r++) {
-                        __m512 lo = _mm512_fmadd_ps(*row_scores[r][0], vscale, bias0);
-                        __m512 hi = _mm512_fmadd_ps(*row_scores[r][1], vscale, bias1);
-                        if (alibi) {
-                            lo = _mm512_sub_ps(lo, bialibi_distance(query_position[r], alibi + 4 * g, key_position + j,
-                                                                    key_is_pack + j));
-                            hi = _mm512_sub_ps(hi, bialibi_distance(query_position[r], alibi + 4 * g,
-                                                                    key_position + j + 16, key_is_pack + j + 16));
-                        }
-                        _mm512_storeu_ps(scores + r * padded + j, lo);
-                        _mm512_storeu_ps(scores + r * padded + j + 16, hi);
-                        top[r] = _mm512_max_ps(top[r], _mm512_max_ps(lo, hi));
-                    }
+                    const __m512 raw[4][2] = {{a0, b0}, {a1, b1}, {a2, b2}, {a3, b3}};
+                    finish_scores(raw, j, vscale, bias, alibi ? alibi + 4 * g : nullptr, query_position, key_position,
+                                  key_is_pack, scores, padded, top);
                 }
                 float total[4];
                 for (int r = 0; r < 4; r++) {

@@ -84,3 +84,25 @@ static inline void group_key_positions(const int64_t *positions, const int64_t *
         key_position[j] = poff < 0 ? 0.0f : static_cast<float>(positions[poff + j % kb]);
     }
 }
+
+// Four query rows' scores of keys j..j+31 from their dot products (raw[r][0]: keys j..j+15, raw[r][1]: the next 16):
+// scaled, the additive mask added, BiALiBi's distance subtracted (slopes != nullptr: the group's [α, β, γ, D_C]),
+// stored in `scores` (rows `padded` apart), and each row's running maximum kept in `top`.
+__attribute__((always_inline)) static inline void finish_scores(
+    const __m512 raw[4][2], int64_t j, __m512 scale, const float *bias, const float *slopes,
+    const float query_position[4], const float *key_position, const float *key_is_pack, float *scores,
+    int64_t padded, __m512 top[4]) {
+    const __m512 bias0 = _mm512_loadu_ps(bias + j), bias1 = _mm512_loadu_ps(bias + j + 16);
+    for (int r = 0; r < 4; r++) {
+        __m512 lo = _mm512_fmadd_ps(raw[r][0], scale, bias0);
+        __m512 hi = _mm512_fmadd_ps(raw[r][1], scale, bias1);
+        if (slopes) {
+            lo = _mm512_sub_ps(lo, bialibi_distance(query_position[r], slopes, key_position + j, key_is_pack + j));
+            hi = _mm512_sub_ps(hi, bialibi_distance(query_position[r], slopes, key_position + j + 16,
+                                                    key_is_pack + j + 16));
+        }
+        _mm512_storeu_ps(scores + r * padded + j, lo);
+        _mm512_storeu_ps(scores + r * padded + j + 16, hi);
+        top[r] = _mm512_max_ps(top[r], _mm512_max_ps(lo, hi));
+    }
+}
