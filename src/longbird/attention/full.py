@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 import torch.nn.functional as F
 
 from . import cpu_kernel
-from .tracing import is_tracing
+from .tracing import is_tracing, outside_the_trace
 
 
 def full_attention(
@@ -53,14 +55,24 @@ def _fused_cpu_attention(query, key, value, key_mask):
     # token-major, (B, l, H, d_v) in memory: the output projection's reshape is then a view, not a copy
     out = query.new_empty(batch, queries, heads, value.shape[-1]).transpose(1, 2)
     mask = (torch.ones(batch, keys, dtype=torch.uint8) if key_mask is None else key_mask.to(torch.uint8))
-    first = torch.zeros(1, 1, dtype=torch.long)
+    query_rows, key_rows, value_rows, mask_rows, out_rows = _fused_tables(
+        batch, heads, keys, query.stride(), key.stride(), value.stride(), out.stride())
+    return cpu_kernel.attend_blocks(query, query_rows, queries, key, key_rows, value, value_rows, mask, mask_rows,
+                                    keys, out, out_rows, query.shape[-1] ** -0.5)
 
-    def rows(strides):  # (B·H, 1) element offset of each (row, head)'s first token
-        return cpu_kernel.token_offsets(strides, batch, heads, first).reshape(-1, 1)
 
-    return cpu_kernel.attend_blocks(query, rows(query.stride())[:, 0], queries, key, rows(key.stride()), value,
-                                    rows(value.stride()), mask, rows((keys, 0, 1)), keys, out,
-                                    rows(out.stride())[:, 0], query.shape[-1] ** -0.5)
+@lru_cache(maxsize=64)
+def _fused_tables(batch, heads, keys, query_strides, key_strides, value_strides, out_strides):
+    """The kernel's offset tables for full attention (a function of the shapes and strides only, so built once per
+    shape rather than in every layer): each (row, head)'s first query, key, value, mask and output element."""
+    with outside_the_trace():  # cached: never fake or recorded tensors
+        first = torch.zeros(1, 1, dtype=torch.long)
+
+        def rows(strides):  # (B·H, 1) element offset of each (row, head)'s first token
+            return cpu_kernel.token_offsets(strides, batch, heads, first).reshape(-1, 1).contiguous()
+
+        return (rows(query_strides)[:, 0].contiguous(), rows(key_strides), rows(value_strides), rows((keys, 0, 1)),
+                rows(out_strides)[:, 0].contiguous())
 
 
 @torch.library.custom_op("longbird::cpu_full_attention", mutates_args=())
