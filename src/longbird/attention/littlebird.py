@@ -45,7 +45,7 @@ class BiALiBiSlopes(Protocol):
 def pack_attention(pack_query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor,
                    dropout_p: float = 0.0):
     """C_p = Attn(P, X): pack queries (B, H, s, d) over all real tokens; key_mask (B, l). O(l s). Full attention
-    (`full.full_attention`): SDPA, or the fused bf16 CPU kernel at inference, and TAPE's wider values kept on SDPA's
+    (`full.full_attention`): SDPA, or the fused CPU kernel at inference, and TAPE's wider values kept on SDPA's
     fused path."""
     return full_attention(pack_query, key, value, key_mask, dropout_p)
 
@@ -77,7 +77,7 @@ class USWLayout:
     right: torch.Tensor
     cls: torch.Tensor
     derived: dict = field(default_factory=dict)  # per pack size s: what every layer of the call reuses
-    key_mask: torch.Tensor | None = None  # (B, l) bool and position ids (B, l): what the fused bf16 CPU kernel reads
+    key_mask: torch.Tensor | None = None  # (B, l) bool and position ids (B, l): what the fused CPU kernel reads
     positions: torch.Tensor | None = None
 
     def mask_with_pack(self, s: int) -> torch.Tensor:
@@ -87,6 +87,18 @@ class USWLayout:
         key = ("mask", s)
         if key not in self.derived:
             self.derived[key] = torch.cat([self.mask.new_ones(*self.mask.shape[:2], s), self.mask], dim=-1)
+        return self.derived[key]
+
+    def kernel_keys(self, s: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, s + l) uint8 key mask and int64 position ids as the fused CPU kernel reads them: s packed-context keys
+        in front (always visible; their positions are not read), then the tokens."""
+        key = ("kernel", s)
+        if key not in self.derived:
+            mask, positions = self.key_mask.to(torch.uint8), self.positions.to(torch.int64)
+            if s:
+                mask = torch.cat([mask.new_ones(mask.shape[0], s), mask], dim=1)
+                positions = torch.cat([positions.new_zeros(positions.shape[0], s), positions], dim=1)
+            self.derived[key] = (mask, positions)
         return self.derived[key]
 
     def score_terms(self, s: int) -> torch.Tensor:

@@ -165,26 +165,23 @@ def usw_fused_attention(query, key, value, layout, slopes, pack_key, pack_value,
     pack = pack_bias if pack_bias is not None else torch.zeros_like(slopes.alpha, dtype=torch.float32)
     head_slopes = torch.stack([slopes.alpha.float(), slopes.beta.float(), slopes.gamma.float(), pack.float()], dim=-1)
     scale = query.shape[-1] ** -0.5 if scale is None else scale
+    s = 0 if pack_key is None else pack_key.shape[2]
+    key_mask, positions = layout.kernel_keys(s)  # made once per call, read by every layer
     run = _usw_kernel_op if is_tracing() else _usw_kernel
-    return run(query, key, value, pack_key, pack_value, layout.key_mask, layout.positions, head_slopes,
-               layout.block_size, scale)
+    return run(query, key, value, pack_key, pack_value, key_mask, positions, head_slopes, layout.block_size, scale)
 
 
 def _usw_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pack_key: torch.Tensor | None,
                 pack_value: torch.Tensor | None, key_mask: torch.Tensor, positions: torch.Tensor,
                 head_slopes: torch.Tensor, b: int, scale: float) -> torch.Tensor:
-    """`usw_fused_attention` on tensors: head_slopes (H, 4) fp32 [α, β, γ, D_C]."""
+    """`usw_fused_attention` on tensors: key_mask (B, s + l) uint8 and positions (B, s + l) int64 with the s packed
+    keys in front (`USWLayout.kernel_keys`), head_slopes (H, 4) fp32 [α, β, γ, D_C]."""
     batch, heads, length, dim = query.shape
     n = length // b
     s = 0 if pack_key is None else pack_key.shape[2]
     keys = key if not s else torch.cat([pack_key, key], dim=2)  # (B, H, s + l, d): one tensor of every key
     values = value if not s else torch.cat([pack_value, value], dim=2)
     front = s // b  # packed-context blocks in front of a row's token blocks
-    mask = key_mask.to(torch.uint8)
-    positions = positions.to(torch.int64)
-    if s:
-        mask = torch.cat([mask.new_ones(batch, s), mask], dim=1)
-        positions = torch.cat([positions.new_zeros(batch, s), positions], dim=1)
     value_dim = values.shape[-1]
     tables = _fused_usw_tables(batch, heads, n, b, front, cpu_kernel.packed_units(query.dtype, dim, value_dim, b),
                                value_dim, keys.stride(), values.stride(), query.stride())
@@ -192,7 +189,7 @@ def _usw_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pac
     out = query.new_empty(batch, length, heads, value_dim).transpose(1, 2)
     group_slopes = head_slopes[None, :, None].expand(batch, heads, n, 4).reshape(-1, 4)
     return cpu_kernel.attend_blocks(
-        query, tables["queries"], b, key_packed, tables["keys"], value_packed, tables["values"], mask,
+        query, tables["queries"], b, key_packed, tables["keys"], value_packed, tables["values"], key_mask,
         tables["masks"], b, out, tables["outs"], scale, packed=True,
         bialibi=(group_slopes, positions, tables["query_positions"], tables["key_positions"]))
 

@@ -77,20 +77,17 @@ extern "C" int longbird_block_attention_bf16(
 #pragma omp parallel num_threads(threads)
     {
         // Per thread: keys as bf16 pairs along d, transposed to (d/2, Lk); values as pairs of consecutive keys,
-        // (Lk/2, dv); the additive mask; four rows of scores; four rows of bf16 probability pairs.
-        // A packed call reads its blocks in place (no pair buffers of its own); key positions only with BiALiBi.
+        // (Lk/2, dv) (a packed call reads its blocks in place instead); four rows of bf16 probability pairs; and the
+        // group's mask, scores and key positions (GroupScratch).
         uint32_t *key_pairs = packed ? nullptr : static_cast<uint32_t *>(aligned_alloc(64, 4 * pairs * key_stride + 64));
         uint32_t *value_pairs =
             packed ? nullptr : static_cast<uint32_t *>(aligned_alloc(64, 4 * (padded / 2) * dv + 64));
-        float *bias = static_cast<float *>(aligned_alloc(64, 4 * padded + 64));
-        float *scores = static_cast<float *>(aligned_alloc(64, 4 * 4 * padded + 64));
         uint32_t *probs = static_cast<uint32_t *>(aligned_alloc(64, 4 * 4 * (padded / 2) + 64));
-        float *key_position = alibi ? static_cast<float *>(aligned_alloc(64, 4 * padded + 64)) : nullptr;
-        float *key_is_pack = alibi ? static_cast<float *>(aligned_alloc(64, 4 * padded + 64)) : nullptr;
+        GroupScratch scratch(padded, alibi != nullptr);
         const uint32_t **key_base = static_cast<const uint32_t **>(malloc(sizeof(void *) * blocks));
         const uint32_t **value_base = static_cast<const uint32_t **>(malloc(sizeof(void *) * blocks));
-        if ((!packed && (!key_pairs || !value_pairs)) || (alibi && (!key_position || !key_is_pack)) || !bias ||
-            !scores || !probs || !key_base || !value_base) {
+        if ((!packed && (!key_pairs || !value_pairs)) || !scratch.allocated(alibi != nullptr) ||
+            !probs || !key_base || !value_base) {
 #pragma omp atomic write
             failed = 2;
         }
@@ -99,8 +96,7 @@ extern "C" int longbird_block_attention_bf16(
             if (failed) continue;
             // The additive mask (keys past Lk, up to the next multiple of 32, are masked), then the keys and values
             // as bf16 pairs: read from the packed blocks, or packed here from the rows.
-            const int any = group_bias(mask, m_off, g, nkb, kb, padded, bias);
-            if (alibi) group_key_positions(positions, kpos_off, g, nkb, kb, padded, key_position, key_is_pack);
+            const int any = scratch.prepare(mask, m_off, g, nkb, kb, padded, positions, alibi ? kpos_off : nullptr);
             if (packed) {
                 for (int64_t t = 0; t < nkb; t++) {
                     key_base[t] = k_packed + k_off[g * nkb + t];
@@ -129,10 +125,8 @@ extern "C" int longbird_block_attention_bf16(
                     const uint16_t *qrow = q + q_off[g] + (i0 + (r < rows ? r : 0)) * q_row_stride;
                     for (int64_t c = 0; c < pairs; c++) qp[r][c] = bf16_pair(qrow, c);
                 }
-                float query_position[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                if (alibi)
-                    for (int r = 0; r < 4; r++)
-                        query_position[r] = static_cast<float>(positions[qpos_off[g] + i0 + (r < rows ? r : 0)]);
+                float query_position[4];
+                query_positions(alibi ? positions : nullptr, qpos_off, g, i0, rows, query_position);
                 __m512 top[4];
                 for (int r = 0; r < 4; r++) top[r] = _mm512_set1_ps(-INFINITY);
                 const __m512 vscale = _mm512_set1_ps(scale);
@@ -158,8 +152,7 @@ extern "C" int longbird_block_attention_bf16(
                         b3 = _mm512_dpbf16_ps(b3, q3, k1);
                     }
                     const __m512 raw[4][2] = {{a0, b0}, {a1, b1}, {a2, b2}, {a3, b3}};
-                    finish_scores(raw, j, vscale, bias, alibi ? alibi + 4 * g : nullptr, query_position, key_position,
-                                  key_is_pack, scores, padded, top);
+                    finish_scores(raw, j, vscale, scratch, alibi ? alibi + 4 * g : nullptr, query_position, padded, top);
                 }
                 float total[4];
                 for (int r = 0; r < 4; r++) {
@@ -168,8 +161,8 @@ extern "C" int longbird_block_attention_bf16(
                     const __m512 vm = _mm512_set1_ps(m);
                     __m512 sum = _mm512_setzero_ps();
                     for (int64_t j = 0; j < padded; j += 32) {
-                        const __m512 e0 = exp_nonpositive<4>(_mm512_sub_ps(_mm512_loadu_ps(scores + r * padded + j), vm));
-                        const __m512 e1 = exp_nonpositive<4>(_mm512_sub_ps(_mm512_loadu_ps(scores + r * padded + j + 16), vm));
+                        const __m512 e0 = exp_nonpositive<4>(_mm512_sub_ps(_mm512_loadu_ps(scratch.scores + r * padded + j), vm));
+                        const __m512 e1 = exp_nonpositive<4>(_mm512_sub_ps(_mm512_loadu_ps(scratch.scores + r * padded + j + 16), vm));
                         sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
                         _mm512_storeu_si512(probs + r * (padded / 2) + j / 2, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
                     }
@@ -194,13 +187,9 @@ extern "C" int longbird_block_attention_bf16(
         }
         free(key_pairs);
         free(value_pairs);
-        free(bias);
-        free(scores);
         free(probs);
         free(key_base);
         free(value_base);
-        free(key_position);
-        free(key_is_pack);
     }
     return failed;
 }

@@ -1,5 +1,5 @@
 // What the bf16 and fp32 block attention kernels share (block_attention_bf16.cpp, block_attention_fp32.cpp): the
-// exponential, LittleBird's BiALiBi distance, and each query group's additive mask and key positions.
+// exponential, LittleBird's BiALiBi distance, the per-thread group buffers and the score epilogue.
 #pragma once
 #include <immintrin.h>
 #include <math.h>
@@ -56,53 +56,79 @@ static inline __m512 bialibi_distance(float query_position, const float *slopes,
     return _mm512_mask_mov_ps(d, pack, _mm512_set1_ps(slopes[3]));
 }
 
-// Group g's additive mask over its `padded` key slots (0 = may attend, -inf otherwise; slots past Lk = nkb·kb, up to
-// the next multiple of 32, are masked). Returns whether any key is allowed.
-static inline int group_bias(const uint8_t *mask, const int64_t *m_off, int64_t g, int64_t nkb, int64_t kb,
-                             int64_t padded, float *bias) {
-    const int64_t Lk = nkb * kb;
-    int any = 0;
-    for (int64_t j = 0; j < padded; j++) {
-        bool allowed = false;
-        if (j < Lk) {
-            const int64_t moff = m_off[g * nkb + j / kb];
-            allowed = moff >= 0 && mask[moff + j % kb];
+// The per-thread buffers both kernels use for one query group at a time: its additive mask over `padded` key slots
+// (0 = may attend, -inf otherwise; slots past Lk = nkb·kb, up to the next multiple of 32, are masked), four rows of
+// scores, and with BiALiBi each key's position id (or that it is a packed-context key, kpos_off < 0).
+struct GroupScratch {
+    float *bias, *scores, *key_position = nullptr, *key_is_pack = nullptr;
+    GroupScratch(int64_t padded, bool alibi)
+        : bias(static_cast<float *>(aligned_alloc(64, 4 * padded + 64))),
+          scores(static_cast<float *>(aligned_alloc(64, 4 * 4 * padded + 64))) {
+        if (alibi) {
+            key_position = static_cast<float *>(aligned_alloc(64, 4 * padded + 64));
+            key_is_pack = static_cast<float *>(aligned_alloc(64, 4 * padded + 64));
         }
-        bias[j] = allowed ? 0.0f : -INFINITY;
-        any |= allowed;
     }
-    return any;
-}
+    GroupScratch(const GroupScratch &) = delete;
+    GroupScratch &operator=(const GroupScratch &) = delete;
+    ~GroupScratch() {
+        free(bias);
+        free(scores);
+        free(key_position);
+        free(key_is_pack);
+    }
+    bool allocated(bool alibi) const { return bias && scores && (!alibi || (key_position && key_is_pack)); }
 
-// BiALiBi: each of group g's keys' position id, or a packed-context key (kpos_off < 0).
-static inline void group_key_positions(const int64_t *positions, const int64_t *kpos_off, int64_t g, int64_t nkb,
-                                       int64_t kb, int64_t padded, float *key_position, float *key_is_pack) {
-    const int64_t Lk = nkb * kb;
-    for (int64_t j = 0; j < padded; j++) {
-        const int64_t poff = j < Lk ? kpos_off[g * nkb + j / kb] : -1;
-        key_is_pack[j] = poff < 0 ? 1.0f : 0.0f;
-        key_position[j] = poff < 0 ? 0.0f : static_cast<float>(positions[poff + j % kb]);
+    // Group g's mask (and key positions when `kpos_off` is given); returns whether any key is allowed.
+    int prepare(const uint8_t *mask, const int64_t *m_off, int64_t g, int64_t nkb, int64_t kb, int64_t padded,
+                const int64_t *positions, const int64_t *kpos_off) {
+        const int64_t Lk = nkb * kb;
+        int any = 0;
+        for (int64_t j = 0; j < padded; j++) {
+            bool allowed = false;
+            if (j < Lk) {
+                const int64_t moff = m_off[g * nkb + j / kb];
+                allowed = moff >= 0 && mask[moff + j % kb];
+            }
+            bias[j] = allowed ? 0.0f : -INFINITY;
+            any |= allowed;
+        }
+        if (kpos_off) {
+            for (int64_t j = 0; j < padded; j++) {
+                const int64_t poff = j < Lk ? kpos_off[g * nkb + j / kb] : -1;
+                key_is_pack[j] = poff < 0 ? 1.0f : 0.0f;
+                key_position[j] = poff < 0 ? 0.0f : static_cast<float>(positions[poff + j % kb]);
+            }
+        }
+        return any;
     }
+};
+
+// The position ids of query rows i0..i0+3 of group g (rows past `rows` repeat row i0), for BiALiBi; zeros without.
+static inline void query_positions(const int64_t *positions, const int64_t *qpos_off, int64_t g, int64_t i0,
+                                   int64_t rows, float out[4]) {
+    for (int r = 0; r < 4; r++)
+        out[r] = positions ? static_cast<float>(positions[qpos_off[g] + i0 + (r < rows ? r : 0)]) : 0.0f;
 }
 
 // Four query rows' scores of keys j..j+31 from their dot products (raw[r][0]: keys j..j+15, raw[r][1]: the next 16):
 // scaled, the additive mask added, BiALiBi's distance subtracted (slopes != nullptr: the group's [α, β, γ, D_C]),
-// stored in `scores` (rows `padded` apart), and each row's running maximum kept in `top`.
+// stored in the scratch's scores (rows `padded` apart), and each row's running maximum kept in `top`.
 __attribute__((always_inline)) static inline void finish_scores(
-    const __m512 raw[4][2], int64_t j, __m512 scale, const float *bias, const float *slopes,
-    const float query_position[4], const float *key_position, const float *key_is_pack, float *scores,
-    int64_t padded, __m512 top[4]) {
-    const __m512 bias0 = _mm512_loadu_ps(bias + j), bias1 = _mm512_loadu_ps(bias + j + 16);
+    const __m512 raw[4][2], int64_t j, __m512 scale, const GroupScratch &scratch, const float *slopes,
+    const float query_position[4], int64_t padded, __m512 top[4]) {
+    const __m512 bias0 = _mm512_loadu_ps(scratch.bias + j), bias1 = _mm512_loadu_ps(scratch.bias + j + 16);
     for (int r = 0; r < 4; r++) {
         __m512 lo = _mm512_fmadd_ps(raw[r][0], scale, bias0);
         __m512 hi = _mm512_fmadd_ps(raw[r][1], scale, bias1);
         if (slopes) {
-            lo = _mm512_sub_ps(lo, bialibi_distance(query_position[r], slopes, key_position + j, key_is_pack + j));
-            hi = _mm512_sub_ps(hi, bialibi_distance(query_position[r], slopes, key_position + j + 16,
-                                                    key_is_pack + j + 16));
+            lo = _mm512_sub_ps(lo, bialibi_distance(query_position[r], slopes, scratch.key_position + j,
+                                                    scratch.key_is_pack + j));
+            hi = _mm512_sub_ps(hi, bialibi_distance(query_position[r], slopes, scratch.key_position + j + 16,
+                                                    scratch.key_is_pack + j + 16));
         }
-        _mm512_storeu_ps(scores + r * padded + j, lo);
-        _mm512_storeu_ps(scores + r * padded + j + 16, hi);
+        _mm512_storeu_ps(scratch.scores + r * padded + j, lo);
+        _mm512_storeu_ps(scratch.scores + r * padded + j + 16, hi);
         top[r] = _mm512_max_ps(top[r], _mm512_max_ps(lo, hi));
     }
 }

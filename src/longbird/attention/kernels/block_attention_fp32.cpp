@@ -61,26 +61,22 @@ extern "C" int longbird_block_attention_fp32(
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
-        // Per thread: keys transposed to (d, Lk), values (Lk, dv) (unpacked calls only); the additive mask; four
-        // rows of scores, then probabilities; key positions only with BiALiBi.
+        // Per thread: keys transposed to (d, Lk), values (Lk, dv) (unpacked calls only); the group's mask, scores
+        // (then probabilities) and key positions (GroupScratch).
         float *key_t = packed ? nullptr : static_cast<float *>(aligned_alloc(64, 4 * d * key_stride + 64));
         float *value_rows = packed ? nullptr : static_cast<float *>(aligned_alloc(64, 4 * padded * dv + 64));
-        float *bias = static_cast<float *>(aligned_alloc(64, 4 * padded + 64));
-        float *scores = static_cast<float *>(aligned_alloc(64, 4 * 4 * padded + 64));
-        float *key_position = alibi ? static_cast<float *>(aligned_alloc(64, 4 * padded + 64)) : nullptr;
-        float *key_is_pack = alibi ? static_cast<float *>(aligned_alloc(64, 4 * padded + 64)) : nullptr;
+        GroupScratch scratch(padded, alibi != nullptr);
         const float **key_base = static_cast<const float **>(malloc(sizeof(void *) * blocks));
         const float **value_base = static_cast<const float **>(malloc(sizeof(void *) * blocks));
-        if ((!packed && (!key_t || !value_rows)) || (alibi && (!key_position || !key_is_pack)) || !bias ||
-            !scores || !key_base || !value_base) {
+        if ((!packed && (!key_t || !value_rows)) || !scratch.allocated(alibi != nullptr) ||
+            !key_base || !value_base) {
 #pragma omp atomic write
             failed = 2;
         }
 #pragma omp for schedule(static)
         for (int64_t g = 0; g < G; g++) {
             if (failed) continue;
-            const int any = group_bias(mask, m_off, g, nkb, kb, padded, bias);
-            if (alibi) group_key_positions(positions, kpos_off, g, nkb, kb, padded, key_position, key_is_pack);
+            const int any = scratch.prepare(mask, m_off, g, nkb, kb, padded, positions, alibi ? kpos_off : nullptr);
             if (packed) {
                 for (int64_t t = 0; t < nkb; t++) {
                     key_base[t] = k + k_off[g * nkb + t];
@@ -101,10 +97,8 @@ extern "C" int longbird_block_attention_fp32(
                 const int64_t rows = Lq - i0 < 4 ? Lq - i0 : 4;
                 const float *qrow[4];
                 for (int r = 0; r < 4; r++) qrow[r] = q + q_off[g] + (i0 + (r < rows ? r : 0)) * q_row_stride;
-                float query_position[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                if (alibi)
-                    for (int r = 0; r < 4; r++)
-                        query_position[r] = static_cast<float>(positions[qpos_off[g] + i0 + (r < rows ? r : 0)]);
+                float query_position[4];
+                query_positions(alibi ? positions : nullptr, qpos_off, g, i0, rows, query_position);
                 __m512 top[4];
                 for (int r = 0; r < 4; r++) top[r] = _mm512_set1_ps(-INFINITY);
                 const __m512 vscale = _mm512_set1_ps(scale);
@@ -126,8 +120,7 @@ extern "C" int longbird_block_attention_fp32(
                         b3 = _mm512_fmadd_ps(q3, k1, b3);
                     }
                     const __m512 raw[4][2] = {{a0, b0}, {a1, b1}, {a2, b2}, {a3, b3}};
-                    finish_scores(raw, j, vscale, bias, alibi ? alibi + 4 * g : nullptr, query_position, key_position,
-                                  key_is_pack, scores, padded, top);
+                    finish_scores(raw, j, vscale, scratch, alibi ? alibi + 4 * g : nullptr, query_position, padded, top);
                 }
                 float total[4];
                 for (int r = 0; r < 4; r++) {  // probabilities overwrite the scores
@@ -136,7 +129,7 @@ extern "C" int longbird_block_attention_fp32(
                     const __m512 vm = _mm512_set1_ps(m);
                     __m512 sum = _mm512_setzero_ps();
                     for (int64_t j = 0; j < padded; j += 16) {
-                        float *s = scores + r * padded + j;
+                        float *s = scratch.scores + r * padded + j;
                         const __m512 e = exp_nonpositive<6>(_mm512_sub_ps(_mm512_loadu_ps(s), vm));
                         sum = _mm512_add_ps(sum, e);
                         _mm512_storeu_ps(s, e);
@@ -145,10 +138,10 @@ extern "C" int longbird_block_attention_fp32(
                 }
                 __m512 acc[4][4];
                 switch (tiles) {  // the accumulators stay in registers only with a compile-time tile count
-                    case 1: weighted_values<1>(value_base, blocks, block_keys, dv, scores, padded, acc); break;
-                    case 2: weighted_values<2>(value_base, blocks, block_keys, dv, scores, padded, acc); break;
-                    case 3: weighted_values<3>(value_base, blocks, block_keys, dv, scores, padded, acc); break;
-                    default: weighted_values<4>(value_base, blocks, block_keys, dv, scores, padded, acc); break;
+                    case 1: weighted_values<1>(value_base, blocks, block_keys, dv, scratch.scores, padded, acc); break;
+                    case 2: weighted_values<2>(value_base, blocks, block_keys, dv, scratch.scores, padded, acc); break;
+                    case 3: weighted_values<3>(value_base, blocks, block_keys, dv, scratch.scores, padded, acc); break;
+                    default: weighted_values<4>(value_base, blocks, block_keys, dv, scratch.scores, padded, acc); break;
                 }
                 for (int r = 0; r < rows; r++) {
                     const float inv = (any && total[r] > 0.0f) ? 1.0f / total[r] : 0.0f;
@@ -160,12 +153,8 @@ extern "C" int longbird_block_attention_fp32(
         }
         free(key_t);
         free(value_rows);
-        free(bias);
-        free(scores);
         free(key_base);
         free(value_base);
-        free(key_position);
-        free(key_is_pack);
     }
     return failed;
 }
