@@ -28,6 +28,7 @@ from longbird.bench.floor import floor_measurement, op_profile
 from longbird.bench.models import PRESET_SETTINGS, SIZES, build_model, forward_fn, matmul_throughput
 from longbird.bench.sweep import DTYPES, cpu_model
 from longbird.files import write_file_atomically
+from longbird.malloc import keep_freed_memory
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,7 +58,8 @@ def main():
     if args.row_plan:
         os.environ["LONGBIRD_ROW_PLAN"] = args.row_plan
     command = "python benchmarks/floor.py " + " ".join(sys.argv[1:])
-    report = {"command": command, "code": code_version(), "backend": args.backend or "auto",
+    malloc = keep_freed_memory()  # as the command line does (LONGBIRD_MALLOC=system: the C library's defaults)
+    report = {"command": command, "code": code_version(), "backend": args.backend or "auto", "malloc": malloc,
               "row_plan": args.row_plan or "default",
               "cpu_kernel": {name: "on" if cpu_kernel.available(DTYPES[name]) else "off" for name in args.dtype},
               "cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
@@ -121,7 +123,8 @@ def markdown(report: dict) -> str:
              f"{report.get('backend', 'auto')}"
              + (f"; compiled per-row plan: {report['row_plan']}" if report.get("row_plan", "default") != "default"
                 else "")
-             + _kernel_note(report.get("cpu_kernel")) + "  ",
+             + _kernel_note(report.get("cpu_kernel"))
+             + (f"; freed tensor memory (longbird.malloc): {report['malloc']}" if "malloc" in report else "") + "  ",
              f"CPU: {report['cpu']}, {report['threads']} threads, torch {report['torch']}; 4096x768x3072 matmul "
              f"TFLOP/s: {tflops}. Batch 1, random weights, 12 layers; medians of alternating forward / replay calls.",
              ""]

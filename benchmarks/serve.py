@@ -34,6 +34,7 @@ from longbird.bench.sweep import cpu_model
 from longbird.data.html import visible_text
 from longbird.data.korquad import read_korquad_v1_articles, read_korquad_v2
 from longbird.files import write_file_atomically
+from longbird.malloc import keep_freed_memory
 from longbird.precision import native_bf16
 from longbird.reader import Reader
 from longbird.serve import ServeSettings, create_app
@@ -111,8 +112,9 @@ def main() -> None:
                                                                 "one warm-up request per length compiles first")
     parser.add_argument("--name", default="serve")
     args = parser.parse_args()
+    malloc = keep_freed_memory()  # as `longbird serve` does (LONGBIRD_MALLOC=system: the C library's defaults)
     precisions = args.precision or ["fp32"] + (["bf16"] if native_bf16("cpu") else [])
-    results = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
+    results = {"malloc": malloc, "command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
                "machine": f"{cpu_model()}, {os.cpu_count()} CPUs, ATen {torch.backends.cpu.get_cpu_capability()}, "
                           f"torch {torch.__version__}, {torch.get_num_threads()} threads",
                "matmul_tflops": cpu_matmul_rates(), "precisions": precisions, "cells": []}
@@ -140,7 +142,8 @@ def write(results: dict, out: Path, name: str) -> None:
     lines = [f"# Serving throughput (`longbird serve`, {results['model']})", "",
              f"Command: `{results['command']}`  ",
              f"Machine: {results['machine']}; {describe_matmul_rates(results['matmul_tflops'])}"
-             + ("" if "bf16" in results["precisions"] else "; bf16 left out (not native here)"),
+             + ("" if "bf16" in results["precisions"] else "; bf16 left out (not native here)")
+             + (f"; freed tensor memory (longbird.malloc): {results['malloc']}" if "malloc" in results else ""),
              f"Reading windows of {window} tokens (stride {stride if stride is not None else 'half a window'})"
              + ("; encoder compiled (`--compile`, warmed up per length)" if results.get("compiled") else "") + "; "
              "each client sends its requests in turn; the server batches the windows of concurrent requests.", "",

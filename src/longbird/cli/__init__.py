@@ -85,6 +85,9 @@ def _root(
     threads: int | None = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's choice)"),
 ):
     """longbird: long-context encoders from short ones."""
+    from ..malloc import keep_freed_memory
+
+    keep_freed_memory()  # before any tensor: freed activations reused, not unmapped (LONGBIRD_MALLOC=system: off)
     if threads is not None:
         if threads < 1:
             raise ValueError(f"--threads must be >= 1; got {threads}")

@@ -1,0 +1,60 @@
+"""The C allocator's settings for tensor-sized blocks: freed activations are kept and reused, not unmapped.
+
+PyTorch on CPU allocates every tensor through the C library's `malloc`. glibc serves a block larger than its mmap
+threshold (128 KiB, rising with use to at most 32 MiB) with a fresh `mmap` and returns it with `munmap` when freed,
+so the next forward pays again for mapping it and for the kernel zeroing each page on first touch. A long forward
+frees and re-allocates such blocks in every layer (at 4,096 tokens an e5-small feed-forward activation is 24 MiB in
+fp32, 48 MiB at base size). Measured on a 2-core AMD EPYC, fp32, 4,096 tokens, random weights
+(docs/benchmarks.md, "The C allocator"): LittleBird e5-small 1.36 → 1.20 s per forward, base 4.58 → 4.15 s; the
+model's own matrix products run as fast either way.
+
+`keep_freed_memory()` asks glibc (`mallopt`) to serve every block from its heap (`M_MMAP_MAX` 0), not to give the
+heap's free top back to the system below 2 GiB (`M_TRIM_THRESHOLD`), and to keep one arena for all threads
+(`M_ARENA_MAX` 1: a thread's own arena is a set of 64 MiB heaps, which a 48 MiB block does not fit twice, so the
+server's batching thread would still map and unmap). The price: the process keeps the memory of its largest
+forward after it, as PyTorch's GPU caching allocator does. The `longbird` command line (every command, the server
+included) calls it at start; `LONGBIRD_MALLOC=system` leaves the C library's defaults. A Python program calls it
+itself, before it loads a model. On a C library other than glibc (macOS, musl) it changes nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+# glibc's <malloc.h> parameter numbers (stable ABI since glibc 2.0 / 2.10 for M_ARENA_MAX).
+M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8
+TRIM_THRESHOLD_BYTES = 2**31 - 1  # mallopt takes an int: 2 GiB, the largest it accepts
+CHOICES = ("keep", "system")
+
+
+def _glibc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version  # noqa: B018 - only glibc has it: musl and macOS have mallopt-less or other mallocs
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+def requested(environ=os.environ) -> str:
+    """`LONGBIRD_MALLOC` (keep, the default, or system); an unknown value is an error naming the choices."""
+    value = environ.get("LONGBIRD_MALLOC", "keep").strip().lower() or "keep"
+    if value not in CHOICES:
+        raise ValueError(f"LONGBIRD_MALLOC={environ['LONGBIRD_MALLOC']!r} is not one of {', '.join(CHOICES)}: "
+                         "'keep' reuses freed tensor memory (the default), 'system' leaves the C library's settings")
+    return value
+
+
+def keep_freed_memory(environ=os.environ) -> str:
+    """Apply the settings above unless `LONGBIRD_MALLOC=system`; returns what was done, for reports: "kept",
+    "system (LONGBIRD_MALLOC=system)" or "system (not glibc)"."""
+    if requested(environ) == "system":
+        return "system (LONGBIRD_MALLOC=system)"
+    libc = _glibc()
+    if libc is None:
+        return "system (not glibc)"
+    for parameter, value in ((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES), (M_ARENA_MAX, 1)):
+        if libc.mallopt(ctypes.c_int(parameter), ctypes.c_int(value)) != 1:  # mallopt returns 1 on success
+            return f"system (mallopt({parameter}, {value}) refused)"
+    return "kept"

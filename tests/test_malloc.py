@@ -1,0 +1,100 @@
+"""longbird.malloc: with the settings applied, a tensor-sized block is served from glibc's heap, also in another
+thread, and its memory is reused by the next one; with LONGBIRD_MALLOC=system the same block is mapped afresh (so the
+first test can fail). Each case runs in a fresh interpreter: the settings are process-wide and cannot be undone."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from longbird.cli import app
+from longbird.malloc import _glibc, keep_freed_memory, requested
+
+glibc_only = pytest.mark.skipif(_glibc() is None, reason="the settings are glibc's (mallopt, mallinfo2)")
+
+# mallinfo2 (glibc >= 2.33): hblkhd = bytes in mmap-ed blocks, arena = bytes of the heaps (summed over arenas).
+PROBE = r"""
+import ctypes, json, threading, torch
+from longbird.malloc import keep_freed_memory
+
+state = keep_freed_memory()
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = MallInfo2
+MIB = 1 << 20
+found = {"state": state}
+
+def block_of_64_mib(name):
+    before = libc.mallinfo2()
+    block = torch.empty(64 * MIB, dtype=torch.uint8).fill_(1)  # 64 MiB: above any mmap threshold glibc allows
+    during = libc.mallinfo2()
+    del block
+    after = libc.mallinfo2()
+    found[name] = {"mapped": (during.hblkhd - before.hblkhd) // MIB, "unmapped_on_free": (during.hblkhd - after.hblkhd) // MIB}
+
+block_of_64_mib("first")
+thread = threading.Thread(target=block_of_64_mib, args=("thread",))  # the server's batcher is such a thread
+thread.start()
+thread.join()
+heap = []  # MiB of heap after each of 30 blocks of the same size, allocated and freed in turn
+for _ in range(30):
+    block = torch.empty(64 * MIB, dtype=torch.uint8).fill_(1)
+    del block
+    heap.append(libc.mallinfo2().arena // MIB)
+found["heap"] = heap
+print(json.dumps(found))
+"""
+
+
+def _probe(setting: str | None) -> dict:
+    env = {key: value for key, value in os.environ.items() if key != "LONGBIRD_MALLOC"}
+    if setting is not None:
+        env["LONGBIRD_MALLOC"] = setting
+    done = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@glibc_only
+def test_kept_blocks_come_from_the_heap_and_are_reused():
+    found = _probe(None)
+    assert found["state"] == "kept"
+    assert found["first"] == {"mapped": 0, "unmapped_on_free": 0}, found
+    assert found["thread"] == {"mapped": 0, "unmapped_on_free": 0}, found  # one arena for all threads
+    # The freed blocks are reused: the heap stops growing. Not after the first block: glibc before 2.38 serves
+    # torch's 64-byte aligned requests (posix_memalign) only from a free chunk 64 + 32 bytes larger than the block,
+    # so a few blocks' worth of free chunks build up first (eight on glibc 2.36, then none).
+    heap = found["heap"]
+    assert heap[-10:] == [heap[-1]] * 10 and heap[-1] <= 16 * 64 + heap[0], heap
+
+
+@glibc_only
+def test_system_setting_leaves_glibc_mapping_each_block():
+    found = _probe("system")
+    assert found["state"] == "system (LONGBIRD_MALLOC=system)"
+    for name in ("first", "thread"):
+        assert found[name]["mapped"] >= 64 and found[name]["unmapped_on_free"] >= 64, found
+
+
+def test_setting_is_read_and_checked():
+    assert requested({}) == "keep" and requested({"LONGBIRD_MALLOC": " System "}) == "system"
+    assert requested({"LONGBIRD_MALLOC": ""}) == "keep"
+    with pytest.raises(ValueError, match=r"LONGBIRD_MALLOC='tcmalloc' is not one of keep, system"):
+        requested({"LONGBIRD_MALLOC": "tcmalloc"})
+    assert keep_freed_memory({"LONGBIRD_MALLOC": "system"}) == "system (LONGBIRD_MALLOC=system)"
+
+
+def test_command_line_names_a_bad_setting_in_one_line():
+    result = CliRunner().invoke(app, ["env"], env={"LONGBIRD_MALLOC": "tcmalloc"})
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 1 and len(lines) == 1, result.output
+    assert lines[0].startswith("error: LONGBIRD_MALLOC='tcmalloc' is not one of keep, system"), lines[0]
