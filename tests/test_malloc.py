@@ -39,7 +39,8 @@ def block_of_64_mib(name):
     during = libc.mallinfo2()
     del block
     after = libc.mallinfo2()
-    found[name] = {"mapped": (during.hblkhd - before.hblkhd) // MIB, "unmapped_on_free": (during.hblkhd - after.hblkhd) // MIB}
+    found[name] = {"mapped": (during.hblkhd - before.hblkhd) // MIB,
+                   "unmapped_on_free": (during.hblkhd - after.hblkhd) // MIB}
 
 block_of_64_mib("first")
 thread = threading.Thread(target=block_of_64_mib, args=("thread",))  # the server's batcher is such a thread
