@@ -8,13 +8,17 @@ fp32, 48 MiB at base size). Measured on a 2-core AMD EPYC, fp32, 4,096 tokens, r
 (docs/benchmarks.md, "The C allocator"): LittleBird e5-small 1.36 → 1.20 s per forward, base 4.58 → 4.15 s; the
 model's own matrix products run as fast either way.
 
-`keep_freed_memory()` asks glibc (`mallopt`) to serve every block from its heap (`M_MMAP_MAX` 0), not to give the
-heap's free top back to the system below 2 GiB (`M_TRIM_THRESHOLD`), and to keep one arena for all threads
-(`M_ARENA_MAX` 1: a thread's own arena is a set of 64 MiB heaps, which a 48 MiB block does not fit twice, so the
-server's batching thread would still map and unmap). The price: the process keeps the memory of its largest
-forward after it, as PyTorch's GPU caching allocator does. The `longbird` command line (every command, the server
-included) calls it at start; `LONGBIRD_MALLOC=system` leaves the C library's defaults. A Python program calls it
-itself, before it loads a model. On a C library other than glibc (macOS, musl) it changes nothing.
+`keep_freed_memory()` asks glibc (`mallopt`) to serve every block from its heaps (`M_MMAP_MAX` 0) and not to give
+their free memory back to the system below 2 GiB (`M_TRIM_THRESHOLD`). A thread other than the main one allocates
+from an arena of its own, made of heaps of at most 64 MiB: there a block of more than about 63 MiB is still mapped
+(glibc's fallback), so the server's batching thread keeps its blocks up to that size (e5-small at 8K tokens, base
+at 4K). One arena for all threads (`M_ARENA_MAX` 1) would keep every block, but SDPA's flash-attention backward
+allocates in each of its threads, and with one arena a bf16 kobigbird training step at 4K took 5.3 s instead of 2.7.
+The price: the process keeps the memory of its largest forward after it, as PyTorch's GPU caching allocator does,
+plus free chunks it cannot reuse for an aligned block of the same size (glibc before 2.38 needs a chunk 96 bytes
+larger than the block for torch's 64-byte aligned allocations). The `longbird` command line (every command, the
+server included) calls it at start; `LONGBIRD_MALLOC=system` leaves the C library's defaults. A Python program calls
+it itself, before it loads a model. On a C library other than glibc (macOS, musl) it changes nothing.
 """
 
 from __future__ import annotations
@@ -22,8 +26,8 @@ from __future__ import annotations
 import ctypes
 import os
 
-# glibc's <malloc.h> parameter numbers (stable ABI since glibc 2.0 / 2.10 for M_ARENA_MAX).
-M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8
+# glibc's <malloc.h> parameter numbers (stable ABI).
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
 TRIM_THRESHOLD_BYTES = 2**31 - 1  # mallopt takes an int: 2 GiB, the largest it accepts
 CHOICES = ("keep", "system")
 
@@ -54,7 +58,7 @@ def keep_freed_memory(environ=os.environ) -> str:
     libc = _glibc()
     if libc is None:
         return "system (not glibc)"
-    for parameter, value in ((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES), (M_ARENA_MAX, 1)):
+    for parameter, value in ((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)):
         if libc.mallopt(ctypes.c_int(parameter), ctypes.c_int(value)) != 1:  # mallopt returns 1 on success
             return f"system (mallopt({parameter}, {value}) refused)"
     return "kept"
