@@ -2,13 +2,13 @@
 
 For each setting (`LONGBIRD_MALLOC=system`, then `keep`, alternating --rounds times) a fresh interpreter builds the
 model (random init, batch 1, `longbird.bench.models`), applies the setting as the command line does, and runs
---forwards forwards whose lengths are drawn from --lengths (seeded: the same sequence for both settings). Reported per
-setting: the median seconds per length, and the resident memory (/proc/self/statm) and glibc heap (mallinfo2)
-after the first forward, and the largest after any forward: whether the kept memory levels off. Linux/glibc only.
+--forwards forwards whose lengths are drawn from --lengths (seeded: the same sequence for both settings; the first
+at the longest length, left out of the medians). Reported per setting: the median seconds and minor page faults
+(getrusage) per length, and the resident memory (/proc/self/statm) and glibc heap (mallinfo2) after the first
+forward and the largest after any: whether the kept memory levels off. Linux/glibc only.
 Usage: python benchmarks/allocator.py [--preset littlebird] [--size small] [--dtype fp32] [--forwards 40]
        [--lengths 1024 2048 3072 4096] [--rounds 1] [--name allocator]
-Writes benchmarks/results/NAME.{md,json}.
-"""
+Writes benchmarks/results/NAME.{md,json}."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = r"""
-import ctypes, json, random, sys, time, torch
+import ctypes, json, random, resource, sys, time, torch
 from longbird.malloc import keep_freed_memory
 state = keep_freed_memory()
 from longbird.bench.models import SIZES, build_model, forward_fn
@@ -41,12 +41,14 @@ runs = {length: forward_fn(model, length, backward=False, base=SIZES[size]) for 
 draw = random.Random(0)
 for index in range(forwards):
     length = draw.choice(lengths) if index else max(lengths)
-    start = time.perf_counter()
+    faults, start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
     runs[length]()
     seconds = time.perf_counter() - start
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     info = libc.mallinfo2()
     resident = int(open("/proc/self/statm").read().split()[1]) * 4096
-    print(json.dumps({"state": state, "length": length, "seconds": seconds, "resident_mib": resident / 2**20,
+    print(json.dumps({"state": state, "length": length, "seconds": seconds, "page_faults": faults,
+                      "resident_mib": resident / 2**20,
                       "heap_mib": info.arena / 2**20, "mapped_mib": info.hblkhd / 2**20}), flush=True)
 """
 
@@ -58,8 +60,11 @@ def run_setting(setting: str, args) -> dict:
     calls = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     first = calls[0]
     return {"setting": setting, "state": first["state"],
-            "median_seconds": {str(length): statistics.median(c["seconds"] for c in calls if c["length"] == length)
+            "median_seconds": {str(length): statistics.median(c["seconds"] for c in calls[1:] if c["length"] == length)
                                for length in args.lengths if any(c["length"] == length for c in calls[1:])},
+            "median_page_faults": {str(length): statistics.median(c["page_faults"] for c in calls[1:]
+                                                                  if c["length"] == length)
+                                   for length in args.lengths if any(c["length"] == length for c in calls[1:])},
             "first": {key: first[key] for key in ("resident_mib", "heap_mib", "mapped_mib")},
             "largest": {key: max(c[key] for c in calls) for key in ("resident_mib", "heap_mib", "mapped_mib")},
             "last": {key: calls[-1][key] for key in ("resident_mib", "heap_mib", "mapped_mib")},
@@ -70,14 +75,15 @@ def markdown(report: dict) -> str:
     lengths = report["lengths"]
     lines = [f"Command: `{report['command']}`  ", f"Machine: {report['machine']}. {report['preset']} {report['size']} "
              f"{report['dtype']}, batch 1, random weights; {report['forwards']} forwards per process, the first at "
-             f"{max(lengths)} tokens, then lengths drawn from {lengths} (seed 0); the first forward's time is left "
-             "out of the medians.", "",
+             f"{max(lengths)} tokens (left out of the medians), then lengths drawn from {lengths} (seed 0).", "",
              "| setting | " + " | ".join(f"s at {length}" for length in lengths)
-             + " | resident MiB after the first | largest resident MiB | heap MiB (largest) | mapped MiB (largest) |",
-             "|---|" + "---:|" * (len(lengths) + 4)]
+             + f" | page faults at {max(lengths)} | resident MiB after the first | largest resident MiB | "
+             "heap MiB (largest) | mapped MiB (largest) |",
+             "|---|" + "---:|" * (len(lengths) + 5)]
     for run in report["runs"]:
         times = " | ".join(f"{run['median_seconds'].get(str(length), float('nan')):.3f}" for length in lengths)
-        lines.append(f"| {run['state']} | {times} | {run['first']['resident_mib']:.0f} | "
+        faults = run["median_page_faults"].get(str(max(lengths)), float("nan"))
+        lines.append(f"| {run['state']} | {times} | {faults:.0f} | {run['first']['resident_mib']:.0f} | "
                      f"{run['largest']['resident_mib']:.0f} | {run['largest']['heap_mib']:.0f} | "
                      f"{run['largest']['mapped_mib']:.0f} |")
     return "\n".join(lines) + "\n"

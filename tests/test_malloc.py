@@ -96,6 +96,28 @@ def test_setting_is_read_and_checked():
     assert keep_freed_memory({"LONGBIRD_MALLOC": "system"}) == "system (LONGBIRD_MALLOC=system)"
 
 
+@pytest.mark.parametrize("setting, state", [("system", "system (LONGBIRD_MALLOC=system)"),
+                                            (None, "kept" if _glibc() else "system (not glibc)")])
+def test_env_reports_the_setting(setting, state):
+    env = {key: value for key, value in os.environ.items() if key != "LONGBIRD_MALLOC"}
+    env.update({"LONGBIRD_MALLOC": setting} if setting else {}, COLUMNS="200")
+    done = subprocess.run([sys.executable, "-m", "longbird.cli", "env"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    row = next(line for line in done.stdout.splitlines() if "freed tensor memory" in line)
+    assert f"{state} (LONGBIRD_MALLOC: keep or system)" in row, row
+
+
+def test_a_kept_setting_is_not_reported_undone():
+    done = subprocess.run([sys.executable, "-c", "from longbird.malloc import keep_freed_memory as k, applied; "
+                           "k({}); print(k({'LONGBIRD_MALLOC': 'system'})); print(applied())"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    if _glibc() is not None:
+        assert done.stdout.splitlines() == ["kept (earlier in this process; LONGBIRD_MALLOC=system applies to a new "
+                                            "one)", "kept"], done.stdout
+
+
 def test_command_line_names_a_bad_setting_in_one_line():
     result = CliRunner().invoke(app, ["env"], env={"LONGBIRD_MALLOC": "tcmalloc"})
     lines = result.output.strip().splitlines()

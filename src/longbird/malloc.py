@@ -5,8 +5,8 @@ threshold (128 KiB, rising with use to at most 32 MiB) with a fresh `mmap` and r
 so the next forward pays again for mapping it and for the kernel zeroing each page on first touch. A long forward
 frees and re-allocates such blocks in every layer (at 4,096 tokens an e5-small feed-forward activation is 24 MiB in
 fp32, 48 MiB at base size). Measured on a 2-core AMD EPYC, fp32, 4,096 tokens, random weights
-(docs/benchmarks.md, "The C allocator"): LittleBird e5-small 1.36 → 1.20 s per forward, base 4.58 → 4.15 s; the
-model's own matrix products run as fast either way.
+(docs/benchmarks.md, "The C allocator"; benchmarks/allocator.py): LittleBird e5-small 1.40 → 1.23 s per forward
+(152,000 page faults → 72), base 4.77 → 4.30 s (437,000 → 1); the model's own matrix products run as fast either way.
 
 `keep_freed_memory()` asks glibc (`mallopt`) to serve every block from its heaps (`M_MMAP_MAX` 0) and not to give
 their free memory back to the system below 2 GiB (`M_TRIM_THRESHOLD`). A thread other than the main one allocates
@@ -30,6 +30,7 @@ import os
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
 TRIM_THRESHOLD_BYTES = 2**31 - 1  # mallopt takes an int: 2 GiB, the largest it accepts
 CHOICES = ("keep", "system")
+_applied: str | None = None  # what keep_freed_memory last did in this process
 
 
 def _glibc() -> ctypes.CDLL | None:
@@ -53,7 +54,16 @@ def requested(environ=os.environ) -> str:
 def keep_freed_memory(environ=os.environ) -> str:
     """Apply the settings above unless `LONGBIRD_MALLOC=system`; returns what was done, for reports: "kept",
     "system (LONGBIRD_MALLOC=system)" or "system (not glibc)"."""
-    if requested(environ) == "system":
+    global _applied
+    choice = requested(environ)
+    if choice == "system" and _applied == "kept":  # mallopt's settings cannot be taken back within a process
+        return "kept (earlier in this process; LONGBIRD_MALLOC=system applies to a new one)"
+    _applied = _apply(choice)
+    return _applied
+
+
+def _apply(choice: str) -> str:
+    if choice == "system":
         return "system (LONGBIRD_MALLOC=system)"
     libc = _glibc()
     if libc is None:
@@ -62,3 +72,8 @@ def keep_freed_memory(environ=os.environ) -> str:
         if libc.mallopt(ctypes.c_int(parameter), ctypes.c_int(value)) != 1:  # mallopt returns 1 on success
             return f"system (mallopt({parameter}, {value}) refused)"
     return "kept"
+
+
+def applied() -> str:
+    """What this process's allocator does, for `longbird env` and reports (the last keep_freed_memory's result)."""
+    return _applied or "system (keep_freed_memory not called)"

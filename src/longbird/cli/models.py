@@ -68,6 +68,7 @@ def env():
     from .. import METHODS, PRESETS, __version__
     from ..bench.sweep import cpu_model
     from ..conversion import SUPPORTED_FAMILIES
+    from ..malloc import applied
 
     table = Table(title="longbird environment", show_header=False)
     rows = {
@@ -75,6 +76,7 @@ def env():
         "transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
         "threads": str(torch.get_num_threads()), "cpu": cpu_model(),
         "cpu capability": str(torch.backends.cpu.get_cpu_capability()),
+        "freed tensor memory": f"{applied()} (LONGBIRD_MALLOC: keep or system)",
         "source families": ", ".join(SUPPORTED_FAMILIES),
         "presets": ", ".join(f"{name} ({', '.join(f'{k}={v}' for k, v in values.items())})"
                              for name, values in PRESETS.items()),
