@@ -23,17 +23,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = r"""
-import ctypes, json, random, resource, sys, time, torch
-from longbird.malloc import keep_freed_memory
+import json, random, resource, sys, time, torch
+from longbird.malloc import heap_bytes, keep_freed_memory
 state = keep_freed_memory()
 from longbird.bench.models import SIZES, build_model, forward_fn
 
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
-
-libc = ctypes.CDLL(None)
-libc.mallinfo2.restype = MallInfo2
 preset, size, dtype, forwards, lengths = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5:]
 lengths = [int(length) for length in lengths]
 model = build_model(preset, max(lengths), SIZES[size]).to({"fp32": torch.float32, "bf16": torch.bfloat16}[dtype])
@@ -45,11 +39,11 @@ for index in range(forwards):
     runs[length]()
     seconds = time.perf_counter() - start
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
-    info = libc.mallinfo2()
+    info = heap_bytes()
     resident = int(open("/proc/self/statm").read().split()[1]) * 4096
     print(json.dumps({"state": state, "length": length, "seconds": seconds, "page_faults": faults,
                       "resident_mib": resident / 2**20,
-                      "heap_mib": info.arena / 2**20, "mapped_mib": info.hblkhd / 2**20}), flush=True)
+                      "heap_mib": info["heap"] / 2**20, "mapped_mib": info["mapped"] / 2**20}), flush=True)
 """
 
 

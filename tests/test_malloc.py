@@ -14,34 +14,27 @@ import pytest
 from typer.testing import CliRunner
 
 from longbird.cli import app
-from longbird.malloc import _glibc, requested
+from longbird.malloc import _glibc, heap_bytes, requested
 
-glibc_only = pytest.mark.skipif(_glibc() is None, reason="the settings are glibc's (mallopt, mallinfo2)")
+glibc_only = pytest.mark.skipif(heap_bytes() is None, reason="the settings are glibc's (mallopt, mallinfo2)")
 
-# mallinfo2 (glibc >= 2.33): hblkhd = bytes in mmap-ed blocks, arena = bytes of the heaps (summed over arenas).
+# longbird.malloc.heap_bytes reads glibc's mallinfo2: "mapped" = bytes in blocks mapped alone, "heap" = the heaps.
 PROBE = r"""
-import ctypes, json, threading, torch
-from longbird.malloc import keep_freed_memory
+import json, threading, torch
+from longbird.malloc import heap_bytes, keep_freed_memory
 
 state = keep_freed_memory()
-
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
-
-libc = ctypes.CDLL(None)
-libc.mallinfo2.restype = MallInfo2
 MIB = 1 << 20
 found = {"state": state}
 
 def block(name, mib):
-    before = libc.mallinfo2()
+    before = heap_bytes()
     block = torch.empty(mib * MIB, dtype=torch.uint8).fill_(1)  # 33+ MiB: above any mmap threshold glibc allows
-    during = libc.mallinfo2()
+    during = heap_bytes()
     del block
-    after = libc.mallinfo2()
-    found[name] = {"mapped": (during.hblkhd - before.hblkhd) // MIB,
-                   "unmapped_on_free": (during.hblkhd - after.hblkhd) // MIB}
+    after = heap_bytes()
+    found[name] = {"mapped": (during["mapped"] - before["mapped"]) // MIB,
+                   "unmapped_on_free": (during["mapped"] - after["mapped"]) // MIB}
 
 block("first", 64)
 # the server's batcher is such a thread; its arena's heaps hold at most 64 MiB, so a smaller block
@@ -52,7 +45,7 @@ heap = []  # MiB of heap after each of 30 blocks of the same size, allocated and
 for _ in range(30):
     block = torch.empty(64 * MIB, dtype=torch.uint8).fill_(1)
     del block
-    heap.append(libc.mallinfo2().arena // MIB)
+    heap.append(heap_bytes()["heap"] // MIB)
 found["heap"] = heap
 print(json.dumps(found))
 """

@@ -74,6 +74,25 @@ def _apply(choice: str) -> str:
     return "kept"
 
 
+class _MallInfo2(ctypes.Structure):
+    """glibc's `struct mallinfo2` (2.33+): every field a size_t, in this order."""
+
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+
+
+def heap_bytes() -> dict[str, int] | None:
+    """glibc's own account (mallinfo2, summed over arenas): "heap" bytes its heaps hold from the system, "mapped"
+    bytes in blocks it mapped alone, "free" bytes free in its heaps; None without glibc 2.33+. For
+    benchmarks/allocator.py and the tests: whether a block came from a heap or a mapping of its own."""
+    libc = _glibc()
+    if libc is None or not hasattr(libc, "mallinfo2"):
+        return None
+    libc.mallinfo2.restype = _MallInfo2
+    info = libc.mallinfo2()
+    return {"heap": info.arena, "mapped": info.hblkhd, "free": info.fordblks}
+
+
 def applied() -> str:
     """What this process's allocator does, for `longbird env` and reports (the last keep_freed_memory's result)."""
     return _applied or "system (keep_freed_memory not called)"
