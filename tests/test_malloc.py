@@ -66,9 +66,9 @@ def test_kept_blocks_come_from_the_heap_and_are_reused():
     assert found["state"] == "kept"
     assert found["first"] == {"mapped": 0, "unmapped_on_free": 0}, found
     assert found["thread"] == {"mapped": 0, "unmapped_on_free": 0}, found
-    # The freed blocks are reused: the heap stops growing. Not after the first block: glibc before 2.38 serves
-    # torch's 64-byte aligned requests (posix_memalign) only from a free chunk 64 + 32 bytes larger than the block,
-    # so a few blocks' worth of free chunks build up first (eight on glibc 2.36, then none).
+    # The freed blocks are reused: the heap stops growing. Not after the first block: glibc 2.36 serves torch's
+    # 64-byte aligned requests (posix_memalign) only from a free chunk 64 + 32 bytes larger than the block, so a few
+    # blocks' worth of free chunks build up first (eight there, then none).
     heap = found["heap"]
     assert heap[-10:] == [heap[-1]] * 10 and heap[-1] <= 16 * 64 + heap[0], heap
 

@@ -15,10 +15,11 @@ from an arena of its own, made of heaps of at most 64 MiB: there a block of more
 at 4K). One arena for all threads (`M_ARENA_MAX` 1) would keep every block, but SDPA's flash-attention backward
 allocates in each of its threads, and with one arena a bf16 kobigbird training step at 4K took 5.3 s instead of 2.7.
 The price: the process keeps the memory of its largest forward after it, as PyTorch's GPU caching allocator does,
-plus free chunks it cannot reuse for an aligned block of the same size (glibc before 2.38 needs a chunk 96 bytes
-larger than the block for torch's 64-byte aligned allocations). The `longbird` command line (every command, the
-server included) calls it at start; `LONGBIRD_MALLOC=system` leaves the C library's defaults. A Python program calls
-it itself, before it loads a model. On a C library other than glibc (macOS, musl) it changes nothing.
+plus free chunks it cannot reuse for an aligned block of the same size (glibc 2.36, this machine's, serves torch's
+64-byte aligned allocations from a free chunk 96 bytes larger than the block: `_int_memalign`). The `longbird`
+command line (every command, the server included) calls it at start; `LONGBIRD_MALLOC=system` leaves the C
+library's defaults. A Python program calls it itself, before it loads a model. On a C library other than glibc
+(macOS, musl) it changes nothing.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def requested(environ=os.environ) -> str:
 
 def keep_freed_memory(environ=os.environ) -> str:
     """Apply the settings above unless `LONGBIRD_MALLOC=system`; returns what was done, for reports: "kept",
-    "system (LONGBIRD_MALLOC=system)" or "system (not glibc)"."""
+    "system (LONGBIRD_MALLOC=system)", "system (not glibc)", or, when asked for "system" after "kept" in the same
+    process, "kept (earlier in this process; ...)"."""
     global _applied
     choice = requested(environ)
     if choice == "system" and _applied == "kept":  # mallopt's settings cannot be taken back within a process
