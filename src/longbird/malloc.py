@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from functools import lru_cache
 
 # glibc's <malloc.h> parameter numbers (stable ABI).
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
@@ -34,13 +35,23 @@ CHOICES = ("keep", "system")
 _applied: str | None = None  # what keep_freed_memory last did in this process
 
 
+class _MallInfo2(ctypes.Structure):
+    """glibc's `struct mallinfo2` (2.33+): every field a size_t, in this order."""
+
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+
+
+@lru_cache(maxsize=1)
 def _glibc() -> ctypes.CDLL | None:
     try:
         libc = ctypes.CDLL(None)
         libc.gnu_get_libc_version  # noqa: B018 - only glibc has it: musl and macOS have mallopt-less or other mallocs
-        return libc
     except (OSError, AttributeError):
         return None
+    if hasattr(libc, "mallinfo2"):  # glibc 2.33+
+        libc.mallinfo2.restype = _MallInfo2
+    return libc
 
 
 def requested(environ=os.environ) -> str:
@@ -76,13 +87,6 @@ def _apply(choice: str) -> str:
     return "kept"
 
 
-class _MallInfo2(ctypes.Structure):
-    """glibc's `struct mallinfo2` (2.33+): every field a size_t, in this order."""
-
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
-
-
 def heap_bytes() -> dict[str, int] | None:
     """glibc's own account (mallinfo2, summed over arenas): "heap" bytes its heaps hold from the system, "mapped"
     bytes in blocks it mapped alone, "free" bytes free in its heaps; None without glibc 2.33+. For
@@ -90,7 +94,6 @@ def heap_bytes() -> dict[str, int] | None:
     libc = _glibc()
     if libc is None or not hasattr(libc, "mallinfo2"):
         return None
-    libc.mallinfo2.restype = _MallInfo2
     info = libc.mallinfo2()
     return {"heap": info.arena, "mapped": info.hblkhd, "free": info.fordblks}
 

@@ -137,15 +137,18 @@ def _call_fits(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, drop
         return False
     if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value)):
         return False
-    dim, value_dim = query.shape[-1], value.shape[-1]
-    odd = dim % 2 and query.dtype == torch.bfloat16  # the bf16 kernel reads q and k as pairs
+    return _widths_fit(query.shape[-1], value.shape[-1], query.dtype)
+
+
+def _widths_fit(dim: int, value_dim: int, dtype: torch.dtype) -> bool:
+    """Query/key width `dim` and value width `value_dim` are within the kernel's range for `dtype`."""
+    odd = dim % 2 and dtype == torch.bfloat16  # the bf16 kernel reads q and k as pairs
     return not (odd or dim > MAX_HEAD_DIM or value_dim % 16 or value_dim > MAX_VALUE_DIM)
 
 
 def takes_head_size(head_size: int, dtype: torch.dtype) -> bool:
     """Heads of this width (queries, keys and values alike) are within the kernel's range for `dtype`."""
-    return (dtype in KERNEL_DTYPES and head_size % 16 == 0 and head_size <= MAX_VALUE_DIM
-            and not (dtype == torch.bfloat16 and head_size % 2))
+    return dtype in KERNEL_DTYPES and _widths_fit(head_size, head_size, dtype)
 
 
 def usable(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout_p: float = 0.0) -> bool:
