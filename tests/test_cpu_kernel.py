@@ -12,7 +12,8 @@ at most (d + 3)·u·S, S bounding |score| and its terms (scale·max Σ|q_i k_i| 
 exp(s − m) then carries its score's and the maximum's error, the subtraction's rounding (u·2S) and the
 exponential's (Cephes' degree-6 polynomial: 1.18e-7 relative, measured over [-87, 0] in steps of 1e-6); the
 normalised output adds twice that relative error and the fp32 sums over L keys ((L + 2)·u each for numerator and
-denominator), all times max|v|.
+denominator), all times max|v|. The bound holds for both fp32 kernels, AVX-512 and AVX2: the same products and
+exponential, summed in other vector widths (the bound takes any order of the sums).
 """
 
 from __future__ import annotations
@@ -29,11 +30,27 @@ from longbird.attention import bigbird_pattern, cpu_kernel
 needs_kernel = pytest.mark.skipif(not (cpu_kernel.cpu_supports_kernel() and cpu_kernel.compiler()),
                                   reason="needs a CPU with AVX-512 BF16 and a C++ compiler")
 needs_fp32_kernel = pytest.mark.skipif(not (cpu_kernel.cpu_supports_kernel(torch.float32) and cpu_kernel.compiler()),
-                                       reason="needs a CPU with AVX-512 and a C++ compiler")
-DTYPES = [pytest.param(torch.bfloat16, marks=needs_kernel, id="bf16"),
-          pytest.param(torch.float32, marks=needs_fp32_kernel, id="fp32")]
+                                       reason="needs a CPU with AVX-512 or AVX2 and FMA, and a C++ compiler")
+# Where fp32 takes the AVX-512 kernel, the AVX2 one (LONGBIRD_CPU_KERNEL=avx2) is tested beside it; on a CPU without
+# AVX-512 plain fp32 is the AVX2 kernel already.
+needs_avx2_beside_avx512 = pytest.mark.skipif(
+    cpu_kernel.cpu_instruction_sets(torch.float32) != ("avx512", "avx2") or not cpu_kernel.compiler(),
+    reason="the AVX2 kernel is tested on its own only beside the AVX-512 one (plain fp32 runs it elsewhere)")
+SETTINGS = [pytest.param((torch.bfloat16, "1"), marks=needs_kernel, id="bf16"),
+            pytest.param((torch.float32, "1"), marks=needs_fp32_kernel, id="fp32"),
+            pytest.param((torch.float32, "avx2"), marks=needs_avx2_beside_avx512, id="fp32-avx2")]
 U = 2.0 ** -24  # fp32 unit roundoff
 EXP_ERROR = 1.2e-7  # the fp32 kernel's exponential, relative (measured: 1.18e-7, module docstring)
+
+
+@pytest.fixture(params=SETTINGS)
+def dtype(request, monkeypatch):
+    """The dtype a test runs the kernel in, with LONGBIRD_CPU_KERNEL set to pick the library (`SETTINGS`)."""
+    dtype, setting = request.param
+    monkeypatch.setenv("LONGBIRD_CPU_KERNEL", setting)
+    if setting == "avx2":
+        assert cpu_kernel.instruction_set(dtype) == "avx2"
+    return dtype
 
 
 def _bound(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, keys: int | None = None,
@@ -60,7 +77,6 @@ def _reference(query, key, value, allowed):
     return weights @ value.double()
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("dim, value_dim, block_rows, query_rows", [(32, 32, 64, 64), (64, 64, 24, 6), (2, 16, 5, 1),
                                                                      (128, 48, 32, 13)])
 def test_attend_blocks_equals_the_reference_with_blocks_read_in_place(dim, value_dim, block_rows, query_rows, dtype):
@@ -102,7 +118,6 @@ def _pattern_cases():
     ]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("blocks, block, heads, random_blocks, reach, last_global", _pattern_cases())
 @pytest.mark.parametrize("value_dim", [32, 64])
 def test_bigbird_attention_in_the_kernel_equals_the_dense_reference(blocks, block, heads, random_blocks, reach,
@@ -136,7 +151,6 @@ def test_bigbird_attention_in_the_kernel_equals_the_dense_reference(blocks, bloc
     assert torch.equal(alone, out[1:])
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("length", [1, 37, 64, 300])
 @pytest.mark.parametrize("value_dim", [32, 64])
 @pytest.mark.parametrize("queries", [None, 16])
@@ -173,7 +187,7 @@ def test_full_attention_in_the_kernel_equals_the_dense_reference(length, value_d
 def test_the_kernel_is_only_taken_for_cpu_inference_in_bf16_and_fp32(monkeypatch):
     """fp16, mixed dtypes, autograd on inputs that need gradients, dropout, value widths past the kernel's registers,
     odd head sizes in bf16 (read as pairs) and LONGBIRD_CPU_KERNEL=0 all keep SDPA; bf16 needs AVX-512 BF16, fp32
-    AVX-512."""
+    AVX-512 or AVX2 with FMA."""
     q = torch.zeros(1, 2, 64, 32, dtype=torch.bfloat16)
     assert not cpu_kernel.usable(q.half(), q.half(), q.half())
     assert not cpu_kernel.usable(q, q.float(), q)
@@ -196,28 +210,63 @@ def test_the_kernel_is_only_taken_for_cpu_inference_in_bf16_and_fp32(monkeypatch
         assert cpu_kernel.usable(odd, odd, q.float())  # fp32 reads q and k one value at a time
 
 
-@needs_kernel
-def test_the_kernel_is_built_once_into_the_cache_by_rename(tmp_path, monkeypatch):
-    """A fresh cache directory gets exactly the hashed library (no temporary file left); a compiler that fails leaves
-    nothing behind, logs why, and the process keeps SDPA."""
+needs_compiler = pytest.mark.skipif(not cpu_kernel.compiler(), reason="needs a C++ compiler")
+
+
+@needs_compiler
+@pytest.mark.parametrize("name", list(cpu_kernel.LIBRARIES))
+def test_the_kernel_is_built_once_into_the_cache_by_rename(tmp_path, monkeypatch, name):
+    """A fresh cache directory gets exactly the hashed library (no temporary file left), whichever instruction set it
+    is for (building needs only the compiler, not the CPU); a compiler that fails leaves nothing behind, logs why, and
+    the process keeps SDPA."""
     monkeypatch.setenv("LONGBIRD_KERNEL_CACHE", str(tmp_path / "ok"))
-    cpu_kernel.build(cpu_kernel.library_path())
-    assert [p.name for p in (tmp_path / "ok").iterdir()] == [cpu_kernel.library_path().name]
+    cpu_kernel.build(cpu_kernel.library_path(name), name)
+    assert [p.name for p in (tmp_path / "ok").iterdir()] == [cpu_kernel.library_path(name).name]
 
     monkeypatch.setenv("LONGBIRD_KERNEL_CACHE", str(tmp_path / "broken"))
     monkeypatch.setenv("CXX", "false")
     with pytest.raises(RuntimeError, match="building the CPU attention kernels failed"):
-        cpu_kernel.build(cpu_kernel.library_path())
+        cpu_kernel.build(cpu_kernel.library_path(name), name)
     assert list((tmp_path / "broken").iterdir()) == []
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     with pytest.raises(RuntimeError, match="no C\\+\\+ compiler"):
-        cpu_kernel.build(cpu_kernel.library_path())
+        cpu_kernel.build(cpu_kernel.library_path(name), name)
 
     cpu_kernel._load.cache_clear()
     try:
-        assert cpu_kernel._load() is None and not cpu_kernel.available()
+        assert cpu_kernel._load(name) is None
+        for dtype in cpu_kernel.KERNEL_DTYPES:
+            if cpu_kernel.instruction_set(dtype) == name:
+                assert not cpu_kernel.available(dtype)
     finally:
         cpu_kernel._load.cache_clear()
+
+
+def test_the_instruction_set_is_the_fastest_the_cpu_has_unless_the_environment_says(monkeypatch):
+    """fp32 takes AVX-512 where the CPU has it, else AVX2 with FMA; bf16 only AVX-512 BF16. LONGBIRD_CPU_KERNEL=avx2
+    keeps fp32 on the AVX2 kernel (and bf16 on SDPA), =0 everything on SDPA. On this machine the fp32 sets follow
+    torch's own AVX-512 / AVX2 checks."""
+    real = cpu_kernel.cpu_instruction_sets(torch.float32)
+    assert ("avx512" in real) == torch.cpu._is_avx512_supported()
+    assert ("avx2" in real) <= torch.cpu._is_avx2_supported()
+    assert cpu_kernel.cpu_instruction_sets(torch.float16) == ()
+
+    def machine(fp32_sets, bf16_sets):
+        monkeypatch.setattr(cpu_kernel, "cpu_instruction_sets",
+                            lambda dtype=torch.bfloat16: fp32_sets if dtype == torch.float32 else bf16_sets)
+
+    choices = {}
+    for fp32_sets, bf16_sets in ((("avx512", "avx2"), ("avx512",)), (("avx2",), ()), ((), ())):
+        machine(fp32_sets, bf16_sets)
+        for setting in ("1", "avx2", "0", " AVX2 "):
+            monkeypatch.setenv("LONGBIRD_CPU_KERNEL", setting)
+            choices[fp32_sets, setting] = (cpu_kernel.instruction_set(torch.float32),
+                                           cpu_kernel.instruction_set(torch.bfloat16))
+    assert choices[("avx512", "avx2"), "1"] == ("avx512", "avx512")
+    assert choices[("avx512", "avx2"), "avx2"] == choices[("avx512", "avx2"), " AVX2 "] == ("avx2", None)
+    assert choices[("avx2",), "1"] == choices[("avx2",), "avx2"] == ("avx2", None)
+    assert all(choices[sets, "0"] == (None, None) for sets in (("avx512", "avx2"), ("avx2",), ()))
+    assert choices[(), "1"] == (None, None)
 
 
 @needs_kernel
@@ -238,12 +287,14 @@ def test_a_kobigbird_model_in_bf16_reads_alike_with_and_without_the_kernel(monke
     assert cosine(fused) > 0.99 and abs(cosine(fused) - cosine(sdpa)) < 0.01
 
 
-@needs_fp32_kernel
-def test_a_kobigbird_model_in_fp32_reads_alike_with_and_without_the_kernel(monkeypatch):
+@pytest.mark.parametrize("setting", [pytest.param("1", marks=needs_fp32_kernel, id="fp32"),
+                                     pytest.param("avx2", marks=needs_avx2_beside_avx512, id="fp32-avx2")])
+def test_a_kobigbird_model_in_fp32_reads_alike_with_and_without_the_kernel(monkeypatch, setting):
     """The same model in fp32 (no autocast: what `answer` and `serve` run by default): the fp32 kernel is called in
     every layer, and the hidden states equal SDPA's fp32 path within 2^-12 on the LayerNorm-ed (unit-scale) states:
     each attention output is within `_bound` of exact (about 1e-3·max|v| here, a worst case ~1000x the usual
     error), and two layers of LayerNorm-ed residual sums pass that on at the states' unit scale."""
+    monkeypatch.setenv("LONGBIRD_CPU_KERNEL", setting)
     model, input_ids, attention_mask = _small_kobigbird()
     real = attention_mask.bool()
     with torch.no_grad():
@@ -276,7 +327,6 @@ def _with_and_without_the_kernel(monkeypatch, model, input_ids, attention_mask):
     return fused, sdpa
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("preset, length", [("kobigbird", 100), ("kobigbird", 300), ("littlebird", 300)])
 def test_a_compiled_graph_runs_the_kernel_and_equals_eager(preset, length, dtype):
     """torch.compile(fullgraph=True) in bf16 (autocast) and fp32: at or below the source length full attention is
@@ -312,7 +362,6 @@ def test_a_compiled_graph_runs_the_kernel_and_equals_eager(preset, length, dtype
     assert (compiled.float() - eager.float())[real].abs().max().item() <= tolerance
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("pack, value_dim", [(32, 32), (64, 64), (0, 32)])
 def test_littlebird_usw_attention_in_the_kernel_equals_the_dense_reference(pack, value_dim, dtype):
     """usw_attention in bf16 or fp32 at inference takes the kernel (no SDPA call), the BiALiBi distance computed

@@ -1,18 +1,24 @@
-"""Fused attention kernels for AVX-512 CPUs, bf16 and fp32 (`kernels/block_attention_*.cpp`), built on first use.
+"""Fused attention kernels for x86 CPUs, built on first use: bf16 and fp32 with AVX-512
+(`kernels/block_attention_bf16.cpp`, `block_attention_fp32.cpp`), fp32 with AVX2 and FMA
+(`kernels/block_attention_fp32_avx2.cpp`) on CPUs without AVX-512.
 
 Why kernels of our own: at the head size longbird serves (multilingual-e5-small, 32) PyTorch's CPU flash kernel
 spends most of a BigBird forward's attention on small products and bookkeeping, not arithmetic, and neither it nor
-compiled flex comes near this CPU's rate (docs/benchmarks.md, "A fused bf16 attention kernel" and "The fused kernel
-in fp32"). The bf16 kernel computes scores with bf16 pair dot products summed in fp32 (as SDPA's bf16 kernel), the
-fp32 kernel with fp32 products; both take the softmax in fp32 and read each query group's key blocks in place
-through offset tables, so BigBird's gathered copies of key and value blocks are not made.
+compiled flex comes near this CPU's rate (docs/benchmarks.md, "A fused bf16 attention kernel", "The fused kernel
+in fp32" and "The fused kernel on AVX2 CPUs"). The bf16 kernel computes scores with bf16 pair dot products summed
+in fp32 (as SDPA's bf16 kernel), the fp32 kernels with fp32 products; all take the softmax in fp32 and read each
+query group's key blocks in place through offset tables, so BigBird's gathered copies of key and value blocks are
+not made.
 
-The shared library is compiled once per machine with the system's C++ compiler (`$CXX`, else `g++`) into
-`~/.cache/longbird/kernels/` (`$LONGBIRD_KERNEL_CACHE`), named by a hash of the sources and flags, written to a
-temporary file and renamed. It is used only for CPU inference (no autograd, no dropout, not while traced) in bf16 on
-CPUs with AVX-512 BF16 and in fp32 on CPUs with AVX-512; everywhere else (fp16, GPUs, other CPUs, no compiler, or
-`LONGBIRD_CPU_KERNEL=0`) the callers run SDPA as before. A failed build is logged once and the process falls back
-to SDPA.
+Each instruction set's shared library (`LIBRARIES`: the AVX-512 one holds the bf16 and the fp32 kernel, the AVX2
+one the fp32 kernel under the same function names) is compiled once per machine with the system's C++ compiler
+(`$CXX`, else `g++`) into `~/.cache/longbird/kernels/` (`$LONGBIRD_KERNEL_CACHE`), named by a hash of its sources
+and flags, written to a temporary file and renamed. A kernel is used only for CPU inference (no autograd, no
+dropout, not while traced): bf16 on CPUs with AVX-512 BF16; fp32 with the AVX-512 kernel on CPUs with AVX-512, else
+with the AVX2 kernel on CPUs with AVX2 and FMA. Everywhere else (fp16, GPUs, other CPUs, no compiler, or
+`LONGBIRD_CPU_KERNEL=0`) the callers run SDPA as before; `LONGBIRD_CPU_KERNEL=avx2` takes the AVX2 kernel for fp32
+even where AVX-512 exists (and SDPA for bf16), which is how its tests run on AVX-512 machines. A failed build is
+logged once and the process falls back to SDPA.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -35,29 +42,78 @@ from .tracing import exporting, is_tracing
 logger = logging.getLogger(__name__)
 
 KERNELS = Path(__file__).with_name("kernels")
-SOURCES = (KERNELS / "block_attention_bf16.cpp", KERNELS / "block_attention_fp32.cpp")
-HEADERS = (KERNELS / "block_attention_common.h",)
-FLAGS = ("-std=c++17", "-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma",
-         "-fopenmp", "-shared", "-fPIC")
-MAX_HEAD_DIM = 128   # query/key width the kernel accepts (its per-row pair buffer)
-MAX_VALUE_DIM = 64   # value width: four rows × dv/16 fp32 accumulators must fit the 32 vector registers
+HEADERS = (KERNELS / "block_attention_common.h", KERNELS / "block_attention_groups.h")
+COMMON_FLAGS = ("-std=c++17", "-O3", "-fopenmp", "-shared", "-fPIC")
+
+
+@dataclass(frozen=True)
+class Library:
+    """One shared library of kernels: its sources, the instruction-set flags they are compiled with and the dtypes
+    whose kernels it holds (functions `longbird_block_attention_{bf16,fp32}`, `longbird_pack_blocks_{...}`)."""
+
+    sources: tuple[Path, ...]
+    flags: tuple[str, ...]
+    dtypes: tuple[str, ...]
+
+
+LIBRARIES = {
+    "avx512": Library((KERNELS / "block_attention_bf16.cpp", KERNELS / "block_attention_fp32.cpp"),
+                      ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma"),
+                      ("bf16", "fp32")),
+    "avx2": Library((KERNELS / "block_attention_fp32_avx2.cpp",), ("-mavx2", "-mfma"), ("fp32",)),
+}
+MAX_HEAD_DIM = 128   # query/key width the kernels accept (the bf16 kernel's per-row pair buffer)
+MAX_VALUE_DIM = 64   # value width: four rows × dv/16 fp32 accumulators must fit AVX-512's 32 vector registers
 KERNEL_DTYPES = (torch.bfloat16, torch.float32)
 _lock = threading.Lock()
 
 
+def _setting() -> str:
+    return os.environ.get("LONGBIRD_CPU_KERNEL", "1").strip().lower()
+
+
 def enabled_by_environment() -> bool:
     """False when LONGBIRD_CPU_KERNEL=0 (or "false"/"no"/"off"): SDPA everywhere, as before the kernel."""
-    return os.environ.get("LONGBIRD_CPU_KERNEL", "1").strip().lower() not in {"0", "false", "no", "off"}
+    return _setting() not in {"0", "false", "no", "off"}
 
 
-@lru_cache(maxsize=2)
+def _cpu_has_fma() -> bool:
+    """FMA3, which the AVX2 kernel multiplies with: from /proc/cpuinfo where there is one (every AVX2 CPU made so
+    far has it; torch reports AVX2 but not FMA)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return True
+    flags = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return " fma" in flags or not flags
+
+
+@lru_cache(maxsize=4)
+def cpu_instruction_sets(dtype: torch.dtype = torch.bfloat16) -> tuple[str, ...]:
+    """The libraries (`LIBRARIES` keys) whose kernel for `dtype` this CPU executes, fastest first: AVX-512 BF16
+    (vdpbf16ps) for bf16; AVX-512, then AVX2 with FMA, for fp32."""
+    if dtype == torch.bfloat16:
+        return ("avx512",) if torch.cpu._is_avx512_bf16_supported() else ()
+    if dtype != torch.float32:
+        return ()
+    sets = ("avx512",) if torch.cpu._is_avx512_supported() else ()
+    return sets + (("avx2",) if torch.cpu._is_avx2_supported() and _cpu_has_fma() else ())
+
+
 def cpu_supports_kernel(dtype: torch.dtype = torch.bfloat16) -> bool:
-    """The CPU executes the kernel for `dtype`: AVX-512 BF16 (vdpbf16ps) for bf16, AVX-512 for fp32."""
-    if dtype not in KERNEL_DTYPES:
-        return False
-    name = "_is_avx512_bf16_supported" if dtype == torch.bfloat16 else "_is_avx512_supported"
-    check = getattr(torch.cpu, name, None)
-    return bool(check and check())
+    """The CPU executes a kernel for `dtype`: AVX-512 BF16 for bf16, AVX-512 or AVX2 with FMA for fp32."""
+    return bool(cpu_instruction_sets(dtype))
+
+
+def instruction_set(dtype: torch.dtype = torch.bfloat16) -> str | None:
+    """The library whose kernel runs `dtype` here, by the CPU and LONGBIRD_CPU_KERNEL (0: none; avx2: the AVX2
+    kernel only); None: SDPA."""
+    if not enabled_by_environment():
+        return None
+    sets = cpu_instruction_sets(dtype)
+    if _setting() == "avx2":
+        sets = tuple(name for name in sets if name == "avx2")
+    return sets[0] if sets else None
 
 
 def cache_dir() -> Path:
@@ -68,15 +124,21 @@ def compiler() -> str | None:
     return shutil.which(os.environ.get("CXX", "g++"))
 
 
-def library_path() -> Path:
-    """Where the built kernels live: named by the hash of their sources, flags and compiler."""
-    text = b"".join(path.read_bytes() for path in SOURCES + HEADERS)
-    digest = hashlib.sha256(text + " ".join(FLAGS).encode() + str(compiler()).encode()).hexdigest()
-    return cache_dir() / f"block_attention-{digest[:16]}.so"
+def _flags(name: str) -> tuple[str, ...]:
+    return (*COMMON_FLAGS[:2], *LIBRARIES[name].flags, *COMMON_FLAGS[2:])
 
 
-def build(path: Path) -> None:
-    """Compile the kernel to `path` (temporary file + rename: a concurrent or killed build never leaves half a file)."""
+def library_path(name: str = "avx512") -> Path:
+    """Where library `name` lives: named by the hash of its sources, the shared headers, flags and compiler."""
+    text = b"".join(path.read_bytes() for path in LIBRARIES[name].sources + HEADERS)
+    digest = hashlib.sha256(text + " ".join(_flags(name)).encode() + str(compiler()).encode()).hexdigest()
+    prefix = "block_attention" if name == "avx512" else f"block_attention_{name}"
+    return cache_dir() / f"{prefix}-{digest[:16]}.so"
+
+
+def build(path: Path, name: str = "avx512") -> None:
+    """Compile library `name` to `path` (temporary file + rename: a concurrent or killed build never leaves half a
+    file)."""
     cxx = compiler()
     if cxx is None:
         raise RuntimeError(f"no C++ compiler: install g++ or set CXX (looked for {os.environ.get('CXX', 'g++')!r})")
@@ -84,7 +146,8 @@ def build(path: Path) -> None:
     handle, temporary = tempfile.mkstemp(suffix=".so", dir=path.parent)
     os.close(handle)
     try:
-        result = subprocess.run([cxx, *FLAGS, *map(str, SOURCES), "-o", temporary], capture_output=True, text=True)
+        result = subprocess.run([cxx, *_flags(name), *map(str, LIBRARIES[name].sources), "-o", temporary],
+                                capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"building the CPU attention kernels failed:\n{result.stderr[-2000:]}")
         os.replace(temporary, path)
@@ -93,18 +156,18 @@ def build(path: Path) -> None:
             os.unlink(temporary)
 
 
-@lru_cache(maxsize=1)
-def _load() -> ctypes.CDLL | None:
+@lru_cache(maxsize=len(LIBRARIES))
+def _load(name: str = "avx512") -> ctypes.CDLL | None:
     with _lock:
         try:
-            path = library_path()
+            path = library_path(name)
             if not path.exists():
-                build(path)
+                build(path, name)
             library = ctypes.CDLL(str(path))
         except (OSError, RuntimeError) as error:
             logger.warning("the fused CPU attention kernels are unavailable, SDPA is used instead: %s", error)
             return None
-    for suffix in ("bf16", "fp32"):
+    for suffix in LIBRARIES[name].dtypes:
         function = getattr(library, f"longbird_block_attention_{suffix}")
         function.restype = ctypes.c_int
         function.argtypes = ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] +
@@ -119,14 +182,19 @@ def _load() -> ctypes.CDLL | None:
     return library
 
 
+def _library_for(dtype: torch.dtype) -> ctypes.CDLL | None:
+    name = instruction_set(dtype)
+    return None if name is None else _load(name)
+
+
 def _suffix(dtype: torch.dtype) -> str:
     return "bf16" if dtype == torch.bfloat16 else "fp32"
 
 
 def available(dtype: torch.dtype = torch.bfloat16) -> bool:
-    """The kernel for `dtype` can run here: enabled, the CPU has its instructions (AVX-512 BF16 for bf16, AVX-512
-    for fp32), and the library built (or was built before)."""
-    return enabled_by_environment() and cpu_supports_kernel(dtype) and _load() is not None
+    """A kernel for `dtype` can run here: enabled, the CPU has its instructions (`instruction_set`), and its library
+    built (or was built before)."""
+    return _library_for(dtype) is not None
 
 
 def _call_fits(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout_p: float) -> bool:
@@ -218,7 +286,7 @@ def pack_blocks(key: torch.Tensor, key_offsets: torch.Tensor, value: torch.Tenso
         key_packed = torch.empty(blocks, dim, block_rows, dtype=torch.float32)
         value_packed = torch.empty(blocks, block_rows, value_dim, dtype=torch.float32)
     key_offsets, value_offsets = key_offsets.contiguous(), value_offsets.contiguous()
-    status = getattr(_load(), f"longbird_pack_blocks_{_suffix(dtype)}")(
+    status = getattr(_library_for(dtype), f"longbird_pack_blocks_{_suffix(dtype)}")(
         key.data_ptr(), key_offsets.data_ptr(), key.stride(-2), value.data_ptr(), value_offsets.data_ptr(),
         value.stride(-2), blocks, block_rows, dim, value_dim, key_packed.data_ptr(), value_packed.data_ptr(),
         torch.get_num_threads())
@@ -245,9 +313,9 @@ def attend_blocks(query: torch.Tensor, query_offsets: torch.Tensor, query_rows: 
     positions int64, query position offsets (G,), key position offsets (G, nkb), -1 for a block of packed-context
     keys): the kernel subtracts the BiALiBi distance from every score. The caller keeps every offset inside its
     tensor."""
-    library = _load()
     groups, blocks = key_offsets.shape
     dtype = query.dtype
+    library = _library_for(dtype)
     tensors = (("query", query), ("out", out)) + (() if packed else (("key", key), ("value", value)))
     for name, tensor in tensors:
         if dtype not in KERNEL_DTYPES or tensor.dtype != dtype or tensor.stride(-1) != 1:

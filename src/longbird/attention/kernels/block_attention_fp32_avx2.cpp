@@ -1,0 +1,229 @@
+// Fused block attention for fp32 on CPUs with AVX2 and FMA but no AVX-512 (longbird.attention.cpu_kernel builds it
+// into a library of its own, with -mavx2 -mfma only, and loads it where the CPU has no AVX-512).
+//
+// Why: on such CPUs an fp32 kobigbird forward at 4K spent 30 % of its time in PyTorch's CPU flash kernel and a
+// further 5 % gathering key blocks (index_select), LittleBird's 35 % in compiled flex attention (docs/benchmarks.md,
+// "The fused kernel on AVX2 CPUs"). The same groups, offset tables, masks, packed blocks and BiALiBi distance as the
+// AVX-512 kernels (block_attention_bf16.cpp's header comment defines the arguments), the same arithmetic as the
+// AVX-512 fp32 kernel (block_attention_fp32.cpp) in 8-wide vectors:
+//   scores  s = scale * q . k          fp32 products summed in fp32 (FMA), 16 keys x 4 query rows at a time
+//   softmax p = exp(s - max) / sum     exp to about 1e-7 (Cephes' degree-6 polynomial); masked keys exactly 0
+//   output  o = sum_j p_j v_j          fp32, 16 value columns x 4 query rows at a time; a group with no allowed key
+//                                      outputs 0
+// AVX2 has 16 vector registers (AVX-512: 32), so each step holds 8 accumulators: scores take 16 keys per pass
+// instead of 32, and the weighted values 16 columns per pass over the keys instead of all of them.
+// Needs d <= 128 and dv % 16 == 0, dv <= 64 (the caller checks and otherwise takes SDPA); returns 1 outside that
+// range, 2 if out of memory. packed != 0: k and v are longbird_pack_blocks_fp32's output (kb a multiple of 32).
+// The two functions have the AVX-512 fp32 library's names and arguments; a process loads one of the two libraries.
+#include <immintrin.h>
+
+#include "block_attention_groups.h"
+
+// e^x for x <= 0, -inf -> 0, as the AVX-512 kernels' exp_nonpositive<6> (block_attention_common.h): Cephes expf's
+// range reduction x = n ln2 + r (|r| <= ln2/2) and polynomial for e^r; AVX2 has no scalef, so 2^n is built in the
+// exponent bits. x is clamped at -87 first (below it the result is 0), so n >= -126 and 2^n is a normal float.
+static inline __m256 exp_nonpositive_avx2(__m256 x) {
+    const __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(exponent)));
+}
+
+// LittleBird's BiALiBi distance (LittleBird §3.1, §3.3) of one query position to 8 keys, as bialibi_distance in
+// block_attention_common.h: 0 at the same position, α where either position is 0 ([CLS]), β·(p_i − p_j) for a key on
+// the left, γ·(p_j − p_i) on the right, D_C for a packed-context key.
+static inline __m256 bialibi_distance_avx2(float query_position, const float *slopes, const float *key_position,
+                                           const float *key_is_pack) {
+    const __m256 pj = _mm256_loadu_ps(key_position);
+    const __m256 delta = _mm256_sub_ps(_mm256_set1_ps(query_position), pj);
+    const __m256 zero = _mm256_setzero_ps();
+    __m256 d = _mm256_add_ps(_mm256_mul_ps(_mm256_max_ps(delta, zero), _mm256_set1_ps(slopes[1])),
+                             _mm256_mul_ps(_mm256_max_ps(_mm256_sub_ps(zero, delta), zero), _mm256_set1_ps(slopes[2])));
+    const __m256 moved = _mm256_cmp_ps(delta, zero, _CMP_NEQ_OQ);
+    const __m256 at_cls = query_position == 0.0f ? _mm256_castsi256_ps(_mm256_set1_epi32(-1))
+                                                 : _mm256_cmp_ps(pj, zero, _CMP_EQ_OQ);
+    d = _mm256_blendv_ps(d, _mm256_set1_ps(slopes[0]), _mm256_and_ps(moved, at_cls));
+    const __m256 pack = _mm256_cmp_ps(_mm256_loadu_ps(key_is_pack), zero, _CMP_NEQ_OQ);
+    return _mm256_blendv_ps(d, _mm256_set1_ps(slopes[3]), pack);
+}
+
+static inline float horizontal_max(__m256 x) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+static inline float horizontal_sum(__m256 x) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+// ROWS query rows' scores of keys j..j+15 from their dot products (raw[r][0]: keys j..j+7, raw[r][1]: the next 8):
+// scaled, the additive mask added, BiALiBi's distance subtracted (slopes != nullptr), stored in `scores` (rows
+// `padded` apart), and each row's running maximum kept in `top`. As finish_scores in block_attention_common.h.
+template <int ROWS>
+__attribute__((always_inline)) static inline void finish_scores_avx2(
+    const __m256 raw[ROWS][2], int64_t j, __m256 scale, const GroupScratch &scratch, float *scores,
+    const float *slopes, const float query_position[ROWS], int64_t padded, __m256 top[ROWS]) {
+    const __m256 bias0 = _mm256_loadu_ps(scratch.bias + j), bias1 = _mm256_loadu_ps(scratch.bias + j + 8);
+    for (int r = 0; r < ROWS; r++) {
+        __m256 lo = _mm256_fmadd_ps(raw[r][0], scale, bias0);
+        __m256 hi = _mm256_fmadd_ps(raw[r][1], scale, bias1);
+        if (slopes) {
+            lo = _mm256_sub_ps(lo, bialibi_distance_avx2(query_position[r], slopes, scratch.key_position + j,
+                                                         scratch.key_is_pack + j));
+            hi = _mm256_sub_ps(hi, bialibi_distance_avx2(query_position[r], slopes, scratch.key_position + j + 8,
+                                                         scratch.key_is_pack + j + 8));
+        }
+        _mm256_storeu_ps(scores + r * padded + j, lo);
+        _mm256_storeu_ps(scores + r * padded + j + 8, hi);
+        top[r] = _mm256_max_ps(top[r], _mm256_max_ps(lo, hi));
+    }
+}
+
+// ROWS query rows' unnormalised scores of keys j..j+15 (a block of `key_stride` floats per feature) into
+// raw[r][0..1]: d FMAs per key and row, 2·ROWS independent sums.
+template <int ROWS>
+__attribute__((always_inline)) static inline void dot_products(const float *keys, int64_t key_stride, int64_t d,
+                                                               const float *const qrow[ROWS], __m256 raw[ROWS][2]) {
+    __m256 a[ROWS][2];
+    for (int r = 0; r < ROWS; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < d; c++) {
+        const __m256 k0 = _mm256_loadu_ps(keys + c * key_stride);
+        const __m256 k1 = _mm256_loadu_ps(keys + c * key_stride + 8);
+        for (int r = 0; r < ROWS; r++) {
+            const __m256 x = _mm256_broadcast_ss(qrow[r] + c);
+            a[r][0] = _mm256_fmadd_ps(x, k0, a[r][0]);
+            a[r][1] = _mm256_fmadd_ps(x, k1, a[r][1]);
+        }
+    }
+    for (int r = 0; r < ROWS; r++) raw[r][0] = a[r][0], raw[r][1] = a[r][1];
+}
+
+// acc[r][0..1] = sum over keys of probs (row r, rows `stride` floats apart) times value columns col..col+15, for
+// ROWS query rows; the blocks are walked in order so that no key index is divided.
+template <int ROWS>
+__attribute__((always_inline)) static inline void weighted_values(const float *const *value_base, int64_t blocks,
+                                                                  int64_t block_keys, int64_t dv, int64_t col,
+                                                                  const float *probs, int64_t stride,
+                                                                  __m256 acc[ROWS][2]) {
+    __m256 a[ROWS][2];
+    for (int r = 0; r < ROWS; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; b++) {
+        const float *values = value_base[b] + col;
+        const float *p = probs + b * block_keys;
+        for (int64_t j = 0; j < block_keys; j++, values += dv, p++) {
+            const __m256 v0 = _mm256_loadu_ps(values), v1 = _mm256_loadu_ps(values + 8);
+            for (int r = 0; r < ROWS; r++) {
+                const __m256 w = _mm256_broadcast_ss(p + r * stride);
+                a[r][0] = _mm256_fmadd_ps(w, v0, a[r][0]);
+                a[r][1] = _mm256_fmadd_ps(w, v1, a[r][1]);
+            }
+        }
+    }
+    for (int r = 0; r < ROWS; r++) acc[r][0] = a[r][0], acc[r][1] = a[r][1];
+}
+
+// Query rows taken at a time, as in the AVX-512 kernels (GroupScratch holds their scores): 8 accumulators beside two
+// key (or value) vectors and a broadcast. Six rows (12 accumulators, 15 of the 16 registers) ran no faster on a
+// 2-core AMD EPYC (Zen 2): one BigBird layer at 4K, 12 heads of 32, 92.5 against 94.6 ms (medians of 9, alternating;
+// the machine's noise is larger).
+constexpr int ROWS = 4;
+
+extern "C" int longbird_block_attention_fp32(
+    const float *q, const int64_t *q_off, int64_t q_row_stride, int64_t Lq,
+    const float *k, const int64_t *k_off, int64_t k_row_stride,
+    const float *v, const int64_t *v_off, int64_t v_row_stride,
+    const uint8_t *mask, const int64_t *m_off,
+    int64_t nkb, int64_t kb, int64_t d, int64_t dv,
+    float *out, const int64_t *o_off, int64_t o_row_stride,
+    int64_t G, float scale, int packed, int threads,
+    const float *alibi, const int64_t *positions, const int64_t *qpos_off, const int64_t *kpos_off) {
+    const int64_t Lk = nkb * kb, padded = (Lk + 31) / 32 * 32;
+    if (Lk < 1 || d < 1 || d > 128 || dv % 16 != 0 || dv > 64 || (packed && kb % 32 != 0)) return 1;
+    int failed = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        // Per thread: the group's keys and values (packed blocks in place, or copied) and its mask, scores (then
+        // probabilities) and key positions.
+        GroupKeysFp32 group(packed, d, dv, nkb, kb, padded);
+        GroupScratch scratch(padded, alibi != nullptr);
+        float *const scores = scratch.scores;
+        if (!group.allocated() || !scratch.allocated(alibi != nullptr)) {
+#pragma omp atomic write
+            failed = 2;
+        }
+#pragma omp for schedule(static)
+        for (int64_t g = 0; g < G; g++) {
+            if (failed) continue;
+            const int any = scratch.prepare(mask, m_off, g, nkb, kb, padded, positions, alibi ? kpos_off : nullptr);
+            group.gather(k, k_off, k_row_stride, v, v_off, v_row_stride, g);
+            const float *slopes = alibi ? alibi + 4 * g : nullptr;
+            for (int64_t i0 = 0; i0 < Lq; i0 += ROWS) {
+                const int64_t rows = Lq - i0 < ROWS ? Lq - i0 : ROWS;
+                const float *qrow[ROWS];
+                for (int r = 0; r < ROWS; r++) qrow[r] = q + q_off[g] + (i0 + (r < rows ? r : 0)) * q_row_stride;
+                float query_position[ROWS];
+                query_positions<ROWS>(alibi ? positions : nullptr, qpos_off, g, i0, rows, query_position);
+                __m256 top[ROWS];
+                for (int r = 0; r < ROWS; r++) top[r] = _mm256_set1_ps(-INFINITY);
+                const __m256 vscale = _mm256_set1_ps(scale);
+                for (int64_t j = 0; j < padded; j += 16) {
+                    __m256 raw[ROWS][2];
+                    dot_products<ROWS>(group.key_base[j / group.block_keys] + j % group.block_keys,
+                                       group.key_stride, d, qrow, raw);
+                    finish_scores_avx2<ROWS>(raw, j, vscale, scratch, scores, slopes, query_position, padded, top);
+                }
+                float inv[ROWS];
+                for (int r = 0; r < ROWS; r++) {  // probabilities overwrite the scores
+                    float m = horizontal_max(top[r]);
+                    if (m == -INFINITY) m = 0.0f;
+                    const __m256 vm = _mm256_set1_ps(m);
+                    __m256 sum = _mm256_setzero_ps();
+                    for (int64_t j = 0; j < padded; j += 8) {
+                        float *s = scores + r * padded + j;
+                        const __m256 e = exp_nonpositive_avx2(_mm256_sub_ps(_mm256_loadu_ps(s), vm));
+                        sum = _mm256_add_ps(sum, e);
+                        _mm256_storeu_ps(s, e);
+                    }
+                    const float total = horizontal_sum(sum);
+                    inv[r] = (any && total > 0.0f) ? 1.0f / total : 0.0f;
+                }
+                for (int64_t col = 0; col < dv; col += 16) {
+                    __m256 acc[ROWS][2];
+                    weighted_values<ROWS>(group.value_base, group.blocks, group.block_keys, dv, col, scores, padded,
+                                          acc);
+                    for (int r = 0; r < rows; r++) {
+                        float *orow = out + o_off[g] + (i0 + r) * o_row_stride + col;
+                        const __m256 vinv = _mm256_set1_ps(inv[r]);
+                        _mm256_storeu_ps(orow, _mm256_mul_ps(acc[r][0], vinv));
+                        _mm256_storeu_ps(orow + 8, _mm256_mul_ps(acc[r][1], vinv));
+                    }
+                }
+            }
+        }
+    }
+    return failed;
+}
+
+// Keys and values packed as the kernel reads them (pack_blocks_fp32, block_attention_groups.h: the AVX-512 fp32
+// kernel's layout).
+extern "C" int longbird_pack_blocks_fp32(
+    const float *k, const int64_t *k_off, int64_t k_row_stride,
+    const float *v, const int64_t *v_off, int64_t v_row_stride,
+    int64_t nblocks, int64_t kb, int64_t d, int64_t dv, float *k_packed, float *v_packed, int threads) {
+    pack_blocks_fp32(k, k_off, k_row_stride, v, v_off, v_row_stride, nblocks, kb, d, dv, k_packed, v_packed, threads);
+    return 0;
+}
