@@ -138,7 +138,8 @@ def choose_backend(requested: str, device: torch.device, length: int, block_size
     fused = head_size is None or cpu_kernel.takes_head_size(head_size, dtype)
     if block_size % 32 == 0 and fused and cpu_kernel.available(dtype):
         return _logged("blocked", "CPU inference, LittleBird: longbird's fused fp32 kernel is faster than compiled "
-                                  "flex_attention (measured: docs/benchmarks.md, \"The fused kernel in fp32\")")
+                                  "flex_attention (measured with AVX-512 and with AVX2: docs/benchmarks.md, \"The "
+                                  "fused kernel in fp32\" and \"The fused kernel on AVX2 CPUs\")")
     if length < CPU_FLEX_MIN_LENGTH:
         return _logged("blocked", f"CPU inference below {CPU_FLEX_MIN_LENGTH} tokens: the blocked kernel is faster "
                                   "once compile time is counted")

@@ -273,7 +273,8 @@ def pack_blocks(key: torch.Tensor, key_offsets: torch.Tensor, value: torch.Tenso
     """Key and value blocks (block i's first row at element offset `key_offsets[i]` / `value_offsets[i]`, tokens
     `stride(-2)` apart) packed as the kernel reads them, for `attend_blocks(..., packed=True)`: bf16 as int32
     tensors of bf16 pairs, (nblocks, d/2, block_rows) and (nblocks, block_rows/2, d_v); fp32 as (nblocks, d,
-    block_rows) keys (transposed) and (nblocks, block_rows, d_v) values. Offsets: `packed_units`."""
+    block_rows) keys (transposed; the AVX2 kernel orders each block's floats in chunks of 16 keys) and (nblocks,
+    block_rows, d_v) values (AVX2: in runs of 16 columns). Offsets: `packed_units`."""
     blocks, dim, value_dim = key_offsets.numel(), key.shape[-1], value.shape[-1]
     dtype = key.dtype
     for name, tensor in (("key", key), ("value", value)):

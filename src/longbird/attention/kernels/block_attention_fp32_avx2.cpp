@@ -1,9 +1,9 @@
 // Fused block attention for fp32 on CPUs with AVX2 and FMA but no AVX-512 (longbird.attention.cpu_kernel builds it
 // into a library of its own, with -mavx2 -mfma only, and loads it where the CPU has no AVX-512).
 //
-// Why: on such CPUs an fp32 kobigbird forward at 4K spent 30 % of its time in PyTorch's CPU flash kernel and a
-// further 5 % gathering key blocks (index_select), LittleBird's 35 % in compiled flex attention (docs/benchmarks.md,
-// "The fused kernel on AVX2 CPUs"). The same groups, offset tables, masks, packed blocks and BiALiBi distance as the
+// Why: on such a CPU (a 2-core AMD EPYC, Zen 2) an fp32 kobigbird e5-small forward at 4K spent 29 % of its time in
+// PyTorch's CPU flash kernel and a further 4 % gathering key blocks (index_select), LittleBird's 32 % in compiled
+// flex attention (docs/benchmarks.md, "The fused kernel on AVX2 CPUs"). The same groups, offset tables, masks, packed blocks and BiALiBi distance as the
 // AVX-512 kernels (block_attention_bf16.cpp's header comment defines the arguments), the same arithmetic as the
 // AVX-512 fp32 kernel (block_attention_fp32.cpp) in 8-wide vectors:
 //   scores  s = scale * q . k          fp32 products summed in fp32 (FMA), 16 keys x 4 query rows at a time
@@ -13,7 +13,8 @@
 // AVX2 has 16 vector registers (AVX-512: 32), so each step holds 8 accumulators: scores take 16 keys per pass
 // instead of 32, and the weighted values 16 columns per pass over the keys instead of all of them.
 // Needs d <= 128 and dv % 16 == 0, dv <= 64 (the caller checks and otherwise takes SDPA); returns 1 outside that
-// range, 2 if out of memory. packed != 0: k and v are longbird_pack_blocks_fp32's output (kb a multiple of 32).
+// range, 2 if out of memory. packed != 0: k and v are this library's longbird_pack_blocks_fp32's output (kb a multiple
+// of 32), in this kernel's own layout (key_chunk, value_run below) but with the AVX-512 fp32 kernel's block sizes.
 // The two functions have the AVX-512 fp32 library's names and arguments; a process loads one of the two libraries.
 #include <immintrin.h>
 
@@ -58,6 +59,80 @@ static inline __m256 bialibi_distance_avx2(float query_position, const float *sl
     return _mm256_blendv_ps(d, _mm256_set1_ps(slopes[3]), pack);
 }
 
+// The layout this kernel reads keys and values in, per block of `rows` keys (a packed call's blocks, or one group's
+// keys copied into a thread's buffer): keys as (rows/16, d, 16), each chunk of 16 keys with all its d features in one
+// run of 16·d floats; values as (dv/16, rows, 16), each 16 columns of every key in one run. So each pass over the
+// keys reads one sequential stream instead of d rows (or dv/16 column runs) 4·rows bytes apart, and the copy needs no
+// padded buffer rows (the AVX-512 kernels' transposed (d, rows) keys needed rows 16 floats longer against L1 set
+// conflicts). Measured on a 2-core AMD EPYC (Zen 2), one BigBird layer at 4K (12 heads of 32), against the (d, rows)
+// layout: medians 80.3 / 83.3 and 87.7 / 90.1 ms in two runs of 9 alternating calls: within this machine's noise, no
+// slower. These return a block's key / value float offsets.
+static inline int64_t key_chunk(int64_t key, int64_t d) { return key / 16 * 16 * d + key % 16; }
+static inline int64_t value_run(int64_t key, int64_t column, int64_t rows) {
+    return column / 16 * 16 * rows + key * 16 + column % 16;
+}
+
+// Key `key` (its d features at krow, or zeros for nullptr) and its values (dv at vrow, or zeros) into a block of
+// `rows` keys of this kernel's layout at key_block / value_block.
+static inline void copy_key(const float *krow, const float *vrow, int64_t key, int64_t rows, int64_t d, int64_t dv,
+                            float *key_block, float *value_block) {
+    float *kd = key_block + key_chunk(key, d);
+    for (int64_t c = 0; c < d; c++) kd[16 * c] = krow ? krow[c] : 0.0f;
+    for (int64_t c = 0; c < dv; c += 16) {
+        float *vd = value_block + value_run(key, c, rows);
+        if (vrow) memcpy(vd, vrow + c, 64);
+        else memset(vd, 0, 64);
+    }
+}
+
+// One query group's keys and values in this kernel's layout, with the per-thread buffers they need: a packed call's
+// blocks read in place (longbird_pack_blocks_fp32's output), otherwise the group's keys and values copied into one
+// block of `padded` rows whose slots past Lk are zero. The compute loops walk `blocks` blocks of `block_keys` keys.
+struct GroupKeys {
+    const bool packed;
+    const int64_t d, dv, nkb, kb, Lk, padded, blocks, block_keys;
+    float *key_rows = nullptr, *value_rows = nullptr;
+    const float **key_base, **value_base;
+    GroupKeys(bool packed, int64_t d, int64_t dv, int64_t nkb, int64_t kb, int64_t padded)
+        : packed(packed), d(d), dv(dv), nkb(nkb), kb(kb), Lk(nkb * kb), padded(padded), blocks(packed ? nkb : 1),
+          block_keys(packed ? kb : padded),
+          key_base(static_cast<const float **>(malloc(sizeof(void *) * blocks))),
+          value_base(static_cast<const float **>(malloc(sizeof(void *) * blocks))) {
+        if (!packed) {
+            key_rows = static_cast<float *>(aligned_alloc(64, 4 * d * padded + 64));
+            value_rows = static_cast<float *>(aligned_alloc(64, 4 * padded * dv + 64));
+        }
+    }
+    GroupKeys(const GroupKeys &) = delete;
+    GroupKeys &operator=(const GroupKeys &) = delete;
+    ~GroupKeys() {
+        free(key_rows);
+        free(value_rows);
+        free(key_base);
+        free(value_base);
+    }
+    bool allocated() const { return key_base && value_base && (packed || (key_rows && value_rows)); }
+
+    // Point at (packed) or copy (otherwise) group g's key and value blocks.
+    void gather(const float *k, const int64_t *k_off, int64_t k_row_stride, const float *v, const int64_t *v_off,
+                int64_t v_row_stride, int64_t g) {
+        if (packed) {
+            for (int64_t t = 0; t < nkb; t++) {
+                key_base[t] = k + k_off[g * nkb + t];
+                value_base[t] = v + v_off[g * nkb + t];
+            }
+            return;
+        }
+        for (int64_t j = 0; j < padded; j++) {
+            const float *krow = j < Lk ? k + k_off[g * nkb + j / kb] + (j % kb) * k_row_stride : nullptr;
+            const float *vrow = j < Lk ? v + v_off[g * nkb + j / kb] + (j % kb) * v_row_stride : nullptr;
+            copy_key(krow, vrow, j, padded, d, dv, key_rows, value_rows);
+        }
+        key_base[0] = key_rows;
+        value_base[0] = value_rows;
+    }
+};
+
 static inline float horizontal_max(__m256 x) {
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
     m = _mm_max_ps(m, _mm_movehl_ps(m, m));
@@ -93,16 +168,16 @@ __attribute__((always_inline)) static inline void finish_scores_avx2(
     }
 }
 
-// ROWS query rows' unnormalised scores of keys j..j+15 (a block of `key_stride` floats per feature) into
+// ROWS query rows' unnormalised scores of one chunk of 16 keys (`keys`: its 16·d floats, feature-major) into
 // raw[r][0..1]: d FMAs per key and row, 2·ROWS independent sums.
 template <int ROWS>
-__attribute__((always_inline)) static inline void dot_products(const float *keys, int64_t key_stride, int64_t d,
+__attribute__((always_inline)) static inline void dot_products(const float *keys, int64_t d,
                                                                const float *const qrow[ROWS], __m256 raw[ROWS][2]) {
     __m256 a[ROWS][2];
     for (int r = 0; r < ROWS; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
     for (int64_t c = 0; c < d; c++) {
-        const __m256 k0 = _mm256_loadu_ps(keys + c * key_stride);
-        const __m256 k1 = _mm256_loadu_ps(keys + c * key_stride + 8);
+        const __m256 k0 = _mm256_loadu_ps(keys + 16 * c);
+        const __m256 k1 = _mm256_loadu_ps(keys + 16 * c + 8);
         for (int r = 0; r < ROWS; r++) {
             const __m256 x = _mm256_broadcast_ss(qrow[r] + c);
             a[r][0] = _mm256_fmadd_ps(x, k0, a[r][0]);
@@ -112,8 +187,9 @@ __attribute__((always_inline)) static inline void dot_products(const float *keys
     for (int r = 0; r < ROWS; r++) raw[r][0] = a[r][0], raw[r][1] = a[r][1];
 }
 
-// acc[r][0..1] = sum over keys of probs (row r, rows `stride` floats apart) times value columns col..col+15, for
-// ROWS query rows; the blocks are walked in order so that no key index is divided.
+// acc[r][0..1] = sum over keys of probs (row r, rows `stride` floats apart) times value columns col..col+15 (each
+// block's run of them, value_run), for ROWS query rows; the blocks are walked in order so that no key index is
+// divided.
 template <int ROWS>
 __attribute__((always_inline)) static inline void weighted_values(const float *const *value_base, int64_t blocks,
                                                                   int64_t block_keys, int64_t dv, int64_t col,
@@ -122,9 +198,9 @@ __attribute__((always_inline)) static inline void weighted_values(const float *c
     __m256 a[ROWS][2];
     for (int r = 0; r < ROWS; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
     for (int64_t b = 0; b < blocks; b++) {
-        const float *values = value_base[b] + col;
+        const float *values = value_base[b] + value_run(0, col, block_keys);
         const float *p = probs + b * block_keys;
-        for (int64_t j = 0; j < block_keys; j++, values += dv, p++) {
+        for (int64_t j = 0; j < block_keys; j++, values += 16, p++) {
             const __m256 v0 = _mm256_loadu_ps(values), v1 = _mm256_loadu_ps(values + 8);
             for (int r = 0; r < ROWS; r++) {
                 const __m256 w = _mm256_broadcast_ss(p + r * stride);
@@ -158,7 +234,7 @@ extern "C" int longbird_block_attention_fp32(
     {
         // Per thread: the group's keys and values (packed blocks in place, or copied) and its mask, scores (then
         // probabilities) and key positions.
-        GroupKeysFp32 group(packed, d, dv, nkb, kb, padded);
+        GroupKeys group(packed, d, dv, nkb, kb, padded);
         GroupScratch scratch(padded, alibi != nullptr);
         float *const scores = scratch.scores;
         if (!group.allocated() || !scratch.allocated(alibi != nullptr)) {
@@ -182,8 +258,8 @@ extern "C" int longbird_block_attention_fp32(
                 const __m256 vscale = _mm256_set1_ps(scale);
                 for (int64_t j = 0; j < padded; j += 16) {
                     __m256 raw[ROWS][2];
-                    dot_products<ROWS>(group.key_base[j / group.block_keys] + j % group.block_keys,
-                                       group.key_stride, d, qrow, raw);
+                    dot_products<ROWS>(group.key_base[j / group.block_keys] + key_chunk(j % group.block_keys, d), d,
+                                       qrow, raw);
                     finish_scores_avx2<ROWS>(raw, j, vscale, scratch, scores, slopes, query_position, padded, top);
                 }
                 float inv[ROWS];
@@ -218,12 +294,18 @@ extern "C" int longbird_block_attention_fp32(
     return failed;
 }
 
-// Keys and values packed as the kernel reads them (pack_blocks_fp32, block_attention_groups.h: the AVX-512 fp32
-// kernel's layout).
+// Keys and values of `nblocks` blocks of kb rows (block i's first row at k + k_off[i], v + v_off[i]) in this kernel's
+// layout (key_chunk, value_run), block i at k_packed + i·d·kb and v_packed + i·kb·dv: the AVX-512 fp32 kernel's
+// block sizes, so the callers' offsets (cpu_kernel.packed_units) are the same. Packed once per call, a key block is
+// then read by every query block that attends to it.
 extern "C" int longbird_pack_blocks_fp32(
     const float *k, const int64_t *k_off, int64_t k_row_stride,
     const float *v, const int64_t *v_off, int64_t v_row_stride,
     int64_t nblocks, int64_t kb, int64_t d, int64_t dv, float *k_packed, float *v_packed, int threads) {
-    pack_blocks_fp32(k, k_off, k_row_stride, v, v_off, v_row_stride, nblocks, kb, d, dv, k_packed, v_packed, threads);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t i = 0; i < nblocks; i++)
+        for (int64_t r = 0; r < kb; r++)
+            copy_key(k + k_off[i] + r * k_row_stride, v + v_off[i] + r * v_row_stride, r, kb, d, dv,
+                     k_packed + i * d * kb, v_packed + i * kb * dv);
     return 0;
 }
