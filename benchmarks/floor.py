@@ -7,7 +7,7 @@ dense projections and feed-forward products. With --profile, the operators of on
 (self CPU time, torch.profiler) show what the time above the floor is made of. CPU only.
 
 Usage: python benchmarks/floor.py [--preset kobigbird littlebird tape] [--size small base] [--dtype fp32 bf16]
-       [--length 512 4096] [--repeats 3] [--profile] [--name floor]
+       [--length 512 4096] [--repeats 3] [--profile] [--compile] [--without-kernel] [--name floor]
 Writes benchmarks/results/NAME.{md,json}.
 """
 
@@ -47,6 +47,9 @@ def main():
                         help="Sparse attention backend (LONGBIRD_ATTENTION_BACKEND); default: the model's own choice")
     parser.add_argument("--compile", action="store_true",
                         help="Also time the forward through torch.compile(model, fullgraph=True), alternating")
+    parser.add_argument("--without-kernel", action="store_true",
+                        help="Also time the forward with longbird's fused CPU kernels off (LONGBIRD_CPU_KERNEL=0 during "
+                             "those calls: SDPA / flex), alternating in this process")
     parser.add_argument("--row-plan", choices=["device", "op"], default=None,
                         help="Where a compiled kobigbird makes its per-row plan (LONGBIRD_ROW_PLAN); default: "
                              "dispatch.compiled_row_plan's (the op)")
@@ -77,15 +80,17 @@ def main():
                         torch._dynamo.reset()  # each row compiles afresh: its first call is its compile time
                         variants["compiled"] = forward_fn(torch.compile(model, fullgraph=True), length,
                                                           backward=False, base=SIZES[size])
+                    if args.without_kernel:
+                        variants["without_kernel"] = kernel_off(run)
                     # without variants, the call of the issue-27 "before" code (which had none) works too
                     row = floor_measurement(model, run, repeats=args.repeats, **({"variants": variants} if variants
                                                                                  else {}))
                     row.update(preset=preset, size=size, dtype=dtype, length=length)
                     report["rows"].append(row)
-                    compiled = (f", compiled {row['compiled_seconds']:.3f} s (ratio {row['compiled_ratio']:.2f})"
-                                if args.compile else "")
+                    others = "".join(f", {name.replace('_', ' ')} {row[name + '_seconds']:.3f} s (ratio "
+                                     f"{row[name + '_ratio']:.2f})" for name in variants)
                     print(f"{preset} {size} {dtype} {length}: forward {row['forward_seconds']:.3f} s, floor "
-                          f"{row['floor_seconds']:.3f} s, ratio {row['ratio']:.2f}{compiled}", flush=True)
+                          f"{row['floor_seconds']:.3f} s, ratio {row['ratio']:.2f}{others}", flush=True)
                     if args.profile and length == longest:
                         report["profiles"].append(dict(preset=preset, size=size, dtype=dtype, length=length,
                                                        ops=op_profile(run, args.profile_top)))
@@ -93,6 +98,21 @@ def main():
     write_file_atomically(args.out / f"{args.name}.json", json.dumps(report, indent=2) + "\n")
     write_file_atomically(args.out / f"{args.name}.md", markdown(report))
     print(markdown(report))
+
+
+def kernel_off(run):
+    """`run` with longbird's fused CPU kernels switched off for the call (they read LONGBIRD_CPU_KERNEL per call)."""
+    def without_kernel():
+        before = os.environ.get("LONGBIRD_CPU_KERNEL")
+        os.environ["LONGBIRD_CPU_KERNEL"] = "0"
+        try:
+            return run()
+        finally:
+            if before is None:
+                del os.environ["LONGBIRD_CPU_KERNEL"]
+            else:
+                os.environ["LONGBIRD_CPU_KERNEL"] = before
+    return without_kernel
 
 
 def code_version() -> str:
@@ -129,12 +149,16 @@ def markdown(report: dict) -> str:
              f"TFLOP/s: {tflops}. Batch 1, random weights, 12 layers; medians of alternating forward / replay calls.",
              ""]
     compiled = any("compiled_seconds" in row for row in report["rows"])
-    extra = " compiled | compiled ratio | compile (first call) |" if compiled else ""
+    without = any("without_kernel_seconds" in row for row in report["rows"])
+    extra = (" compiled | compiled ratio | compile (first call) |" if compiled else "") + (
+        " without the kernel | ratio without |" if without else "")
     lines += ["| preset | size | dtype | tokens | forward | own GEMM floor | floor GFLOP/s | ratio |" + extra,
-              "|---|---|---|---:|---:|---:|---:|---:|" + ("---:|---:|---:|" if compiled else "")]
+              "|---|---|---|---:|---:|---:|---:|---:|" + ("---:|---:|---:|" if compiled else "")
+              + ("---:|---:|" if without else "")]
     for row in report["rows"]:
         cells = (f" {row['compiled_seconds']:.3f} s | **{row['compiled_ratio']:.2f}** | "
                  f"{row['compiled_first_call_seconds']:.1f} s |" if compiled else "")
+        cells += (f" {row['without_kernel_seconds']:.3f} s | {row['without_kernel_ratio']:.2f} |" if without else "")
         lines.append(f"| {row['preset']} | {row['size']} | {row['dtype']} | {row['length']} | "
                      f"{row['forward_seconds']:.3f} s | {row['floor_seconds']:.3f} s | {row['floor_gflops']:.0f} | "
                      f"**{row['ratio']:.2f}** |" + cells)

@@ -37,7 +37,7 @@ def main() -> None:
              f"After: `{after['command']}` ({after.get('code', '?')})  ",
              f"CPU: {after['cpu']}, {after['threads']} threads, torch {after['torch']}; matmul TFLOP/s "
              + ", ".join(f"{name} {value:.3f}" for name, value in after["matmul_tflops"].items()) + ". Batch 1, random "
-             "weights, 12 layers; medians of alternating forward / replay calls; both runs on the same quiet machine, "
+             "weights, 12 layers; medians of alternating forward / replay calls; both runs on the same machine, "
              "one after the other.", "",
              "| preset | size | dtype | tokens | forward before | forward after | floor | ratio before | ratio after | "
              "target |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]

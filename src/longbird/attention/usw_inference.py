@@ -1,8 +1,8 @@
 """LittleBird's USW attention at inference (no autograd, no attention dropout): the kernels `usw_attention` calls
 (LittleBird §3.3; the layout, training kernel and dense oracle are in `littlebird`).
 
-- `usw_fused_attention` (CPU inference, bf16 or fp32; AVX-512, or AVX2 for fp32): longbird's fused kernel (`cpu_kernel`), the BiALiBi
-  distance computed inside it from position ids;
+- `usw_fused_attention` (CPU inference, bf16 or fp32; AVX-512, or AVX2 for fp32): longbird's fused kernel
+  (`cpu_kernel`), the BiALiBi distance computed inside it from position ids;
 - `usw_split_attention` (CPU, eager): two flash-attention calls merged by their log-sum-exps, no key groups;
 - `grouped_usw_inference` (GPUs, compiled graphs, TAPE's wider values): one SDPA call over (head, block) rows of the
   gathered key groups.
