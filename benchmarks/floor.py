@@ -48,8 +48,8 @@ def main():
     parser.add_argument("--compile", action="store_true",
                         help="Also time the forward through torch.compile(model, fullgraph=True), alternating")
     parser.add_argument("--without-kernel", action="store_true",
-                        help="Also time the forward with longbird's fused CPU kernels off (LONGBIRD_CPU_KERNEL=0 during "
-                             "those calls: SDPA / flex), alternating in this process")
+                        help="Also time the forward with longbird's fused CPU kernels off (LONGBIRD_CPU_KERNEL=0 "
+                             "during those calls: SDPA / flex), alternating in this process")
     parser.add_argument("--row-plan", choices=["device", "op"], default=None,
                         help="Where a compiled kobigbird makes its per-row plan (LONGBIRD_ROW_PLAN); default: "
                              "dispatch.compiled_row_plan's (the op)")
