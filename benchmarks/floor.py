@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -103,15 +104,8 @@ def main():
 def kernel_off(run):
     """`run` with longbird's fused CPU kernels switched off for the call (they read LONGBIRD_CPU_KERNEL per call)."""
     def without_kernel():
-        before = os.environ.get("LONGBIRD_CPU_KERNEL")
-        os.environ["LONGBIRD_CPU_KERNEL"] = "0"
-        try:
+        with mock.patch.dict(os.environ, {"LONGBIRD_CPU_KERNEL": "0"}):
             return run()
-        finally:
-            if before is None:
-                del os.environ["LONGBIRD_CPU_KERNEL"]
-            else:
-                os.environ["LONGBIRD_CPU_KERNEL"] = before
     return without_kernel
 
 

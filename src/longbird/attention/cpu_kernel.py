@@ -43,7 +43,8 @@ logger = logging.getLogger(__name__)
 
 KERNELS = Path(__file__).with_name("kernels")
 HEADERS = (KERNELS / "block_attention_common.h", KERNELS / "block_attention_groups.h")
-COMMON_FLAGS = ("-std=c++17", "-O3", "-fopenmp", "-shared", "-fPIC")
+COMPILE_FLAGS = ("-std=c++17", "-O3")
+LINK_FLAGS = ("-fopenmp", "-shared", "-fPIC")
 
 
 @dataclass(frozen=True)
@@ -68,13 +69,16 @@ KERNEL_DTYPES = (torch.bfloat16, torch.float32)
 _lock = threading.Lock()
 
 
+OFF = {"0", "false", "no", "off"}
+
+
 def _setting() -> str:
     return os.environ.get("LONGBIRD_CPU_KERNEL", "1").strip().lower()
 
 
 def enabled_by_environment() -> bool:
     """False when LONGBIRD_CPU_KERNEL=0 (or "false"/"no"/"off"): SDPA everywhere, as before the kernel."""
-    return _setting() not in {"0", "false", "no", "off"}
+    return _setting() not in OFF
 
 
 def _cpu_has_fma() -> bool:
@@ -84,8 +88,8 @@ def _cpu_has_fma() -> bool:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return True
-    flags = next((line for line in text.splitlines() if line.startswith("flags")), "")
-    return " fma" in flags or not flags
+    flags = next((line.split() for line in text.splitlines() if line.startswith("flags")), None)
+    return flags is None or "fma" in flags
 
 
 @lru_cache(maxsize=4)
@@ -108,10 +112,11 @@ def cpu_supports_kernel(dtype: torch.dtype = torch.bfloat16) -> bool:
 def instruction_set(dtype: torch.dtype = torch.bfloat16) -> str | None:
     """The library whose kernel runs `dtype` here, by the CPU and LONGBIRD_CPU_KERNEL (0: none; avx2: the AVX2
     kernel only); None: SDPA."""
-    if not enabled_by_environment():
+    setting = _setting()
+    if setting in OFF:
         return None
     sets = cpu_instruction_sets(dtype)
-    if _setting() == "avx2":
+    if setting == "avx2":
         sets = tuple(name for name in sets if name == "avx2")
     return sets[0] if sets else None
 
@@ -125,15 +130,14 @@ def compiler() -> str | None:
 
 
 def _flags(name: str) -> tuple[str, ...]:
-    return (*COMMON_FLAGS[:2], *LIBRARIES[name].flags, *COMMON_FLAGS[2:])
+    return (*COMPILE_FLAGS, *LIBRARIES[name].flags, *LINK_FLAGS)
 
 
 def library_path(name: str = "avx512") -> Path:
     """Where library `name` lives: named by the hash of its sources, the shared headers, flags and compiler."""
     text = b"".join(path.read_bytes() for path in LIBRARIES[name].sources + HEADERS)
     digest = hashlib.sha256(text + " ".join(_flags(name)).encode() + str(compiler()).encode()).hexdigest()
-    prefix = "block_attention" if name == "avx512" else f"block_attention_{name}"
-    return cache_dir() / f"{prefix}-{digest[:16]}.so"
+    return cache_dir() / f"block_attention_{name}-{digest[:16]}.so"
 
 
 def build(path: Path, name: str = "avx512") -> None:

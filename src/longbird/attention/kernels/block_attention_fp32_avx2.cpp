@@ -20,6 +20,12 @@
 
 #include "block_attention_groups.h"
 
+// Query rows taken at a time, as in the AVX-512 kernels (GroupScratch holds their scores): 8 accumulators beside two
+// key (or value) vectors and a broadcast. Six rows (12 accumulators, 15 of the 16 registers) ran no faster on a
+// 2-core AMD EPYC (Zen 2): one BigBird layer at 4K, 12 heads of 32, 92.5 against 94.6 ms (medians of 9, alternating;
+// the machine's noise is larger).
+constexpr int ROWS = 4;
+
 // e^x for x <= 0, -inf -> 0, as the AVX-512 kernels' exp_nonpositive<6> (block_attention_common.h): Cephes expf's
 // range reduction x = n ln2 + r (|r| <= ln2/2) and polynomial for e^r; AVX2 has no scalef, so 2^n is built in the
 // exponent bits. x is clamped at -87 first (below it the result is 0), so n >= -126 and 2^n is a normal float.
@@ -146,12 +152,11 @@ static inline float horizontal_sum(__m256 x) {
 }
 
 // ROWS query rows' scores of keys j..j+15 from their dot products (raw[r][0]: keys j..j+7, raw[r][1]: the next 8):
-// scaled, the additive mask added, BiALiBi's distance subtracted (slopes != nullptr), stored in `scores` (rows
-// `padded` apart), and each row's running maximum kept in `top`. As finish_scores in block_attention_common.h.
-template <int ROWS>
+// scaled, the additive mask added, BiALiBi's distance subtracted (slopes != nullptr), stored in the scratch's scores
+// (rows `padded` apart), and each row's running maximum kept in `top`. As finish_scores in block_attention_common.h.
 __attribute__((always_inline)) static inline void finish_scores_avx2(
-    const __m256 raw[ROWS][2], int64_t j, __m256 scale, const GroupScratch &scratch, float *scores,
-    const float *slopes, const float query_position[ROWS], int64_t padded, __m256 top[ROWS]) {
+    const __m256 raw[ROWS][2], int64_t j, __m256 scale, const GroupScratch &scratch, const float *slopes,
+    const float query_position[ROWS], int64_t padded, __m256 top[ROWS]) {
     const __m256 bias0 = _mm256_loadu_ps(scratch.bias + j), bias1 = _mm256_loadu_ps(scratch.bias + j + 8);
     for (int r = 0; r < ROWS; r++) {
         __m256 lo = _mm256_fmadd_ps(raw[r][0], scale, bias0);
@@ -162,15 +167,14 @@ __attribute__((always_inline)) static inline void finish_scores_avx2(
             hi = _mm256_sub_ps(hi, bialibi_distance_avx2(query_position[r], slopes, scratch.key_position + j + 8,
                                                          scratch.key_is_pack + j + 8));
         }
-        _mm256_storeu_ps(scores + r * padded + j, lo);
-        _mm256_storeu_ps(scores + r * padded + j + 8, hi);
+        _mm256_storeu_ps(scratch.scores + r * padded + j, lo);
+        _mm256_storeu_ps(scratch.scores + r * padded + j + 8, hi);
         top[r] = _mm256_max_ps(top[r], _mm256_max_ps(lo, hi));
     }
 }
 
 // ROWS query rows' unnormalised scores of one chunk of 16 keys (`keys`: its 16·d floats, feature-major) into
 // raw[r][0..1]: d FMAs per key and row, 2·ROWS independent sums.
-template <int ROWS>
 __attribute__((always_inline)) static inline void dot_products(const float *keys, int64_t d,
                                                                const float *const qrow[ROWS], __m256 raw[ROWS][2]) {
     __m256 a[ROWS][2];
@@ -190,7 +194,6 @@ __attribute__((always_inline)) static inline void dot_products(const float *keys
 // acc[r][0..1] = sum over keys of probs (row r, rows `stride` floats apart) times value columns col..col+15 (each
 // block's run of them, value_run), for ROWS query rows; the blocks are walked in order so that no key index is
 // divided.
-template <int ROWS>
 __attribute__((always_inline)) static inline void weighted_values(const float *const *value_base, int64_t blocks,
                                                                   int64_t block_keys, int64_t dv, int64_t col,
                                                                   const float *probs, int64_t stride,
@@ -212,12 +215,6 @@ __attribute__((always_inline)) static inline void weighted_values(const float *c
     for (int r = 0; r < ROWS; r++) acc[r][0] = a[r][0], acc[r][1] = a[r][1];
 }
 
-// Query rows taken at a time, as in the AVX-512 kernels (GroupScratch holds their scores): 8 accumulators beside two
-// key (or value) vectors and a broadcast. Six rows (12 accumulators, 15 of the 16 registers) ran no faster on a
-// 2-core AMD EPYC (Zen 2): one BigBird layer at 4K, 12 heads of 32, 92.5 against 94.6 ms (medians of 9, alternating;
-// the machine's noise is larger).
-constexpr int ROWS = 4;
-
 extern "C" int longbird_block_attention_fp32(
     const float *q, const int64_t *q_off, int64_t q_row_stride, int64_t Lq,
     const float *k, const int64_t *k_off, int64_t k_row_stride,
@@ -236,7 +233,6 @@ extern "C" int longbird_block_attention_fp32(
         // probabilities) and key positions.
         GroupKeys group(packed, d, dv, nkb, kb, padded);
         GroupScratch scratch(padded, alibi != nullptr);
-        float *const scores = scratch.scores;
         if (!group.allocated() || !scratch.allocated(alibi != nullptr)) {
 #pragma omp atomic write
             failed = 2;
@@ -252,15 +248,15 @@ extern "C" int longbird_block_attention_fp32(
                 const float *qrow[ROWS];
                 for (int r = 0; r < ROWS; r++) qrow[r] = q + q_off[g] + (i0 + (r < rows ? r : 0)) * q_row_stride;
                 float query_position[ROWS];
-                query_positions<ROWS>(alibi ? positions : nullptr, qpos_off, g, i0, rows, query_position);
+                query_positions(alibi ? positions : nullptr, qpos_off, g, i0, rows, query_position);
                 __m256 top[ROWS];
                 for (int r = 0; r < ROWS; r++) top[r] = _mm256_set1_ps(-INFINITY);
                 const __m256 vscale = _mm256_set1_ps(scale);
                 for (int64_t j = 0; j < padded; j += 16) {
                     __m256 raw[ROWS][2];
-                    dot_products<ROWS>(group.key_base[j / group.block_keys] + key_chunk(j % group.block_keys, d), d,
+                    dot_products(group.key_base[j / group.block_keys] + key_chunk(j % group.block_keys, d), d,
                                        qrow, raw);
-                    finish_scores_avx2<ROWS>(raw, j, vscale, scratch, scores, slopes, query_position, padded, top);
+                    finish_scores_avx2(raw, j, vscale, scratch, slopes, query_position, padded, top);
                 }
                 float inv[ROWS];
                 for (int r = 0; r < ROWS; r++) {  // probabilities overwrite the scores
@@ -269,7 +265,7 @@ extern "C" int longbird_block_attention_fp32(
                     const __m256 vm = _mm256_set1_ps(m);
                     __m256 sum = _mm256_setzero_ps();
                     for (int64_t j = 0; j < padded; j += 8) {
-                        float *s = scores + r * padded + j;
+                        float *s = scratch.scores + r * padded + j;
                         const __m256 e = exp_nonpositive_avx2(_mm256_sub_ps(_mm256_loadu_ps(s), vm));
                         sum = _mm256_add_ps(sum, e);
                         _mm256_storeu_ps(s, e);
@@ -279,8 +275,8 @@ extern "C" int longbird_block_attention_fp32(
                 }
                 for (int64_t col = 0; col < dv; col += 16) {
                     __m256 acc[ROWS][2];
-                    weighted_values<ROWS>(group.value_base, group.blocks, group.block_keys, dv, col, scores, padded,
-                                          acc);
+                    weighted_values(group.value_base, group.blocks, group.block_keys, dv, col, scratch.scores, padded,
+                                    acc);
                     for (int r = 0; r < rows; r++) {
                         float *orow = out + o_off[g] + (i0 + r) * o_row_stride + col;
                         const __m256 vinv = _mm256_set1_ps(inv[r]);

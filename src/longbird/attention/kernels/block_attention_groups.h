@@ -56,11 +56,9 @@ struct GroupScratch {
     }
 };
 
-// The position ids of query rows i0..i0+ROWS-1 of group g (rows past `rows` repeat row i0), for BiALiBi; zeros
-// without.
-template <int ROWS = 4>
+// The position ids of query rows i0..i0+3 of group g (rows past `rows` repeat row i0), for BiALiBi; zeros without.
 static inline void query_positions(const int64_t *positions, const int64_t *qpos_off, int64_t g, int64_t i0,
-                                   int64_t rows, float out[ROWS]) {
-    for (int r = 0; r < ROWS; r++)
+                                   int64_t rows, float out[4]) {
+    for (int r = 0; r < 4; r++)
         out[r] = positions ? static_cast<float>(positions[qpos_off[g] + i0 + (r < rows ? r : 0)]) : 0.0f;
 }
