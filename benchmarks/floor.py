@@ -7,7 +7,7 @@ dense projections and feed-forward products. With --profile, the operators of on
 (self CPU time, torch.profiler) show what the time above the floor is made of. CPU only.
 
 Usage: python benchmarks/floor.py [--preset kobigbird littlebird tape] [--size small base] [--dtype fp32 bf16]
-       [--length 512 4096] [--repeats 3] [--profile] [--compile] [--without-kernel] [--name floor]
+       [--length 512 4096] [--repeats 3] [--profile] [--compile [--freeze]] [--without-kernel] [--name floor]
 Writes benchmarks/results/NAME.{md,json}.
 """
 
@@ -28,6 +28,7 @@ from longbird.attention import cpu_kernel
 from longbird.bench.floor import floor_measurement, op_profile
 from longbird.bench.models import PRESET_SETTINGS, SIZES, build_model, forward_fn, matmul_throughput
 from longbird.bench.sweep import DTYPES, cpu_model
+from longbird.compilation import frozen_calls
 from longbird.files import write_file_atomically
 from longbird.malloc import keep_freed_memory
 
@@ -48,6 +49,10 @@ def main():
                         help="Sparse attention backend (LONGBIRD_ATTENTION_BACKEND); default: the model's own choice")
     parser.add_argument("--compile", action="store_true",
                         help="Also time the forward through torch.compile(model, fullgraph=True), alternating")
+    parser.add_argument("--freeze", action="store_true",
+                        help="With --compile: compile with Inductor's freezing (weights as constants, prepacked "
+                             "linears with fused epilogues), as `--compile` of answer/evaluate/serve does on the CPU. "
+                             "Not a variant beside the plain compile: one process holds one compiled graph per shape")
     parser.add_argument("--without-kernel", action="store_true",
                         help="Also time the forward with longbird's fused CPU kernels off (LONGBIRD_CPU_KERNEL=0 "
                              "during those calls: SDPA / flex), alternating in this process")
@@ -64,6 +69,7 @@ def main():
     command = "python benchmarks/floor.py " + " ".join(sys.argv[1:])
     malloc = keep_freed_memory()  # as the command line does (LONGBIRD_MALLOC=system: the C library's defaults)
     report = {"command": command, "code": code_version(), "backend": args.backend or "auto", "malloc": malloc,
+              "compiled_with_freezing": bool(args.compile and args.freeze),
               "row_plan": args.row_plan or "default",
               "cpu_kernel": {name: "on" if cpu_kernel.available(DTYPES[name]) else "off" for name in args.dtype},
               "cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
@@ -79,8 +85,9 @@ def main():
                     variants = {}
                     if args.compile:
                         torch._dynamo.reset()  # each row compiles afresh: its first call is its compile time
-                        variants["compiled"] = forward_fn(torch.compile(model, fullgraph=True), length,
-                                                          backward=False, base=SIZES[size])
+                        compiled = torch.compile(model, fullgraph=True)
+                        variants["compiled"] = forward_fn(model, length, backward=False, base=SIZES[size],
+                                                          call=frozen_calls(compiled) if args.freeze else compiled)
                     if args.without_kernel:
                         variants["without_kernel"] = kernel_off(run)
                     # without variants, the call of the issue-27 "before" code (which had none) works too
@@ -143,6 +150,8 @@ def markdown(report: dict) -> str:
              f"TFLOP/s: {tflops}. Batch 1, random weights, 12 layers; medians of alternating forward / replay calls.",
              ""]
     compiled = any("compiled_seconds" in row for row in report["rows"])
+    if compiled and report.get("compiled_with_freezing"):
+        lines[-2] += " Compiled with Inductor's freezing (`--freeze`)."
     without = any("without_kernel_seconds" in row for row in report["rows"])
     extra = (" compiled | compiled ratio | compile (first call) |" if compiled else "") + (
         " without the kernel | ratio without |" if without else "")

@@ -94,3 +94,38 @@ def test_a_compiled_encoders_batches_are_padded_to_its_block_multiple():
     assert batch["input_ids"][0, 9:].eq(1).all() and batch["start_positions"].tolist() == [3, 0]
     assert PaddedBatches(1, BLOCK)(items[:1])["input_ids"].shape == (1, 2 * BLOCK)
     assert PaddedBatches(1)(items)["input_ids"].shape == (2, 9)
+
+
+def test_compile_encoder_freezes_the_weights_on_the_cpu_for_calls_without_autograd():
+    """On the CPU `compile_encoder` compiles with Inductor's freezing (compilation.frozen_calls): under no_grad the
+    linears run as packed-weight ops (MKL's for fp32, oneDNN's for bf16), no `aten::addmm` / `aten::mm` left, with the
+    eager outputs; a call with autograd on compiles without freezing and still has gradients."""
+    from torch.profiler import profile
+
+    from longbird.compilation import encoder_is_frozen
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = longbird.convert(make_source("bert"), preset="kobigbird", max_length=256, block_size=BLOCK).eval()
+    input_ids = torch.randint(5, model.config.vocab_size, (2, 64))
+    attention_mask = torch.ones_like(input_ids)
+    with torch.no_grad():
+        eager = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    compile_encoder(model)
+    assert encoder_is_frozen(model)
+    with torch.no_grad():
+        model(input_ids=input_ids, attention_mask=attention_mask)  # compiles
+        with profile() as trace:
+            frozen = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    ops = {event.key for event in trace.key_averages()}
+    assert not ops & {"aten::addmm", "aten::mm", "aten::linear"}, ops
+    assert ops & {"mkl::_mkl_linear", "mkldnn::_linear_pointwise"}, ops
+    # LayerNorm'd states of unit scale through reordered fp32 sums (packed GEMMs, fused epilogues): ~1e-6
+    torch.testing.assert_close(frozen, eager, atol=1e-4, rtol=1e-4)
+    out = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    out.pow(2).mean().backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads) and any(g.abs().sum() > 0 for g in grads)
+    torch.testing.assert_close(out.detach(), eager, atol=1e-4, rtol=1e-4)
+    assert not encoder_is_frozen(longbird.convert(make_source("bert"), preset="kobigbird", max_length=256,
+                                                  block_size=BLOCK))  # not compiled: not frozen

@@ -89,6 +89,42 @@ def test_decoding_outputs_end_logits_for_each_top_start():
     torch.testing.assert_close(out.end_top_logits[allowed], expected[allowed])
 
 
+def test_the_end_band_computes_the_ends_decoding_reads_and_masks_the_rest():
+    """`end_width` (decoding with max_answer_tokens): within the band the same end logits as the full head, the
+    lowest value outside it, and the same spans decoded, also for starts whose band runs past the window's end."""
+    torch.manual_seed(0)
+    model = qa_model()
+    head = model.qa_end
+    hidden = torch.randn(2, 40, 32)
+    starts = torch.tensor([[1, 35, 20], [0, 39, 12]])  # 35 and 39: bands cut by the window's last token
+    full, banded = head(hidden, starts), head(hidden, starts, width=7)
+    ends = torch.arange(40)
+    inside = (ends >= starts[..., None]) & (ends - starts[..., None] < 7)
+    # the same sums, but out's product over the band's rows may be blocked differently: fp32 rounding of the
+    # 32-term dot products (h eps times the sum of the terms' magnitudes), far below it in practice
+    mixed = head.LayerNorm(head.activation(hidden[:, None] @ head.dense.weight[:, 32:].T
+                                           + (hidden.gather(1, starts[..., None].expand(-1, -1, 32))
+                                              @ head.dense.weight[:, :32].T + head.dense.bias)[:, :, None]))
+    bound = 32 * torch.finfo(torch.float32).eps * (mixed.abs() @ head.out.weight.abs().T).squeeze(-1)
+    assert ((banded - full).abs()[inside] <= bound[inside] + 1e-7).all()
+    assert (banded[~inside & (ends >= starts[..., None])] == torch.finfo(torch.float32).min).all()
+    with torch.no_grad():
+        input_ids, attention_mask = make_batch(100)
+        whole = model.eval()(input_ids=input_ids, attention_mask=attention_mask, top_k=4)
+        band = model(input_ids=input_ids, attention_mask=attention_mask, top_k=4, end_width=5)
+    torch.testing.assert_close(band.start_logits, whole.start_logits, rtol=0, atol=0)
+    offsets = [(0, 1)] * 100
+    feature = QAFeature(example_id="q", input_ids=input_ids[0].tolist(), token_type_ids=None,
+                        offsets=[None] + offsets[1:])
+    for width in (1, 5):
+        expected = decode_window(feature, whole.start_top_index[0], whole.end_top_logits[0], whole.start_logits[0],
+                                 top_k=4, max_answer_tokens=width)
+        got = decode_window(feature, band.start_top_index[0], band.end_top_logits[0], band.start_logits[0],
+                            top_k=4, max_answer_tokens=width)
+        assert [span[1:] for span in got] == [span[1:] for span in expected]
+        torch.testing.assert_close([span[0] for span in got], [span[0] for span in expected], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("qa_head", ["conditional", "linear"])
 def test_both_heads_save_and_load(tmp_path, qa_head):
     model = qa_model(qa_head).eval()
@@ -122,7 +158,7 @@ class GoldLogits(StandInReader):
         super().__init__(top_k)
         self.gold = gold
 
-    def __call__(self, input_ids, attention_mask, top_k, token_type_ids=None, start_candidates=None):
+    def __call__(self, input_ids, attention_mask, top_k, token_type_ids=None, start_candidates=None, end_width=None):
         batch, length = input_ids.shape
         start = torch.zeros(batch, length)
         end = torch.zeros(batch, top_k, length)
@@ -265,7 +301,7 @@ class FixedLogits(StandInReader):
         super().__init__(top_k=2)
         self.start_logits = torch.tensor(start_logits)
 
-    def __call__(self, input_ids, attention_mask, top_k, token_type_ids=None, start_candidates=None):
+    def __call__(self, input_ids, attention_mask, top_k, token_type_ids=None, start_candidates=None, end_width=None):
         batch, length = input_ids.shape
         start = self.start_logits[self.calls:self.calls + batch, :length]
         self.calls += batch

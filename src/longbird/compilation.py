@@ -9,18 +9,48 @@ per layer that reads the rows' lengths, or on the device with no host read (LONG
 input checks read token-type and position values (a clear error instead of an index error), so with those inputs
 given the call compiles with a break before the layers: compiled without `fullgraph`.
 The first call of each input shape compiles (seconds to minutes); later shapes are compiled with dynamic shapes.
+
+On the CPU the encoder is compiled with Inductor's *freezing* (`frozen_calls`): for a call without autograd the
+weights become constants of the graph, so each Linear's weight is packed once into oneDNN's (bf16) or MKL's (fp32)
+own layout and GELU or the bias add runs as the product's epilogue (`mkldnn::_linear_pointwise`) instead of as a
+kernel of its own. A frozen graph holds the weights of the moment it compiled: this is an inference compile (the
+weights of a model being trained are compiled by Trainer's `torch_compile`, never here).
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
-def compile_encoder(model: torch.nn.Module, mode: str | None = None) -> torch.nn.Module:
-    """`model` with its longbird encoder (`model.base_model`) compiled in place; returns the model."""
+def compile_encoder(model: torch.nn.Module, mode: str | None = None, freeze: bool | None = None) -> torch.nn.Module:
+    """`model` with its longbird encoder (`model.base_model`) compiled in place; returns the model. `freeze` (default:
+    on where the model is on the CPU): its calls without autograd compile with Inductor's freezing (`frozen_calls`)."""
     encoder = model.base_model
     encoder.compile(mode=mode)
+    if freeze is None:
+        freeze = next(encoder.parameters()).device.type == "cpu"
+    if freeze:
+        encoder._compiled_call_impl = frozen_calls(encoder._compiled_call_impl)
     return model
+
+
+def frozen_calls(compiled):
+    """`compiled` (a torch.compile'd callable) compiling, and recompiling for new shapes, with Inductor's freezing.
+
+    Why around every call and not `torch.compile(options={"freezing": True})`: Dynamo reads the setting while it
+    traces, to keep the parameters as attributes of the graph rather than inputs, and the options reach only
+    Inductor, after the trace: with them the linears stayed `aten::addmm` on unpacked weights (torch 2.13, measured);
+    with the setting on during the call they became `mkldnn::_linear_pointwise` (docs/benchmarks.md, "Frozen
+    weights"). Freezing applies only where autograd is off (Inductor's own rule), so a call with gradients compiles
+    as before."""
+    @functools.wraps(compiled)
+    def call(*args, **kwargs):
+        with torch._inductor.config.patch(freezing=True):
+            return compiled(*args, **kwargs)
+    call.frozen = True
+    return call
 
 
 def encoder_is_compiled(model: torch.nn.Module) -> bool:
@@ -28,6 +58,12 @@ def encoder_is_compiled(model: torch.nn.Module) -> bool:
     calls of each kind of input compile."""
     encoder = getattr(model, "base_model", None)  # stand-ins for a model in tests have none: not compiled
     return getattr(encoder, "_compiled_call_impl", None) is not None
+
+
+def encoder_is_frozen(model: torch.nn.Module) -> bool:
+    """`model`'s encoder was compiled with freezing (`compile_encoder` on the CPU)."""
+    encoder = getattr(model, "base_model", None)
+    return getattr(getattr(encoder, "_compiled_call_impl", None), "frozen", False)
 
 
 def batch_multiple(model: torch.nn.Module) -> int | None:

@@ -120,15 +120,31 @@ class ConditionalEndHead(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.out = nn.Linear(config.hidden_size, 1)
 
-    def forward(self, hidden_states: torch.Tensor, start_index: torch.Tensor) -> torch.Tensor:
-        """hidden_states (B, l, h), start_index (B, k) -> end logits (B, k, l)."""
+    def forward(self, hidden_states: torch.Tensor, start_index: torch.Tensor, width: int | None = None) -> torch.Tensor:
+        """hidden_states (B, l, h), start_index (B, k) -> end logits (B, k, l).
+
+        `width`: only the ends j with 0 <= j - s < width are computed for a start s (decoding reads no others: its
+        spans are at most `max_answer_tokens` long), the rest hold the dtype's lowest value. Why: the (B, k, l, h)
+        GELU and LayerNorm over every end are most of the head's time on a long window (k = 20 starts by 4,096 ends
+        by 384 is 31 M values, about 20 ms of a 0.4-second 4K-token answer); the band is k by `width` by h. Where an
+        end is computed it is the same arithmetic as without `width` (the same product over all l rows, then
+        gathered)."""
         size = hidden_states.shape[-1]
         weight_start, weight_end = self.dense.weight[:, :size], self.dense.weight[:, size:]
         starts = hidden_states.gather(1, start_index[..., None].expand(-1, -1, size))  # (B, k, h)
         from_start = starts @ weight_start.T + self.dense.bias  # (B, k, h)
         from_end = hidden_states @ weight_end.T  # (B, l, h)
-        mixed = self.LayerNorm(self.activation(from_start[:, :, None] + from_end[:, None]))  # (B, k, l, h)
-        return self.out(mixed).squeeze(-1)
+        length = hidden_states.shape[1]
+        if width is None or width >= length:
+            mixed = self.LayerNorm(self.activation(from_start[:, :, None] + from_end[:, None]))  # (B, k, l, h)
+            return self.out(mixed).squeeze(-1)
+        batch, k = start_index.shape
+        # past the window's last token the band repeats it: the same value written twice, never a wrong one
+        ends = (start_index[..., None] + torch.arange(width, device=start_index.device)).clamp(max=length - 1)
+        from_band = from_end.gather(1, ends.reshape(batch, k * width, 1).expand(-1, -1, from_end.shape[-1]))
+        mixed = self.LayerNorm(self.activation(from_start[:, :, None] + from_band.view(batch, k, width, -1)))
+        band = self.out(mixed).squeeze(-1)  # (B, k, width)
+        return band.new_full((batch, k, length), torch.finfo(band.dtype).min).scatter(2, ends, band)
 
 
 IGNORE_INDEX = -100
@@ -245,14 +261,17 @@ class LongBirdForQuestionAnswering(LongBirdPreTrainedModel):
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, start_positions=None, end_positions=None, output_hidden_states=None,
                 return_dict=None, top_k: int | None = None, start_candidates=None, region_nulls=None,
-                document_ids=None, **kwargs):
+                document_ids=None, end_width: int | None = None, **kwargs):
         """`start_candidates` (B, l) bool, optional: where the k best starts may be picked (e.g. the document
         tokens when decoding); the returned `start_logits` are not restricted by it. `region_nulls` (B, l) long,
         optional: each token's regional null (data/null_regions.py); with labels the start loss is then taken per
         region (`regional_start_loss`). Decoding reads it from the features, not from here. `document_ids` (B,)
         long, optional: with `config.linked_windows`, the rows of one document are linked (linked_windows.py) and
         with labels and `qa_ranking_weight` the start loss ranks across them (`cross_window_ranking_loss`); with
-        `qa_selector_weight` the window selector's loss over them is added (window_selector.py)."""
+        `qa_selector_weight` the window selector's loss over them is added (window_selector.py). `end_width`: the
+        conditional head computes the k best starts' ends only up to `end_width` tokens from each start
+        (`ConditionalEndHead`; decoding with `max_answer_tokens` passes it), the others masked; the teacher-forced
+        ends of training are always computed over the whole input."""
         outputs = self.longbird(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                                 output_hidden_states=output_hidden_states, document_ids=document_ids)
         hidden = outputs.last_hidden_state
@@ -281,7 +300,7 @@ class LongBirdForQuestionAnswering(LongBirdPreTrainedModel):
             end_top_logits = None
             if not (labelled and self.training):  # decoding needs ends for the k best starts
                 allowed = valid[:, None] & (positions >= start_top_index[..., None])  # an end never precedes its start
-                end_top_logits = _masked(self.qa_end(hidden, start_top_index), allowed)
+                end_top_logits = _masked(self.qa_end(hidden, start_top_index, end_width), allowed)
             if labelled:  # teacher forcing: the end is predicted from the gold start
                 allowed = valid & (positions >= start_positions[:, None])
                 end_logits = _masked(self.qa_end(hidden, start_positions[:, None])[:, 0], allowed)

@@ -164,11 +164,13 @@ class WindowOutputs:
 
 @torch.no_grad()
 def run_windows(model, features: list[QAFeature], top_k: int,
-                start_candidates: list[torch.Tensor] | None = None) -> list[WindowOutputs]:
+                start_candidates: list[torch.Tensor] | None = None,
+                max_answer_tokens: int | None = None) -> list[WindowOutputs]:
     """One forward pass over `features` as one padded batch (the per-row plan makes each row's outputs independent
     of the others and of the padding: tests/test_batch_independence.py). `start_candidates`: per feature a bool
     (len(input_ids),) that narrows where its k best starts may lie (within the document; E7's diagnosis reads an
-    answer's neighbourhood only)."""
+    answer's neighbourhood only). `max_answer_tokens`: the longest span the decoding will read (default: the model's
+    `qa_max_answer_tokens`); the conditional head computes no end beyond it (`ConditionalEndHead`'s `width`)."""
     model.eval()
     collate = PaddedBatches(model.config.pad_token_id if model.config.pad_token_id is not None else 0,
                             batch_multiple(model))
@@ -181,7 +183,8 @@ def run_windows(model, features: list[QAFeature], top_k: int,
     candidates = candidates.to(model.device)
     if getattr(model.config, "linked_windows", False):  # the windows of one question are linked (linked_windows.py)
         batch["document_ids"] = torch.tensor(document_ids(features), device=model.device)
-    out = model(**batch, top_k=top_k, start_candidates=candidates)
+    out = model(**batch, top_k=top_k, start_candidates=candidates,
+                end_width=max_answer_tokens or model.config.qa_max_answer_tokens)
     selector = ([0.0] * len(features) if getattr(out, "selector_logits", None) is None
                 else out.selector_logits.float().cpu().tolist())
     # Decoding is Python over a few candidates: on the CPU, whatever device the model ran on.
@@ -223,7 +226,8 @@ def score_windows(model, features: list[QAFeature], batch_size: int = 4, top_k: 
     for batch in tqdm(batches, desc="predicting", unit="batch", disable=not progress):
         chunk = [features[index] for index in batch]
         allowed = None if start_candidates is None else [start_candidates[index] for index in batch]
-        for row, (index, outputs) in enumerate(zip(batch, run_windows(model, chunk, top_k, allowed))):
+        outputs_of_batch = run_windows(model, chunk, top_k, allowed, max_answer_tokens)
+        for row, (index, outputs) in enumerate(zip(batch, outputs_of_batch)):
             window = decode_outputs(model, features[index], outputs, top_k, max_answer_tokens)
             if allowed is not None:  # fewer allowed starts than k: the top-k filled up with others, which go
                 window.spans = [span for span in window.spans if span[1] < len(allowed[row]) and allowed[row][span[1]]]

@@ -71,8 +71,10 @@ def build_model(name: str, max_length: int, base: dict | None = None) -> torch.n
 
 
 def forward_fn(model: torch.nn.Module, length: int, backward: bool, batch: int = 1,
-               base: dict | None = None) -> Callable[[], torch.Tensor]:
-    """A closure running one forward (and backward) at `length` and `batch`, on the model's device."""
+               base: dict | None = None, call: Callable | None = None) -> Callable[[], torch.Tensor]:
+    """A closure running one forward (and backward) at `length` and `batch`, on the model's device; `call`: what runs
+    the model (e.g. a compiled wrapper of it; default the model itself)."""
+    call = model if call is None else call
     vocab = (BASE if base is None else base)["vocab_size"]
     device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(length)
@@ -81,12 +83,12 @@ def forward_fn(model: torch.nn.Module, length: int, backward: bool, batch: int =
 
     def run():
         if backward:
-            out = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            out = call(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
             out.float().pow(2).mean().backward()
             model.zero_grad(set_to_none=True)
             return out.detach()
         with torch.inference_mode():
-            return model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            return call(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
     run.model = model
     return run

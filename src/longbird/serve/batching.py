@@ -130,7 +130,10 @@ class WindowBatcher:
             members = [windows[i] for i in batch]
             features = [job.request.features[index] for job, index in members]
             with self.reader._precision():
-                outputs = run_windows(model, features, max(job.request.decode_top_k for job, _ in members))
+                outputs = run_windows(model, features, max(job.request.decode_top_k for job, _ in members),
+                                      max_answer_tokens=max(job.request.max_answer_tokens
+                                                            or model.config.qa_max_answer_tokens
+                                                            for job, _ in members))
             for (job, index), feature, output in zip(members, features, outputs):
                 job.windows[index] = decode_outputs(model, feature, output, job.request.decode_top_k,
                                                     job.request.max_answer_tokens)
