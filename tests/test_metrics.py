@@ -98,6 +98,45 @@ def test_bootstrap_intervals_cover_the_mean_and_pair_the_questions():
         paired_difference(scores, scores[:-1])
 
 
+def test_the_cluster_bootstrap_resamples_whole_articles():
+    import numpy as np
+
+    from longbird.metrics.intervals import (bootstrap_interval, bucket_summary, cluster_bootstrap_interval,
+                                            paired_difference)
+
+    rng = np.random.default_rng(3)
+    values = rng.choice([0.0, 50.0, 100.0], size=60).tolist()
+    # Every question its own article (names sorting in the values' order): the same draws as the question bootstrap.
+    # The means differ only by summation order: 60 fp64 terms <= 100, so |error| <= 60 * 100 * 2**-52 per mean.
+    singletons = [f"q{i:03d}" for i in range(60)]
+    np.testing.assert_allclose(cluster_bootstrap_interval(values, singletons), bootstrap_interval(values),
+                               rtol=0, atol=60 * 100 * 2.0 ** -52)
+    # Articles of equal size: a draw's question-weighted mean is the mean of its drawn article means, so the interval is
+    # the question bootstrap of the article means (the same draws again: 4 articles, 4 indices per draw).
+    articles = [f"a{i // 15}" for i in range(60)]
+    article_means = [float(np.mean(values[15 * a:15 * a + 15])) for a in range(4)]
+    np.testing.assert_allclose(cluster_bootstrap_interval(values, articles), bootstrap_interval(article_means),
+                               rtol=0, atol=60 * 100 * 2.0 ** -52)
+    # Questions that agree within an article and differ across articles: resampling questions reads the interval far
+    # too narrow; resampling articles does not.
+    clustered = [100.0] * 30 + [0.0] * 30
+    two_articles = ["x"] * 30 + ["y"] * 30
+    question_low, question_high = bootstrap_interval(clustered)
+    article_low, article_high = cluster_bootstrap_interval(clustered, two_articles)
+    assert question_high - question_low < 30.0 and (article_low, article_high) == (0.0, 100.0)
+    # Paired, an article-level win shows only as often as that article is drawn.
+    paired = paired_difference([100.0] * 30 + [0.0] * 30, [0.0] * 60, clusters=two_articles)
+    assert paired["difference"] == 50.0 and paired["low"] == 0.0 and paired["high"] == 100.0
+    with pytest.raises(ValueError, match="one cluster per value"):
+        cluster_bootstrap_interval(values, articles[:-1])
+    # bucket_summary with clusters: intervals over articles, and each bucket's article count.
+    ids = [f"q{i}" for i in range(60)]
+    scores = {i: {"exact_match": v, "f1": v} for i, v in zip(ids, clustered)}
+    summary = bucket_summary(scores, {i: "near" for i in ids}, ["near"], scores, dict(zip(ids, two_articles)))
+    assert summary["all"]["articles"] == 2 and summary["all"]["f1_interval"] == (0.0, 100.0)
+    assert summary["all"]["f1_vs_baseline"] == {"difference": 0.0, "low": 0.0, "high": 0.0}
+
+
 def test_per_question_scores_average_to_the_official_score():
     from longbird.tasks.qa import per_question_scores, score_predictions
 
