@@ -6,8 +6,17 @@ from pathlib import Path
 import pytest
 
 from longbird.metrics.classification import accuracy, macro_f1
-from longbird.metrics.korquad import (f1_korquad_v1, f1_korquad_v2, f1_squad, korquad_v1, korquad_v2,
-                                      normalize_korquad_v1, normalize_korquad_v2, normalize_squad, squad_v1)
+from longbird.metrics.korquad import (
+    f1_korquad_v1,
+    f1_korquad_v2,
+    f1_squad,
+    korquad_v1,
+    korquad_v2,
+    normalize_korquad_v1,
+    normalize_korquad_v2,
+    normalize_squad,
+    squad_v1,
+)
 
 KORQUAD = Path(__file__).resolve().parents[1] / "data" / "korquad"
 
@@ -101,8 +110,12 @@ def test_bootstrap_intervals_cover_the_mean_and_pair_the_questions():
 def test_the_cluster_bootstrap_resamples_whole_articles():
     import numpy as np
 
-    from longbird.metrics.intervals import (bootstrap_interval, bucket_summary, cluster_bootstrap_interval,
-                                            paired_difference)
+    from longbird.metrics.intervals import (
+        bootstrap_interval,
+        bucket_summary,
+        cluster_bootstrap_interval,
+        paired_difference,
+    )
 
     rng = np.random.default_rng(3)
     values = rng.choice([0.0, 50.0, 100.0], size=60).tolist()

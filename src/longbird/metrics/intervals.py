@@ -68,8 +68,8 @@ def bucket_summary(scores: dict[str, dict[str, float]], buckets: dict[str, str],
                    clusters: dict[str, str] | None = None) -> dict[str, dict]:
     """Per bucket ("all", then `names`): the questions, the mean EM and F1 with their bootstrap intervals, and with
     `baseline` (per-question scores of another method on the same questions) the paired F1 difference. `scores`
-    maps question id -> {"exact_match", "f1"}; `buckets` maps question id -> bucket name; `clusters`, question id ->
-    article, makes every interval a cluster bootstrap over articles (and records how many articles each bucket holds)."""
+    maps question id -> {"exact_match", "f1"}; `buckets` maps question id -> bucket name; `clusters` (question id ->
+    article) makes every interval a cluster bootstrap over articles and records how many articles each bucket holds."""
     summary = {}
     for bucket in ("all", *names):
         ids = [i for i in scores if bucket == "all" or buckets[i] == bucket]
