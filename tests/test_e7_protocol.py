@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 
 from e7_long_reading import draw_dev_articles, held_out_record, summarise  # noqa: E402
+
 from longbird.conversion import default_source  # noqa: E402
 from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # noqa: E402
 from longbird.metrics.intervals import bootstrap_interval, paired_difference  # noqa: E402
@@ -196,3 +197,24 @@ def test_the_table_header_names_each_machine_with_its_rows_when_rows_ran_apart()
     assert provenance(two)[1] == "Machines: Xeon, bf16 2.083 TFLOP/s (a, b); Xeon, bf16 0.714 TFLOP/s (c)  "
     diagnosis = {"command": "c", "machine": fast, "readers": {"a": {}}}  # e7_diagnosis's results: one run
     assert provenance(diagnosis)[1] == "Machine: Xeon, bf16 2.083 TFLOP/s  "
+
+
+def test_all_dev_halves_and_cross_fitting_never_let_a_question_choose_its_own_setting():
+    from e7_all_dev import cross_fitted, halves
+
+    titles = [f"article {i}" for i in range(7)]
+    half_of_title = halves(titles, seed=0)
+    assert sorted(half_of_title) == sorted(titles) and sorted(half_of_title.values()) == [0, 0, 0, 1, 1, 1, 1]
+    assert halves(list(reversed(titles)), seed=0) == half_of_title  # by title, not by the order given
+    assert halves(titles, seed=1) != half_of_title
+    # Two settings: "a" wins every question of half 0, "b" every question of half 1. Cross-fitted, each half takes the
+    # setting the *other* half prefers, so both halves read with the setting that loses on them.
+    half_of = {"q0": 0, "q1": 0, "q2": 1, "q3": 1}
+    win, lose = {"exact_match": 100.0, "f1": 100.0}, {"exact_match": 0.0, "f1": 0.0}
+    by_setting = {"a": {"q0": win, "q1": win, "q2": lose, "q3": lose},
+                  "b": {"q0": lose, "q1": lose, "q2": win, "q3": win}}
+    merged, chosen = cross_fitted(by_setting, half_of)
+    assert chosen == {0: "b", 1: "a"} and all(merged[q] == lose for q in half_of)
+    # A tie on the other half goes to the first setting (no prior first in the script's order).
+    tied = {"none": {q: win for q in half_of}, "x": {q: win for q in half_of}}
+    assert cross_fitted(tied, half_of)[1] == {0: "none", 1: "none"}
