@@ -8,7 +8,11 @@ hash, and every model's own record must show it never trained on one) and scores
 - **default**: the library's prior (`lexical_prior.DEFAULT_RADIUS`, `DEFAULT_WEIGHT`), chosen on 300 of these
   questions outside E7's test articles (round 16): a mild selection on the questions scored here, stated in the table;
 - **cross-fitted**: the dev-side articles in two seeded halves; each half is read with the radius:weight that scored
-  best on the other half (`lexical_prior.RADII`, `WEIGHTS`), so no question chooses its own setting.
+  best on the other half (`lexical_prior.RADII`, `WEIGHTS`), so no question chooses its own setting;
+- **near**: answer starts allowed only among the 512 article tokens around the gold answer (e7_diagnosis's *near*,
+  no prior), as if the place were known: near minus default is what choosing among the article's places costs the
+  shipped reading, and so the most a reader that reads the answer's neighbourhood as this one does could gain by
+  ranking better (`--no-near` skips this second, shorter pass).
 Every interval is a cluster bootstrap over articles (`metrics.intervals.cluster_bootstrap_interval`) and, for
 comparison, the question bootstrap E7 reports; each model's paired difference against `--baseline`, read the same
 way, resamples articles too.
@@ -34,7 +38,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "experiments"))
 
 from e4_korquad_articles import BUCKETS, answer_buckets  # noqa: E402
-from e7_diagnosis import model_specs, trained_apart  # noqa: E402
+from e7_diagnosis import model_specs, near_features, trained_apart  # noqa: E402
 from e7_long_reading import (  # noqa: E402
     add_output_arguments,
     draw_dev_articles,
@@ -51,9 +55,22 @@ from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # no
 from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
 from longbird.lexical_prior import DEFAULT_RADIUS, DEFAULT_WEIGHT, LexicalPrior  # noqa: E402
 from longbird.metrics.intervals import bootstrap_interval, bucket_summary  # noqa: E402
-from longbird.precision import store_encoder_linears_in  # noqa: E402
+from longbird.precision import bf16_autocast, store_encoder_linears_in  # noqa: E402
+from longbird.qa import row_features, score_windows  # noqa: E402
+from longbird.tasks.qa import question_limit  # noqa: E402
 
-READINGS = ("none", "default", "cross-fitted")
+READINGS = ("none", "default", "cross-fitted", "near")
+
+
+def read_near(model, tokenizer, rows, window: int, stride: int, bf16: bool):
+    """The *near* reading's window candidates (only windows holding part of each answer's 512-token neighbourhood,
+    starts allowed only there) and each question's document."""
+    features, documents = row_features(model, tokenizer, rows, window, stride,
+                                       max_question_tokens=question_limit(model, tokenizer, window))
+    features, allowed = near_features(features, rows)
+    with bf16_autocast("cpu", bf16):
+        windows = score_windows(model, features, batch_size=8, progress=True, start_candidates=allowed)
+    return windows, documents
 
 
 def halves(titles: list[str], seed: int) -> dict[str, int]:
@@ -82,6 +99,7 @@ def main() -> None:
     parser.add_argument("--baseline", default=None, help="The --model NAME the others are paired against "
                                                         "(default: the first)")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the two halves of the dev-side articles")
+    parser.add_argument("--no-near", action="store_true", help="Skip the near reading (a second, shorter pass)")
     add_output_arguments(parser, "e7_all_dev")
     args = parser.parse_args()
     bf16 = wants_bf16(args.precision)
@@ -130,9 +148,20 @@ def main() -> None:
         results["readers"][name] = {"model": str(directory), "window": window, "stride": stride,
                                     "read_cpu_seconds": read_seconds, "chosen_by_half": chosen,
                                     "mean_f1_by_setting": {key: mean_f1(s) for key, s in by_setting.items()}}
-        for reading in READINGS:
+        if not args.no_near:
+            started = time.process_time()
+            per_reading[name]["near"] = scores_with(*read_near(model, model_tokenizer, dev, window, stride, bf16),
+                                                    dev, None)
+            results["readers"][name]["near_read_cpu_seconds"] = time.process_time() - started
+            # near minus default, paired over articles, per bucket: what ranking the places costs the shipped reading
+            cost = bucket_summary(per_reading[name]["near"], buckets, BUCKETS, per_reading[name]["default"],
+                                  article_of)
+            results["readers"][name]["ranking_cost"] = {bucket: part["f1_vs_baseline"]
+                                                        for bucket, part in cost.items()}
+        for reading in (reading for reading in READINGS if reading in per_reading[name]):
             scores = per_reading[name][reading]
-            paired = per_reading[baseline][reading] if baseline in per_reading and name != baseline else None
+            paired = (per_reading[baseline].get(reading) if baseline in per_reading and name != baseline
+                      else None)
             results["readers"][name][reading] = {
                 "summary": bucket_summary(scores, buckets, BUCKETS, paired, article_of),
                 "question_bootstrap_f1": bootstrap_interval([s["f1"] for s in scores.values()]),
@@ -158,11 +187,12 @@ def table(results: dict, default: str) -> list[str]:
         "[q] the interval resampling questions, as E7 reports; E7's 8 test articles and the other 20 apart. "
         f"Readings: none (no prior), default ({default}, chosen in round 16 on 300 of these questions outside E7's "
         "test articles), cross-fitted (each half of the articles read with the setting best on the other half). "
+        "near (starts only among the 512 article tokens around the gold answer, no prior): the place given. "
         f"Differences: paired against {results['baseline']} read the same way, resampling articles.", "",
         "| reader | reading | F1 (articles) | [q] | first 512 / beyond 512 | E7 test / other | − baseline (95 % CI) |",
         "|---|---|---:|---:|---:|---:|---:|"]
     for name, entry in results["readers"].items():
-        for reading in READINGS:
+        for reading in (reading for reading in READINGS if reading in entry):
             part = entry[reading]
             summary = part["summary"]
             low, high = part["question_bootstrap_f1"]
@@ -175,6 +205,15 @@ def table(results: dict, default: str) -> list[str]:
                          f"{cell(summary['all'])} | {low:.1f}–{high:.1f} | "
                          + " / ".join(f"{summary[b]['f1']:.1f}" for b in BUCKETS if b in summary) +
                          f" | {part['e7_test_articles_f1']:.1f} / {part['other_articles_f1']:.1f} | {difference} |")
+    costs = [(name, entry["ranking_cost"]) for name, entry in results["readers"].items() if "ranking_cost" in entry]
+    if costs:
+        lines += ["", "What choosing among the article's places costs each reader's default reading (near − default, "
+                  "paired, resampling articles): the most a better ranking could add to it.", "",
+                  "| reader | all | " + " | ".join(BUCKETS) + " |", "|---|---:|" + "---:|" * len(BUCKETS)]
+        for name, cost in costs:
+            lines.append(f"| {name} | " + " | ".join(
+                f"{cost[b]['difference']:+.1f} ({cost[b]['low']:+.1f} to {cost[b]['high']:+.1f})"
+                for b in ("all",) + tuple(BUCKETS) if b in cost) + " |")
     return lines
 
 

@@ -81,6 +81,23 @@ def near_candidates(features, low: int, high: int) -> list[torch.Tensor]:
                           for offset in feature.offsets]) for feature in features]
 
 
+def near_features(features, rows) -> tuple[list, list[torch.Tensor]]:
+    """The *near* reading's windows for many questions at once: of each question's windows (`features`, any order,
+    grouped by example id) those holding part of the 512 article tokens around its first gold answer, each with its
+    allowed starts (`near_candidates`); windows holding none of them are dropped. `rows` give the answers."""
+    answer_start = {row["id"]: row["answers"]["answer_start"][0] for row in rows}
+    by_question: dict[str, list] = {}
+    for feature in features:
+        by_question.setdefault(feature.example_id, []).append(feature)
+    kept, allowed = [], []
+    for example, group in by_question.items():
+        for feature, mask in zip(group, near_candidates(group, *answer_neighbourhood(group, answer_start[example]))):
+            if mask.any():
+                kept.append(feature)
+                allowed.append(mask)
+    return kept, allowed
+
+
 def trained_apart(directory: Path, held_titles: set[str]) -> None:
     """A CLI-trained model's own record (`require_trained_apart`), or for a row E7 trained through the Python API (its
     record says "in-memory dataset") the train titles E7's results file holds for that run."""
@@ -106,9 +123,7 @@ def read(model, tokenizer, rows, window: int, stride: int, near: bool, bf16: boo
             features, documents = row_features(model, tokenizer, [row], window, stride, max_question_tokens=cap)
             allowed = None
             if near:
-                allowed = near_candidates(features, *answer_neighbourhood(features, row["answers"]["answer_start"][0]))
-                keep = [i for i, mask in enumerate(allowed) if mask.any()]
-                features, allowed = [features[i] for i in keep], [allowed[i] for i in keep]
+                features, allowed = near_features(features, [row])
             windows = score_windows(model, features, batch_size=2, start_candidates=allowed)
             answers = merge_windows(windows, documents, DEFAULT_SCORING)
             predictions[row["id"]] = answers[row["id"]].text if row["id"] in answers else ""

@@ -218,3 +218,33 @@ def test_all_dev_halves_and_cross_fitting_never_let_a_question_choose_its_own_se
     # A tie on the other half goes to the first setting (no prior first in the script's order).
     tied = {"none": {q: win for q in half_of}, "x": {q: win for q in half_of}}
     assert cross_fitted(tied, half_of)[1] == {0: "none", 1: "none"}
+
+
+def test_the_near_reading_keeps_only_the_512_article_tokens_around_each_answer(korean_tokenizer):
+    from conftest import korquad1_dev_questions
+    from e7_diagnosis import NEAR_AFTER, NEAR_BEFORE, near_features
+
+    from longbird.data.features import features_for_rows
+
+    rows = korquad1_dev_questions(40)  # 10 questions over several whole articles, most past one window
+    features = features_for_rows(korean_tokenizer, rows, 512, 128, with_labels=False)
+    kept, allowed = near_features(list(reversed(features)), rows)  # grouping by question, whatever the order
+    assert len(kept) == len(allowed) and 0 < len(kept) < len(features)
+    for row in rows:
+        windows = [(f, m) for f, m in zip(kept, allowed) if f.example_id == row["id"]]
+        every = [f for f in features if f.example_id == row["id"]]
+        article_tokens = sorted({o for f in every for o in f.offsets if o is not None})
+        starts = sorted({f.offsets[i] for f, m in windows for i in m.nonzero().flatten().tolist()})
+        # the allowed starts are consecutive article tokens, NEAR_BEFORE + 1 + NEAR_AFTER of them where the article
+        # has that many on both sides, and they hold the answer's first character
+        first, last = article_tokens.index(starts[0]), article_tokens.index(starts[-1])
+        assert starts == article_tokens[first:last + 1]
+        holding = next(i for i, (_, end) in enumerate(article_tokens) if end > row["answers"]["answer_start"][0])
+        assert first == max(0, holding - NEAR_BEFORE)
+        assert last == min(len(article_tokens) - 1, holding + NEAR_AFTER)
+        # every window with an allowed start is kept, every window without one dropped; nothing outside the article
+        assert all(m.any() for _, m in windows)
+        assert all(f.offsets[i] is not None for f, m in windows for i in m.nonzero().flatten().tolist())
+        dropped = [f for f in every if all(f is not k for k, _ in windows)]
+        assert all(not any(o is not None and starts[0][0] <= o[0] and o[1] <= starts[-1][1] for o in f.offsets)
+                   for f in dropped)
