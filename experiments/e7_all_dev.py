@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "experiments"))
 
 from e4_korquad_articles import BUCKETS, answer_buckets  # noqa: E402
-from e7_diagnosis import model_specs, near_features, trained_apart  # noqa: E402
+from e7_diagnosis import model_specs, trained_apart  # noqa: E402
 from e7_long_reading import (  # noqa: E402
     add_output_arguments,
     draw_dev_articles,
@@ -55,22 +55,9 @@ from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # no
 from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
 from longbird.lexical_prior import DEFAULT_RADIUS, DEFAULT_WEIGHT, LexicalPrior  # noqa: E402
 from longbird.metrics.intervals import bootstrap_interval, bucket_summary  # noqa: E402
-from longbird.precision import bf16_autocast, store_encoder_linears_in  # noqa: E402
-from longbird.qa import row_features, score_windows  # noqa: E402
-from longbird.tasks.qa import question_limit  # noqa: E402
+from longbird.precision import store_encoder_linears_in  # noqa: E402
 
 READINGS = ("none", "default", "cross-fitted", "near")
-
-
-def read_near(model, tokenizer, rows, window: int, stride: int, bf16: bool):
-    """The *near* reading's window candidates (only windows holding part of each answer's 512-token neighbourhood,
-    starts allowed only there) and each question's document."""
-    features, documents = row_features(model, tokenizer, rows, window, stride,
-                                       max_question_tokens=question_limit(model, tokenizer, window))
-    features, allowed = near_features(features, rows)
-    with bf16_autocast("cpu", bf16):
-        windows = score_windows(model, features, batch_size=8, progress=True, start_candidates=allowed)
-    return windows, documents
 
 
 def halves(titles: list[str], seed: int) -> dict[str, int]:
@@ -150,8 +137,8 @@ def main() -> None:
                                     "mean_f1_by_setting": {key: mean_f1(s) for key, s in by_setting.items()}}
         if not args.no_near:
             started = time.process_time()
-            per_reading[name]["near"] = scores_with(*read_near(model, model_tokenizer, dev, window, stride, bf16),
-                                                    dev, None)
+            per_reading[name]["near"] = scores_with(*read_windows(model, model_tokenizer, dev, window, stride, bf16,
+                                                                  near=True), dev, None)
             results["readers"][name]["near_read_cpu_seconds"] = time.process_time() - started
             # near minus default, paired over articles, per bucket: what ranking the places costs the shipped reading
             cost = bucket_summary(per_reading[name]["near"], buckets, BUCKETS, per_reading[name]["default"],

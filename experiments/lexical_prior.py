@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 from e4_korquad_articles import BUCKETS  # noqa: E402
 from e7_conversion_probe import validation_rows  # noqa: E402
-from e7_diagnosis import model_specs, trained_apart  # noqa: E402
+from e7_diagnosis import model_specs, near_features, trained_apart  # noqa: E402
 from e7_long_reading import (  # noqa: E402
     add_output_arguments,
     draw_dev_articles,
@@ -55,12 +55,16 @@ RADII = (32, 64, 128, 256)
 WEIGHTS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0)
 
 
-def read_windows(model, tokenizer, rows, window: int, stride: int, bf16: bool):
-    """Every window's candidates for `rows` (one model pass) and each question's document."""
+def read_windows(model, tokenizer, rows, window: int, stride: int, bf16: bool, near: bool = False):
+    """Every window's candidates for `rows` (one model pass) and each question's document. `near`: only the windows
+    holding part of each answer's 512-token neighbourhood, starts allowed only there (`e7_diagnosis.near_features`)."""
     features, documents = row_features(model, tokenizer, rows, window, stride,
                                        max_question_tokens=question_limit(model, tokenizer, window))
+    allowed = None
+    if near:
+        features, allowed = near_features(features, rows)
     with bf16_autocast("cpu", bf16):
-        windows = score_windows(model, features, batch_size=8, progress=True)
+        windows = score_windows(model, features, batch_size=8, progress=True, start_candidates=allowed)
     return windows, documents
 
 
