@@ -248,3 +248,49 @@ def test_the_near_reading_keeps_only_the_512_article_tokens_around_each_answer(k
         dropped = [f for f in every if all(f is not k for k, _ in windows)]
         assert all(not any(o is not None and starts[0][0] <= o[0] and o[1] <= starts[-1][1] for o in f.offsets)
                    for f in dropped)
+
+
+def test_the_paragraph_readings_read_the_paragraph_alone_then_with_the_article_around_it(korean_tokenizer):
+    from conftest import KORQUAD, korquad1_dev_questions
+    from e7_paragraph_cuts import (
+        first_windows,
+        from_paragraph_rows,
+        in_article_windows,
+        paragraph_ranges,
+        paragraph_rows,
+    )
+
+    from longbird.data.features import features_for_rows
+    from longbird.data.korquad import read_squad_paragraphs
+
+    rows = korquad1_dev_questions(40)
+    ranges = paragraph_ranges(KORQUAD / "KorQuAD_v1.0_dev.json")
+    published = {row["id"]: row for row in read_squad_paragraphs(KORQUAD / "KorQuAD_v1.0_dev.json")[0]}
+    own = paragraph_rows(rows, ranges)
+    for row, alone in zip(rows, own):  # the range is the published paragraph; its answers stay on their text
+        assert alone["context"] == published[row["id"]]["context"]
+        assert alone["answers"] == published[row["id"]]["answers"]
+    assert any(r["answers"]["answer_start"][0] != p["answers"]["answer_start"][0] for r, p in zip(rows, own))
+
+    # paragraph-first: the windows the paragraph alone gets, the same article tokens allowed in each, the rest of
+    # each window filled with the text after the paragraph instead of padding
+    lengths = {r["id"]: len(r["context"]) for r in own}
+    alone_windows = features_for_rows(korean_tokenizer, own, 512, 128, with_labels=False)
+    first, allowed = first_windows(features_for_rows(korean_tokenizer, from_paragraph_rows(rows, ranges), 512, 128,
+                                                     with_labels=False), lengths)
+    for row in rows:
+        expected = [[o for o in f.offsets if o is not None] for f in alone_windows if f.example_id == row["id"]]
+        got = [[f.offsets[i] for i in m.nonzero().flatten().tolist()] for f, m in zip(first, allowed)
+               if f.example_id == row["id"]]
+        assert got == expected
+    assert any(len([o for o in f.offsets if o is not None]) > len(m.nonzero()) for f, m in zip(first, allowed))
+
+    # paragraph-in-article: every article window holding part of the paragraph, only the paragraph's tokens allowed
+    features = features_for_rows(korean_tokenizer, rows, 512, 128, with_labels=False)
+    kept, allowed = in_article_windows(features, ranges)
+    for feature in features:
+        low, high = ranges[feature.example_id]
+        inside = [o is not None and low <= o[0] and o[1] <= high for o in feature.offsets]
+        matches = [m for f, m in zip(kept, allowed) if f is feature]
+        assert (matches[0].tolist() == inside) if any(inside) else not matches
+    assert 0 < len(kept) < len(features)
