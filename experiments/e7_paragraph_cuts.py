@@ -63,16 +63,22 @@ DATA = ROOT / "data" / "korquad" / "KorQuAD_v1.0_dev.json"
 
 def paragraph_ranges(path: Path, separator: str = WHOLE_ARTICLE_SEPARATOR) -> dict[str, tuple[int, int]]:
     """{question id: [start, end)} of its paragraph in the whole-article context, with `join_article`'s offsets."""
-    ranges = {}
+    return {question: span for spans in article_paragraphs(path, separator).values() for span, ids in spans
+            for question in ids}
+
+
+def article_paragraphs(path: Path, separator: str = WHOLE_ARTICLE_SEPARATOR) -> dict[str, list]:
+    """{title: [([start, end), its question ids]] for every paragraph in order}, with `join_article`'s offsets."""
+    articles = {}
     for article in read_json_file(path, "dataset file")["data"]:
-        offset = 0
+        offset, spans = 0, []
         for index, paragraph in enumerate(article["paragraphs"]):
             if index:
                 offset += len(separator)
-            for qa in paragraph["qas"]:
-                ranges[str(qa["id"])] = (offset, offset + len(paragraph["context"]))
+            spans.append(((offset, offset + len(paragraph["context"])), [str(qa["id"]) for qa in paragraph["qas"]]))
             offset += len(paragraph["context"])
-    return ranges
+        articles[article["title"]] = spans
+    return articles
 
 
 def inside(features, low: int, high: int) -> list[torch.Tensor]:
@@ -143,6 +149,21 @@ def read_restricted(model, tokenizer, rows, window: int, stride: int, bf16: bool
     return windows, documents, len(features)
 
 
+def sliding_readings(model, tokenizer, rows, whole_from: Path, window: int, stride: int, bf16: bool):
+    """({"near": this run's near reading, "none" and "default": `whole_from`'s whole sliding readings}, the check).
+    The near reading is the shortest of e7_all_dev.py's passes; the file's readings are used only if this run reads
+    *near* as that run did, question by question (at most 1 % of the questions apart): the same model and code."""
+    near = scores_with(*read_windows(model, tokenizer, rows, window, stride, bf16, near=True), rows, None)
+    readers = json.loads(Path(whole_from).read_text())["readers"]
+    earlier = (readers.get("paragraph-reader") or next(iter(readers.values())))
+    different = sum(abs(near[i]["f1"] - earlier["near"]["per_question"][i]["f1"]) > 1e-9 for i in near)
+    if different > len(rows) // 100:
+        raise SystemExit(f"{whole_from}: its near reading differs from this run's on {different} of {len(rows)} "
+                         "questions, so it is not the same model; read it again with e7_all_dev.py")
+    return ({"near": near, "none": earlier["none"]["per_question"], "default": earlier["default"]["per_question"]},
+            {"questions": len(rows), "different": different})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reader", type=Path, required=True, help="The paragraph reader (make qa-model)")
@@ -166,8 +187,6 @@ def main() -> None:
                    for s, t in zip(row["answers"]["answer_start"], row["answers"]["text"])), row["id"]
     buckets = answer_buckets(dev, tokenizer)
     article_of = {row["id"]: row["title"] for row in dev}
-    whole = json.loads(args.whole_from.read_text())["readers"]
-    whole = whole.get("paragraph-reader") or next(iter(whole.values()))
     results = {"command": "python " + shlex.join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "machine": machine(),
                "bf16": bf16, "held_out": held_out_record(split["train"], split["dev"]), "questions": len(dev),
                "articles": len(set(article_of.values())), "window": window, "stride": stride,
@@ -175,17 +194,9 @@ def main() -> None:
                "whole_from": Path(args.whole_from).resolve().relative_to(ROOT).as_posix(),
                "readings": {}, "windows": {}, "cpu_seconds": {}}
     scores = {}
-    started = time.process_time()
-    scores["near"] = scores_with(*read_windows(model, tokenizer, dev, window, stride, bf16, near=True), dev, None)
-    results["cpu_seconds"]["near"] = time.process_time() - started
-    # First (the shortest pass): the whole-article readings come from --whole-from only if this run reads *near* as
-    # that run did, question by question: the same model and code, so its whole readings pair with these.
-    earlier = whole["near"]["per_question"]
-    disagree = [i for i in scores["near"] if abs(scores["near"][i]["f1"] - earlier[i]["f1"]) > 1e-9]
-    results["near_reproduced"] = {"questions": len(dev), "different": len(disagree)}
-    if len(disagree) > len(dev) // 100:
-        raise SystemExit(f"{args.whole_from}: its near reading differs from this run's on {len(disagree)} of "
-                         f"{len(dev)} questions; it is not the same model. Read it again with e7_all_dev.py")
+    sliding, results["near_reproduced"] = sliding_readings(model, tokenizer, dev, args.whole_from, window, stride,
+                                                           bf16)
+    scores = {"near": sliding["near"]}
     own = paragraph_rows(dev, ranges)
     passes = {
         "paragraph": (own, lambda features: (features, None)),
@@ -200,8 +211,7 @@ def main() -> None:
         results["windows"][reading] = count
         scores[reading] = scores_with(windows, documents, reading_rows, None)
         print(reading, round(sum(s["f1"] for s in scores[reading].values()) / len(dev), 2), flush=True)
-    scores["whole"] = whole["none"]["per_question"]
-    shipped = whole["default"]["per_question"]
+    scores["whole"], shipped = sliding["none"], sliding["default"]
     previous = None
     for reading in READINGS:
         results["readings"][reading] = {

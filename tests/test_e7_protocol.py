@@ -294,3 +294,39 @@ def test_the_paragraph_readings_read_the_paragraph_alone_then_with_the_article_a
         matches = [m for f, m in zip(kept, allowed) if f is feature]
         assert (matches[0].tolist() == inside) if any(inside) else not matches
     assert 0 < len(kept) < len(features)
+
+
+def test_paragraph_windows_start_at_paragraphs_and_score_every_article_token(korean_tokenizer):
+    from conftest import KORQUAD, korquad1_dev_questions
+    from e7_paragraph_cuts import article_paragraphs
+    from e7_paragraph_windows import paragraph_windows
+
+    from longbird.data.features import features_for_rows
+
+    rows = korquad1_dev_questions(100)[:3]
+    paragraphs = {title: [span for span, _ in spans]
+                  for title, spans in article_paragraphs(KORQUAD / "KorQuAD_v1.0_dev.json").items()}
+    windows, allowed = paragraph_windows(
+        lambda parts, stride: features_for_rows(korean_tokenizer, parts, 512, stride, with_labels=False),
+        rows, paragraphs, 128)
+    sliding = features_for_rows(korean_tokenizer, rows, 512, 128, with_labels=False)
+    for row in rows:
+        article = row["context"]
+        assert "\n\n".join(article[low:high] for low, high in paragraphs[row["title"]]) == article
+        mine = [(f, m) for f, m in zip(windows, allowed) if f.example_id == row["id"]]
+        starts = {low for low, _ in paragraphs[row["title"]]}
+        # every window opens on its paragraph's first token (or continues a paragraph longer than a window) ...
+        firsts = [next(o for o in f.offsets if o is not None)[0] for f, _ in mine]
+        assert starts <= set(firsts) and len(firsts) >= len(starts)
+        # ... its offsets point into the whole article at the same tokens (by their last character: a paragraph's
+        # first token does not own the separator before it, as it does in the article's own windows) ...
+        ends = {o[1] for f, _ in mine for o in f.offsets if o is not None}
+        article_ends = {o[1] for f in sliding if f.example_id == row["id"] for o in f.offsets if o is not None}
+        assert ends == article_ends
+        # ... and the allowed starts cover every article token, each inside the window's own paragraph
+        allowed_ends = [f.offsets[i][1] for f, m in mine for i in m.nonzero().flatten().tolist()]
+        assert set(allowed_ends) == article_ends
+        for f, m in mine:
+            first = next(o for o in f.offsets if o is not None)[0]
+            low, high = max((p for p in paragraphs[row["title"]] if p[0] <= first), key=lambda p: p[0])
+            assert all(low <= f.offsets[i][0] and f.offsets[i][1] <= high for i in m.nonzero().flatten().tolist())
