@@ -1,0 +1,240 @@
+"""The whole article in one pass with its paragraphs as the attention's blocks (E7 round 20, zero-shot probe).
+
+Rounds 10 and 19 located what the long layout costs: the source's absolute positions stop at 512, so a token read
+past them sits among positions the paragraph reader never saw together (round 10: 6 F1 near the answer before any
+training), and sliding windows that cut a paragraph cost 2.1 F1 against windows that start at it (round 19). This
+probe reads every dev-side article in **one sequence** laid out by its paragraphs:
+
+    [CLS] question [SEP] [SEP] | null_1 p_1 [SEP] | null_2 p_2 [SEP] | ...
+
+Each paragraph (a paragraph longer than a window in the windows its own tokens would get) is a *segment*: its
+tokens take the positions they take in the paragraph reader's window (`[CLS]` 0, the question, then the paragraph
+from the first document position on), its null is a copy of `[CLS]` at position 0, and it attends to the question
+and to itself only. So no token ever sees a position pair the source did not, and no paragraph is cut. The spans of
+all segments are ranked in one pass, null-relative to their own segment's null (the regional nulls of round 4),
+without and with the library's lexical prior.
+
+Variants (`--variants`), how the question is read:
+- `replicated`: every segment carries its own copy of `[CLS] question [SEP] [SEP]` (no shared part): the paragraph
+  reader on each paragraph, batched as one sequence; the reference the shared variants are measured against.
+- `question-alone`: one shared question, whose queries read the question only.
+- `question-global`: one shared question, whose queries read the whole article (BigBird ITC's global tokens).
+
+Attention runs through SDPA with the layout's dense boolean mask (a probe: the cost is quadratic in the article).
+The sliding-window readings of the same model on the same questions are read again here (`--sliding`) unless
+`--no-sliding`.
+
+Usage: python experiments/e7_paragraph_layout.py --reader qa-model/kobigbird-e5-korquad [--max-articles N]
+Writes experiments/results/NAME.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import shlex
+import sys
+import time
+from pathlib import Path
+from unittest import mock
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "experiments"))
+
+from e4_korquad_articles import BUCKETS, answer_buckets  # noqa: E402
+from e7_diagnosis import trained_apart  # noqa: E402
+from e7_long_reading import add_output_arguments, held_out_record, machine, provenance, wants_bf16, write_tables  # noqa: E402
+from e7_paragraph_cuts import DATA, article_paragraphs  # noqa: E402
+from lexical_prior import mean_f1, read_windows, scores_with  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
+
+from longbird import layers  # noqa: E402
+from longbird.checkpoints import load_task_model  # noqa: E402
+from longbird.data.features import QAFeature, make_features, plain_document  # noqa: E402
+from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # noqa: E402
+from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
+from longbird.lexical_prior import DEFAULT_RADIUS, DEFAULT_WEIGHT, LexicalPrior  # noqa: E402
+from longbird.metrics.intervals import bucket_summary  # noqa: E402
+from longbird.precision import bf16_autocast, store_encoder_linears_in  # noqa: E402
+from longbird.qa import decode_outputs, run_windows  # noqa: E402
+from longbird.tasks.qa import question_limit  # noqa: E402
+
+VARIANTS = ("replicated", "question-alone", "question-global")
+SHARED = -1  # the group of the shared question
+
+
+@dataclasses.dataclass
+class Layout:
+    feature: QAFeature  # input ids, offsets into the whole article, position ids, region nulls
+    groups: list[int]  # per token: its segment, or SHARED for the shared question
+
+
+def paragraph_layout(tokenizer, question_id: str, question: str, article: str, paragraphs: list[tuple[int, int]],
+                     variant: str, window: int, stride: int, max_question_tokens: int) -> Layout:
+    """One sequence for a question over its whole article (module docstring)."""
+    ids, offsets, positions, nulls, groups = [], [], [], [], []
+    for low, high in paragraphs:
+        for piece in make_features(tokenizer, question_id, question, plain_document(article[low:high]), window,
+                                   stride, max_question_tokens=max_question_tokens):
+            first = next(i for i, o in enumerate(piece.offsets) if o is not None)  # first document token
+            segment = len({g for g in groups if g != SHARED})
+            shifted = [None if o is None else (o[0] + low, o[1] + low) for o in piece.offsets]
+            if variant == "replicated":
+                null = len(ids)
+                keep = range(len(piece.input_ids))
+            else:
+                if not ids:  # the shared question: [CLS] question [SEP] [SEP], its own null is the [CLS]
+                    ids += piece.input_ids[:first]
+                    offsets += [None] * first
+                    positions += list(range(first))
+                    nulls += [0] * first
+                    groups += [SHARED] * first
+                null = len(ids)
+                ids.append(piece.input_ids[0])  # the segment's null: a copy of [CLS] at position 0
+                offsets.append(None)
+                positions.append(0)
+                nulls.append(null)
+                groups.append(segment)
+                keep = range(first, len(piece.input_ids))
+            for i in keep:
+                ids.append(piece.input_ids[i])
+                offsets.append(shifted[i])
+                positions.append(i)
+                nulls.append(null)
+                groups.append(segment)
+    feature = QAFeature(question_id, ids, None, offsets, position_ids=positions, region_nulls=nulls)
+    return Layout(feature, groups)
+
+
+def attention_mask(groups: list[int], variant: str) -> torch.Tensor:
+    """(1, 1, l, l) bool, True where query i reads key j: its own segment and the shared question; the shared
+    question's queries read the question only, or everything (`question-global`)."""
+    g = torch.tensor(groups)
+    shared = g == SHARED
+    mask = (g[:, None] == g[None, :]) | shared[None, :]
+    if variant == "question-global":
+        mask |= shared[:, None]
+    return mask[None, None]
+
+
+@contextlib.contextmanager
+def masked(model, mask: torch.Tensor):
+    """Inside: every layer of `model` attends through `mask` (full attention for every row, the mask deciding what
+    reads what; the sequence may be longer than the model's table of positions, since its positions stay below the
+    source's 512)."""
+
+    def attend(self, query, key, value, *rest):
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask.to(query.device))
+
+    config = model.config
+    saved = config.full_attention_max_length, config.max_position_embeddings
+    config.full_attention_max_length = config.max_position_embeddings = 10 ** 9
+    try:
+        with mock.patch.object(layers.LongBirdSelfAttention, "_attend", attend):
+            yield
+    finally:
+        config.full_attention_max_length, config.max_position_embeddings = saved
+
+
+def read_layouts(model, tokenizer, rows, paragraphs, variant: str, window: int, stride: int, bf16: bool):
+    """Every question's one-sequence reading: its decoded candidates."""
+    cap = question_limit(model, tokenizer, window)
+    top_k = model.config.qa_top_k
+    windows = []
+    for row in tqdm(rows, desc=variant, unit="question"):
+        layout = paragraph_layout(tokenizer, row["id"], row["question"], row["context"], paragraphs[row["title"]],
+                                  variant, window, stride, cap)
+        with masked(model, attention_mask(layout.groups, variant)), bf16_autocast("cpu", bf16):
+            outputs = run_windows(model, [layout.feature], top_k)[0]
+        windows.append(decode_outputs(model, layout.feature, outputs, top_k))
+    return windows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reader", type=Path, required=True, help="The paragraph reader (make qa-model)")
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    parser.add_argument("--max-articles", type=int, default=None, help="Only the first N dev-side articles")
+    parser.add_argument("--no-sliding", action="store_true", help="Do not read sliding 512-token windows too")
+    add_output_arguments(parser, "e7_paragraph_layout")
+    args = parser.parse_args()
+    bf16 = wants_bf16(args.precision)
+    window, stride = 512, 128
+    rows, _ = read_korquad_v1_articles(DATA)
+    split = split_by_title(rows)
+    dev = list(split["dev"])
+    titles = sorted({row["title"] for row in dev})[:args.max_articles]
+    dev = [row for row in dev if row["title"] in titles]
+    model, tokenizer = load_task_model(args.reader, LongBirdForQuestionAnswering)
+    trained_apart(args.reader, {row["title"] for row in dev})
+    if bf16:
+        store_encoder_linears_in(model)
+    buckets = answer_buckets(dev, tokenizer)
+    article_of = {row["id"]: row["title"] for row in dev}
+    paragraphs = {title: [span for span, _ in spans] for title, spans in article_paragraphs(DATA).items()
+                  if title in titles}
+    special = frozenset(tokenizer.all_special_ids)
+    prior = LexicalPrior(DEFAULT_WEIGHT, DEFAULT_RADIUS, special)
+    scores, cpu, lengths = {}, {}, {}
+    if not args.no_sliding:
+        started = time.process_time()
+        windows, documents = read_windows(model, tokenizer, dev, window, stride, bf16)
+        cpu["sliding"] = time.process_time() - started
+        scores["sliding"] = {"none": scores_with(windows, documents, dev, None),
+                             "default": scores_with(windows, documents, dev, prior)}
+    documents = {row["id"]: plain_document(row["context"]) for row in dev}
+    for variant in args.variants:
+        started = time.process_time()
+        windows = read_layouts(model, tokenizer, dev, paragraphs, variant, window, stride, bf16)
+        cpu[variant] = time.process_time() - started
+        lengths[variant] = sorted(len(w.feature.input_ids) for w in windows)
+        scores[variant] = {"none": scores_with(windows, documents, dev, None),
+                           "default": scores_with(windows, documents, dev, prior)}
+        print(variant, {r: round(mean_f1(s), 2) for r, s in scores[variant].items()}, flush=True)
+    baseline = scores.get("sliding")
+    results = {"command": "python " + shlex.join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "machine": machine(),
+               "bf16": bf16, "held_out": held_out_record(split["train"], split["dev"]), "questions": len(dev),
+               "articles": len(titles), "window": window, "stride": stride,
+               "bucket_sizes": {b: list(buckets.values()).count(b) for b in BUCKETS}, "cpu_seconds": cpu,
+               "sequence_tokens": {v: {"median": x[len(x) // 2], "max": x[-1]} for v, x in lengths.items()},
+               "readings": {}}
+    for name, by_prior in scores.items():
+        results["readings"][name] = {
+            reading: {**bucket_summary(s, buckets, BUCKETS, None if baseline is None or name == "sliding"
+                                       else baseline[reading], article_of), "per_question": s}
+            for reading, s in by_prior.items()}
+    write_tables(args.out, args.name, results, table(results))
+
+
+def cell(summary: dict) -> str:
+    return f"{summary['f1']:.1f} ({summary['f1_interval'][0]:.1f}–{summary['f1_interval'][1]:.1f})"
+
+
+def table(results: dict) -> list[str]:
+    sizes = results["bucket_sizes"]
+    lines = provenance(results) + [
+        f"{results['questions']} dev-side questions of {results['articles']} articles "
+        f"({', '.join(f'{b}: {n}' for b, n in sizes.items())}), the paragraph reader "
+        f"({'bf16 autocast' if results['bf16'] else 'fp32'}). Intervals and paired differences resample **articles**;"
+        " the paired difference is against sliding 512-token windows (stride 128) with the same prior.", "",
+        "| reading | prior | F1 | first 512 / beyond 512 | − sliding (95 % CI) | CPU min |",
+        "|---|---|---:|---:|---:|---:|"]
+    for name, by_prior in results["readings"].items():
+        for reading, summary in by_prior.items():
+            paired = summary["all"].get("f1_vs_baseline")
+            lines.append(
+                f"| {name} | {reading} | {cell(summary['all'])} | "
+                + " / ".join(f"{summary[b]['f1']:.1f}" for b in BUCKETS if b in summary)
+                + (f" | {paired['difference']:+.1f} ({paired['low']:+.1f} to {paired['high']:+.1f})" if paired
+                   else " | ")
+                + f" | {results['cpu_seconds'][name] / 60:.1f} |")
+    return lines
+
+
+if __name__ == "__main__":
+    main()
