@@ -20,7 +20,9 @@ Variants (`--variants`), how the question is read:
 - `question-alone`: one shared question, whose queries read the question only.
 - `question-global`: one shared question, whose queries read the whole article (BigBird ITC's global tokens).
 
-Attention runs through SDPA with the layout's dense boolean mask (a probe: the cost is quadratic in the article).
+Attention runs through SDPA per segment (`SegmentPlan`: a segment's queries over the question's keys and its own),
+so a question costs about what its article's windows cost; `attention_mask` is the same rule as a dense mask (the
+tests' reference).
 The sliding-window readings of the same model on the same questions are read again here (`--sliding`) unless
 `--no-sliding`.
 
@@ -122,14 +124,61 @@ def attention_mask(groups: list[int], variant: str) -> torch.Tensor:
     return mask[None, None]
 
 
+@dataclasses.dataclass
+class SegmentPlan:
+    """The layout's attention as index tables, so that it costs what its segments cost rather than l²: each segment's
+    queries over the shared question's keys and its own (one padded row per segment), the shared question's queries
+    over the question or over every token."""
+
+    shared: torch.Tensor  # (Q,) the shared question's tokens
+    members: torch.Tensor  # (S, M) each segment's tokens, padded with 0
+    real: torch.Tensor  # (S, M) bool, False on that padding
+    question_global: bool
+
+    @classmethod
+    def of(cls, groups: list[int], variant: str) -> SegmentPlan:
+        g = torch.tensor(groups)
+        segments = [torch.nonzero(g == s).flatten() for s in sorted(set(groups) - {SHARED})]
+        width = max(len(m) for m in segments)
+        members = torch.zeros(len(segments), width, dtype=torch.long)
+        real = torch.zeros(len(segments), width, dtype=torch.bool)
+        for row, m in enumerate(segments):
+            members[row, :len(m)], real[row, :len(m)] = m, True
+        return cls(torch.nonzero(g == SHARED).flatten(), members, real, variant == "question-global")
+
+    def attend(self, query, key, value):
+        """(1, H, l, d) each -> (1, H, l, d): what SDPA under `attention_mask(groups, variant)` computes."""
+        heads, length, width = query.shape[1], query.shape[2], value.shape[-1]
+        q, k, v = query[0], key[0], value[0]  # (H, l, d)
+        out = q.new_empty(heads, length, width)
+        segments, members = self.members.shape
+        flat = self.members.flatten()
+
+        def rows(x):  # (H, l, d) -> (S, H, M, d)
+            return x[:, flat].view(heads, segments, members, -1).transpose(0, 1)
+
+        shared_keys, shared_values = k[:, self.shared], v[:, self.shared]
+        keys = torch.cat([shared_keys.expand(segments, -1, -1, -1), rows(k)], dim=2)
+        values = torch.cat([shared_values.expand(segments, -1, -1, -1), rows(v)], dim=2)
+        reads = torch.cat([torch.ones(segments, len(self.shared), dtype=torch.bool), self.real], dim=1)
+        context = F.scaled_dot_product_attention(rows(q), keys, values, attn_mask=reads[:, None, None, :])
+        kept = self.real.flatten()
+        out[:, flat[kept]] = context.transpose(0, 1).reshape(heads, segments * members, width)[:, kept]
+        if len(self.shared):
+            over = (k, v) if self.question_global else (shared_keys, shared_values)
+            out[:, self.shared] = F.scaled_dot_product_attention(q[:, self.shared][None], over[0][None],
+                                                                 over[1][None])[0]
+        return out[None]
+
+
 @contextlib.contextmanager
-def masked(model, mask: torch.Tensor):
-    """Inside: every layer of `model` attends through `mask` (full attention for every row, the mask deciding what
+def masked(model, plan: SegmentPlan):
+    """Inside: every layer of `model` attends as `plan` says (full attention for every row, the plan deciding what
     reads what; the sequence may be longer than the model's table of positions, since its positions stay below the
     source's 512)."""
 
     def attend(self, query, key, value, *rest):
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask.to(query.device))
+        return plan.attend(query, key, value)
 
     config = model.config
     saved = config.full_attention_max_length, config.max_position_embeddings
@@ -149,7 +198,7 @@ def read_layouts(model, tokenizer, rows, paragraphs, variant: str, window: int, 
     for row in tqdm(rows, desc=variant, unit="question"):
         layout = paragraph_layout(tokenizer, row["id"], row["question"], row["context"], paragraphs[row["title"]],
                                   variant, window, stride, cap)
-        with masked(model, attention_mask(layout.groups, variant)), bf16_autocast("cpu", bf16):
+        with masked(model, SegmentPlan.of(layout.groups, variant)), bf16_autocast("cpu", bf16):
             outputs = run_windows(model, [layout.feature], top_k)[0]
         windows.append(decode_outputs(model, layout.feature, outputs, top_k))
     return windows

@@ -12,11 +12,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 
-import longbird  # noqa: E402
 from conftest import BLOCK, KORQUAD, korquad1_dev_questions, make_source  # noqa: E402
 from e7_paragraph_cuts import article_paragraphs  # noqa: E402
-from e7_paragraph_layout import SHARED, VARIANTS, attention_mask, masked, paragraph_layout  # noqa: E402
+from e7_paragraph_layout import SHARED, VARIANTS, SegmentPlan, attention_mask, masked, paragraph_layout  # noqa: E402
 
+import longbird  # noqa: E402
 from longbird.data.features import features_for_rows  # noqa: E402
 
 
@@ -70,6 +70,17 @@ def test_the_mask_reads_the_own_segment_and_the_question():
                        torch.tensor([[1, 1, 0], [1, 1, 0], [0, 0, 1]]).bool())
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_segment_plan_computes_what_the_dense_mask_says(variant):
+    """Per segment over its keys against one SDPA under the l x l mask: the same sums in another layout (1e-6)."""
+    groups = ([SHARED] * 5 if variant != "replicated" else []) + [0] * 7 + [1] * 3 + [2] * 12 + [3]
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(1, 4, len(groups), 8, generator=generator) for _ in range(3))
+    dense = torch.nn.functional.scaled_dot_product_attention(query, key, value,
+                                                             attn_mask=attention_mask(groups, variant))
+    torch.testing.assert_close(SegmentPlan.of(groups, variant).attend(query, key, value), dense, atol=1e-6, rtol=1e-5)
+
+
 def _qa_model():
     base = longbird.convert(make_source("bert"), max_length=128, block_size=BLOCK)
     model = longbird.LongBirdForQuestionAnswering(base.config)
@@ -88,7 +99,7 @@ def test_a_segment_reads_as_its_window_alone_and_the_question_as_the_mask_says()
     ids = torch.cat(windows)[None]
     positions = torch.cat([torch.arange(len(w)) for w in windows])[None]
     groups = [g for g, w in enumerate(windows) for _ in w]
-    with torch.no_grad(), masked(model, attention_mask(groups, "replicated")):
+    with torch.no_grad(), masked(model, SegmentPlan.of(groups, "replicated")):
         together = model(input_ids=ids, position_ids=positions).start_logits[0]
     with torch.no_grad():
         alone = torch.cat([model(input_ids=w[None]).start_logits[0] for w in windows])
@@ -100,9 +111,9 @@ def test_a_segment_reads_as_its_window_alone_and_the_question_as_the_mask_says()
     positions = torch.cat([torch.arange(6), torch.arange(6, 6 + len(segment))])[None]
     groups = [SHARED] * 6 + [0] * len(segment)
     with torch.no_grad():
-        with masked(model.longbird, attention_mask(groups, "question-alone")):
+        with masked(model.longbird, SegmentPlan.of(groups, "question-alone")):
             shared = model.longbird(input_ids=ids, position_ids=positions).last_hidden_state[0]
-        with masked(model.longbird, attention_mask(groups, "question-global")):
+        with masked(model.longbird, SegmentPlan.of(groups, "question-global")):
             global_ = model.longbird(input_ids=ids, position_ids=positions).last_hidden_state[0]
         question_alone = model.longbird(input_ids=question[None]).last_hidden_state[0]
         dense = model.longbird(input_ids=ids, position_ids=positions).last_hidden_state[0]
