@@ -57,7 +57,7 @@ from tqdm.auto import tqdm  # noqa: E402
 
 from longbird import layers  # noqa: E402
 from longbird.checkpoints import load_task_model  # noqa: E402
-from longbird.data.features import QAFeature, make_features, plain_document  # noqa: E402
+from longbird.data.features import QAFeature, label_window, make_features, plain_document  # noqa: E402
 from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # noqa: E402
 from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
 from longbird.lexical_prior import DEFAULT_RADIUS, DEFAULT_WEIGHT, LexicalPrior  # noqa: E402
@@ -77,9 +77,13 @@ class Layout:
 
 
 def paragraph_layout(tokenizer, question_id: str, question: str, article: str, paragraphs: list[tuple[int, int]],
-                     variant: str, window: int, stride: int, max_question_tokens: int) -> Layout:
-    """One sequence for a question over its whole article (module docstring)."""
+                     variant: str, window: int, stride: int, max_question_tokens: int,
+                     answer: tuple[int, int] | None = None) -> Layout:
+    """One sequence for a question over its whole article (module docstring). `answer`: the gold (start, end)
+    characters in the article; the first segment that holds all of it is labelled (`feature.start_position` and
+    `end_position`, 0 when none does)."""
     ids, offsets, positions, nulls, groups = [], [], [], [], []
+    label = (0, 0)
     for low, high in paragraphs:
         for piece in make_features(tokenizer, question_id, question, plain_document(article[low:high]), window,
                                    stride, max_question_tokens=max_question_tokens):
@@ -103,13 +107,18 @@ def paragraph_layout(tokenizer, question_id: str, question: str, article: str, p
                 nulls.append(null)
                 groups.append(segment)
                 keep = range(first, len(piece.input_ids))
+            if answer is not None and label == (0, 0):
+                start, end = label_window(shifted, answer)
+                if start:  # index in the layout: the kept tokens follow the null (or the copy's own start)
+                    moved = len(ids) - keep.start
+                    label = (start + moved, end + moved)
             for i in keep:
                 ids.append(piece.input_ids[i])
                 offsets.append(shifted[i])
                 positions.append(i)
                 nulls.append(null)
                 groups.append(segment)
-    feature = QAFeature(question_id, ids, None, offsets, position_ids=positions, region_nulls=nulls)
+    feature = QAFeature(question_id, ids, None, offsets, *label, position_ids=positions, region_nulls=nulls)
     return Layout(feature, groups)
 
 

@@ -3,6 +3,7 @@ article, each paragraph a segment at the positions the paragraph reader gives it
 
 from __future__ import annotations
 
+import random
 import sys
 from pathlib import Path
 
@@ -27,9 +28,16 @@ def test_every_article_token_sits_at_its_paragraph_window_position(korean_tokeni
                   for title, spans in article_paragraphs(KORQUAD / "KorQuAD_v1.0_dev.json").items()}
     for row in rows:
         spans = paragraphs[row["title"]]
+        begin = row["answers"]["answer_start"][0]
+        answer = (begin, begin + len(row["answers"]["text"][0]))
         layout = paragraph_layout(korean_tokenizer, row["id"], row["question"], row["context"], spans, variant,
-                                  512, 128, 63)
+                                  512, 128, 63, answer)
         feature, groups = layout.feature, layout.groups
+        # the label points at the answer's first and last tokens, in one segment
+        start, end = feature.start_position, feature.end_position
+        assert 0 < start <= end and groups[start] == groups[end] != SHARED
+        assert feature.offsets[start][0] <= answer[0] < feature.offsets[start][1]
+        assert feature.offsets[end][0] < answer[1] <= feature.offsets[end][1]
         # every token of the article is in the layout (by its last character, as in the article's own windows)
         ends = {o[1] for o in feature.offsets if o is not None}
         sliding = features_for_rows(korean_tokenizer, [row], 512, 128, with_labels=False)
@@ -120,3 +128,45 @@ def test_a_segment_reads_as_its_window_alone_and_the_question_as_the_mask_says()
     torch.testing.assert_close(shared[:6], question_alone, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(global_, dense, atol=1e-6, rtol=1e-5)  # one segment: global reading is dense
     assert not torch.allclose(shared[:6], dense[:6], atol=1e-3)  # read alone, the question does not read the segment
+
+
+def test_training_segments_keep_the_answers_paragraph_in_article_order():
+    from e7_paragraph_training import chosen_segments
+
+    spans = [(0, 10), (12, 30), (32, 40), (42, 60), (62, 70)]
+    for seed in range(5):
+        chosen = chosen_segments(spans, (35, 38), 3, random.Random(seed))
+        assert len(chosen) == 3 and (32, 40) in chosen and chosen == sorted(chosen)
+    assert chosen_segments(spans, (35, 38), 0, random.Random(0)) == spans
+    assert chosen_segments(spans, (35, 38), 9, random.Random(0)) == spans
+
+
+def test_the_layout_loss_reaches_every_weight_and_falls_when_trained():
+    """A hand-made question-global layout (a shared question, two segments, the answer in the second): the loss is
+    finite, its gradient reaches the QA heads and the attention of the first layer, and 30 Adam steps lower it."""
+    from e7_paragraph_layout import Layout
+    from e7_paragraph_training import layout_loss
+
+    from longbird.data.features import QAFeature
+
+    torch.manual_seed(0)
+    model = _qa_model().train()
+    ids = [5, 10, 11, 2] + [5, 20, 21, 22, 23, 24, 25] + [5, 30, 31, 32, 33, 34]
+    positions = [0, 1, 2, 3] + [0, 4, 5, 6, 7, 8, 9] + [0, 4, 5, 6, 7, 8]
+    nulls = [0] * 4 + [4] * 7 + [11] * 6
+    groups = [SHARED] * 4 + [0] * 7 + [1] * 6
+    offsets = [None] * 4 + [None] + [(i, i + 1) for i in range(6)] + [None] + [(i, i + 1) for i in range(10, 15)]
+    layout = Layout(QAFeature("q", ids, None, offsets, 13, 14, position_ids=positions, region_nulls=nulls), groups)
+    loss = layout_loss(model, layout, "question-global", 0.5)
+    assert torch.isfinite(loss)
+    loss.backward()
+    for name in ("qa_start.weight", "qa_end.dense.weight", "longbird.encoder.layer.0.attention.self.query.weight"):
+        assert model.get_parameter(name).grad.abs().sum() > 0, name
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    first = float(loss.detach())
+    for _ in range(30):
+        optimizer.zero_grad()
+        loss = layout_loss(model, layout, "question-global", 0.5)
+        loss.backward()
+        optimizer.step()
+    assert float(loss.detach()) < first / 2

@@ -1,0 +1,151 @@
+"""Train the paragraph layout (E7 round 20, `e7_paragraph_layout.py`) on training-side articles for a CPU budget.
+
+The reader starts from the paragraph reader and sees each training question over its article laid out by paragraphs
+(`--variant`, default `question-global`: the question read once, global, each paragraph a segment at the paragraph
+reader's positions). The loss is what decoding ranks by, as in rounds 4 and 10: the start loss per segment (each
+segment's softmax over its null and its tokens; the answer's segment targets the gold start, every other its null:
+`heads.regional_start_loss`), `--ranking-weight` of it replaced by the cross-segment ranking term
+(`heads.cross_region_ranking_loss`: one softmax over every token's null-relative score), and the end loss given the
+gold start (the conditional head, teacher-forced). `--segments K` trains on the answer's segment and K − 1 others of
+its article drawn at random (seeded) in article order, instead of the whole article (0): K segments cost what K
+windows cost, so a budget buys more questions. Constant learning rate, AdamW, word embeddings frozen (the
+`finetune-qa` defaults E7's rows use), bf16 autocast where native, for `--cpu-minutes` of process CPU time (all
+threads). Questions whose answer no segment holds whole are skipped.
+
+The model is saved with a `longbird_finetune.json` that records the data, the split and the budget, so the reading
+script's held-out check (`require_trained_apart`) reads it like any other row.
+
+Usage: python experiments/e7_paragraph_training.py --reader qa-model/kobigbird-e5-korquad --cpu-minutes 30 \\
+           --out experiments/runs/e7_round20/paragraph-global
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "experiments"))
+
+from e7_long_reading import machine, wants_bf16  # noqa: E402
+from e7_paragraph_cuts import DATA, article_paragraphs  # noqa: E402
+from e7_paragraph_layout import VARIANTS, SegmentPlan, masked, paragraph_layout  # noqa: E402
+
+from longbird.checkpoints import load_task_model  # noqa: E402
+from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # noqa: E402
+from longbird.heads import IGNORE_INDEX, LongBirdForQuestionAnswering, cross_region_ranking_loss, regional_start_loss  # noqa: E402
+from longbird.precision import bf16_autocast  # noqa: E402
+from longbird.tasks.qa import question_limit  # noqa: E402
+
+
+def layout_loss(model, layout, variant: str, ranking_weight: float) -> torch.Tensor:
+    """The training loss of one labelled layout (module docstring)."""
+    feature = layout.feature
+    inputs = {"input_ids": torch.tensor([feature.input_ids]), "position_ids": torch.tensor([feature.position_ids])}
+    starts, ends = torch.tensor([feature.start_position]), torch.tensor([feature.end_position])
+    with masked(model, SegmentPlan.of(layout.groups, variant)):
+        out = model(**inputs, start_positions=starts, end_positions=ends)
+    region_nulls = torch.tensor([feature.region_nulls])
+    valid = torch.ones_like(region_nulls, dtype=torch.bool)
+    start = regional_start_loss(out.start_logits, region_nulls, valid, starts)
+    if ranking_weight:
+        start = (1 - ranking_weight) * start + ranking_weight * cross_region_ranking_loss(
+            out.start_logits, region_nulls, valid, starts)
+    end = torch.nn.functional.cross_entropy(out.end_logits.float(), ends, ignore_index=IGNORE_INDEX)
+    return (start + end) / 2
+
+
+def chosen_segments(spans: list[tuple[int, int]], answer: tuple[int, int], count: int,
+                    generator: random.Random) -> list[tuple[int, int]]:
+    """The paragraph holding the answer's start and `count` − 1 others drawn at random, in article order (all of them
+    when `count` is 0 or covers the article)."""
+    if not count or count >= len(spans):
+        return spans
+    own = next(i for i, (low, high) in enumerate(spans) if low <= answer[0] < high)
+    others = generator.sample([i for i in range(len(spans)) if i != own], count - 1)
+    return [spans[i] for i in sorted([own, *others])]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reader", type=Path, required=True, help="The paragraph reader (make qa-model)")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--variant", choices=VARIANTS, default="question-global")
+    parser.add_argument("--cpu-minutes", type=float, default=30.0)
+    parser.add_argument("--learning-rate", type=float, default=5e-5)
+    parser.add_argument("--questions-per-update", type=int, default=4)
+    parser.add_argument("--ranking-weight", type=float, default=0.5)
+    parser.add_argument("--segments", type=int, default=4, help="Segments per training question (0: the article)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
+    args = parser.parse_args()
+    bf16 = wants_bf16(args.precision)
+    window, stride = 512, 128
+    torch.manual_seed(args.seed)
+    rows, _ = read_korquad_v1_articles(DATA)
+    train = list(split_by_title(rows)["train"])
+    random.Random(args.seed).shuffle(train)
+    paragraphs = {title: [span for span, _ in spans] for title, spans in article_paragraphs(DATA).items()}
+    model, tokenizer = load_task_model(args.reader, LongBirdForQuestionAnswering)
+    model.train()
+    model.get_input_embeddings().weight.requires_grad_(False)
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(parameters, lr=args.learning_rate, weight_decay=0.01)
+    cap = question_limit(model, tokenizer, window)
+    generator = random.Random(args.seed)
+    budget, started = args.cpu_minutes * 60, time.process_time()
+    updates, questions, skipped, tokens, pending, curve, losses = 0, 0, 0, 0, 0, [], []
+    while time.process_time() - started < budget:
+        for row in train:
+            if time.process_time() - started >= budget:
+                break
+            begin = row["answers"]["answer_start"][0]
+            answer = (begin, begin + len(row["answers"]["text"][0]))
+            spans = chosen_segments(paragraphs[row["title"]], answer, args.segments, generator)
+            layout = paragraph_layout(tokenizer, row["id"], row["question"], row["context"], spans, args.variant,
+                                      window, stride, cap, answer)
+            if not layout.feature.start_position:
+                skipped += 1
+                continue
+            with bf16_autocast("cpu", bf16):
+                loss = layout_loss(model, layout, args.variant, args.ranking_weight)
+            (loss / args.questions_per_update).backward()
+            losses.append(float(loss.detach()))
+            questions += 1
+            tokens += len(layout.feature.input_ids)
+            pending += 1
+            if pending == args.questions_per_update:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                updates, pending = updates + 1, 0
+                if updates % 10 == 0:
+                    curve.append((updates, sum(losses[-40:]) / len(losses[-40:])))
+                    print(f"update {updates}: loss {curve[-1][1]:.3f}, {questions} questions, {tokens} tokens, "
+                          f"{(time.process_time() - started) / 60:.1f} CPU min", flush=True)
+    cpu = time.process_time() - started
+    model.eval()
+    args.out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(args.out)
+    tokenizer.save_pretrained(args.out)
+    record = {"task": "qa", "data": "data/korquad/KorQuAD_v1.0_dev.json", "format": "korquad1-articles",
+              "split": "train", "window_length": window, "doc_stride": stride, "started_from": str(args.reader),
+              "command": "python " + shlex.join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "machine": machine(),
+              "layout": {"variant": args.variant, "segments": args.segments, "ranking_weight": args.ranking_weight},
+              "settings": {"learning_rate": args.learning_rate, "questions_per_update": args.questions_per_update,
+                           "seed": args.seed, "bf16": bf16},
+              "cpu_budget_minutes": args.cpu_minutes, "cpu_seconds": cpu, "updates": updates,
+              "questions": questions, "skipped": skipped, "tokens_seen": tokens, "loss_curve": curve}
+    (args.out / "longbird_finetune.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
+    print(json.dumps({k: v for k, v in record.items() if k != "loss_curve"}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
