@@ -23,10 +23,13 @@ Variants (`--variants`), how the question is read:
 Attention runs through SDPA per segment (`SegmentPlan`: a segment's queries over the question's keys and its own),
 so a question costs about what its article's windows cost; `attention_mask` is the same rule as a dense mask (the
 tests' reference).
-The sliding-window readings of the same model on the same questions are read again here (`--sliding`) unless
-`--no-sliding`.
+Without `--sliding`/`--layout` the reader is read in sliding 512-token windows (stride 128, the baseline) and in each
+`--variants` layout; `--sliding NAME=DIR` and `--layout NAME=DIR:VARIANT` read trained rows instead
+(`e7_paragraph_training.py`), `--resume` keeping the readings already in the results file.
 
-Usage: python experiments/e7_paragraph_layout.py --reader qa-model/kobigbird-e5-korquad [--max-articles N]
+Usage: python experiments/e7_paragraph_layout.py --reader qa-model/kobigbird-e5-korquad [--variants ...]
+       python experiments/e7_paragraph_layout.py --reader qa-model/kobigbird-e5-korquad --resume \
+           --sliding sliding-512-trained=DIR --layout global-trained=DIR:question-global
 Writes experiments/results/NAME.{json,md}.
 """
 
@@ -35,6 +38,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import shlex
 import sys
 import time
@@ -213,12 +217,33 @@ def read_layouts(model, tokenizer, rows, paragraphs, variant: str, window: int, 
     return windows
 
 
+def reading_specs(args) -> dict[str, tuple[Path, str]]:
+    """{name: (model directory, "sliding" or a layout variant)}: `--sliding NAME=DIR` and `--layout
+    NAME=DIR:VARIANT`, or without either the reader in sliding windows ("sliding") and in every `--variants` layout."""
+    specs = {}
+    for spec in args.sliding:
+        name, _, directory = spec.partition("=")
+        specs[name] = (Path(directory), "sliding")
+    for spec in args.layout:
+        name, _, rest = spec.partition("=")
+        directory, _, variant = rest.rpartition(":")
+        if variant not in VARIANTS:
+            raise SystemExit(f"--layout {spec}: the variant must be one of {', '.join(VARIANTS)}")
+        specs[name] = (Path(directory), variant)
+    if not specs:
+        specs = {"sliding": (args.reader, "sliding"), **{v: (args.reader, v) for v in args.variants}}
+    return specs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reader", type=Path, required=True, help="The paragraph reader (make qa-model)")
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    parser.add_argument("--sliding", action="append", default=[], help="NAME=DIR: a model read in sliding windows")
+    parser.add_argument("--layout", action="append", default=[], help="NAME=DIR:VARIANT: a model read in layouts")
+    parser.add_argument("--baseline", default="sliding", help="The reading every other is paired with")
+    parser.add_argument("--resume", action="store_true", help="Keep the readings of the results file NAME.json")
     parser.add_argument("--max-articles", type=int, default=None, help="Only the first N dev-side articles")
-    parser.add_argument("--no-sliding", action="store_true", help="Do not read sliding 512-token windows too")
     add_output_arguments(parser, "e7_paragraph_layout")
     args = parser.parse_args()
     bf16 = wants_bf16(args.precision)
@@ -228,42 +253,50 @@ def main() -> None:
     dev = list(split["dev"])
     titles = sorted({row["title"] for row in dev})[:args.max_articles]
     dev = [row for row in dev if row["title"] in titles]
-    model, tokenizer = load_task_model(args.reader, LongBirdForQuestionAnswering)
-    trained_apart(args.reader, {row["title"] for row in dev})
-    if bf16:
-        store_encoder_linears_in(model)
-    buckets = answer_buckets(dev, tokenizer)
-    article_of = {row["id"]: row["title"] for row in dev}
     paragraphs = {title: [span for span, _ in spans] for title, spans in article_paragraphs(DATA).items()
                   if title in titles}
-    special = frozenset(tokenizer.all_special_ids)
-    prior = LexicalPrior(DEFAULT_WEIGHT, DEFAULT_RADIUS, special)
-    scores, cpu, lengths = {}, {}, {}
-    if not args.no_sliding:
+    article_of = {row["id"]: row["title"] for row in dev}
+    path = args.out / f"{args.name}.json"
+    earlier = json.loads(path.read_text()) if args.resume and path.exists() else {"readings": {}}
+    if earlier["readings"] and earlier["questions"] != len(dev):
+        raise SystemExit(f"{path} read {earlier['questions']} questions, this run {len(dev)}: not resumable")
+    scores = {name: {r: part["per_question"] for r, part in by_prior.items()}
+              for name, by_prior in earlier["readings"].items()}
+    cpu, lengths = earlier.get("cpu_seconds", {}), earlier.get("sequence_tokens", {})
+    models = earlier.get("models", {})
+    tokenizer = None
+    for name, (directory, how) in reading_specs(args).items():
+        model, tokenizer = load_task_model(directory, LongBirdForQuestionAnswering)
+        trained_apart(directory, set(titles))
+        if bf16:
+            store_encoder_linears_in(model)
+        prior = LexicalPrior(DEFAULT_WEIGHT, DEFAULT_RADIUS, frozenset(tokenizer.all_special_ids))
         started = time.process_time()
-        windows, documents = read_windows(model, tokenizer, dev, window, stride, bf16)
-        cpu["sliding"] = time.process_time() - started
-        scores["sliding"] = {"none": scores_with(windows, documents, dev, None),
-                             "default": scores_with(windows, documents, dev, prior)}
-    documents = {row["id"]: plain_document(row["context"]) for row in dev}
-    for variant in args.variants:
-        started = time.process_time()
-        windows = read_layouts(model, tokenizer, dev, paragraphs, variant, window, stride, bf16)
-        cpu[variant] = time.process_time() - started
-        lengths[variant] = sorted(len(w.feature.input_ids) for w in windows)
-        scores[variant] = {"none": scores_with(windows, documents, dev, None),
-                           "default": scores_with(windows, documents, dev, prior)}
-        print(variant, {r: round(mean_f1(s), 2) for r, s in scores[variant].items()}, flush=True)
-    baseline = scores.get("sliding")
+        if how == "sliding":
+            windows, documents = read_windows(model, tokenizer, dev, window, stride, bf16)
+        else:
+            windows = read_layouts(model, tokenizer, dev, paragraphs, how, window, stride, bf16)
+            documents = {row["id"]: plain_document(row["context"]) for row in dev}
+            x = sorted(len(w.feature.input_ids) for w in windows)
+            lengths[name] = {"median": x[len(x) // 2], "max": x[-1]}
+        cpu[name] = time.process_time() - started
+        scores[name] = {"none": scores_with(windows, documents, dev, None),
+                        "default": scores_with(windows, documents, dev, prior)}
+        models[name] = {"model": directory.as_posix(), "reading": how}
+        print(name, {r: round(mean_f1(s), 2) for r, s in scores[name].items()}, flush=True)
+    tokenizer = tokenizer or load_task_model(args.reader, LongBirdForQuestionAnswering)[1]
+    buckets = answer_buckets(dev, tokenizer)
+    baseline = scores.get(args.baseline)
     results = {"command": "python " + shlex.join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "machine": machine(),
                "bf16": bf16, "held_out": held_out_record(split["train"], split["dev"]), "questions": len(dev),
                "articles": len(titles), "window": window, "stride": stride,
                "bucket_sizes": {b: list(buckets.values()).count(b) for b in BUCKETS}, "cpu_seconds": cpu,
-               "sequence_tokens": {v: {"median": x[len(x) // 2], "max": x[-1]} for v, x in lengths.items()},
-               "readings": {}}
+               "sequence_tokens": lengths, "models": models, "baseline": args.baseline, "readings": {}}
+    if earlier["readings"]:
+        results["earlier_commands"] = earlier.get("earlier_commands", []) + [earlier["command"]]
     for name, by_prior in scores.items():
         results["readings"][name] = {
-            reading: {**bucket_summary(s, buckets, BUCKETS, None if baseline is None or name == "sliding"
+            reading: {**bucket_summary(s, buckets, BUCKETS, None if baseline is None or name == args.baseline
                                        else baseline[reading], article_of), "per_question": s}
             for reading, s in by_prior.items()}
     write_tables(args.out, args.name, results, table(results))
@@ -279,8 +312,9 @@ def table(results: dict) -> list[str]:
         f"{results['questions']} dev-side questions of {results['articles']} articles "
         f"({', '.join(f'{b}: {n}' for b, n in sizes.items())}), the paragraph reader "
         f"({'bf16 autocast' if results['bf16'] else 'fp32'}). Intervals and paired differences resample **articles**;"
-        " the paired difference is against sliding 512-token windows (stride 128) with the same prior.", "",
-        "| reading | prior | F1 | first 512 / beyond 512 | − sliding (95 % CI) | CPU min |",
+        f" the paired difference is against `{results.get('baseline', 'sliding')}` with the same prior. Models: "
+        + ", ".join(f"`{n}` {m['model']} ({m['reading']})" for n, m in results.get("models", {}).items()) + ".", "",
+        "| reading | prior | F1 | first 512 / beyond 512 | − baseline (95 % CI) | CPU min |",
         "|---|---|---:|---:|---:|---:|"]
     for name, by_prior in results["readings"].items():
         for reading, summary in by_prior.items():
