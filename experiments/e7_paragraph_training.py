@@ -126,7 +126,7 @@ def main() -> None:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 updates, pending = updates + 1, 0
-                if updates % 10 == 0:
+                if updates % 10 == 0 or updates <= 3:
                     curve.append((updates, sum(losses[-40:]) / len(losses[-40:])))
                     print(f"update {updates}: loss {curve[-1][1]:.3f}, {questions} questions, {tokens} tokens, "
                           f"{(time.process_time() - started) / 60:.1f} CPU min", flush=True)
