@@ -56,6 +56,7 @@ from e4_korquad_articles import BUCKETS, answer_buckets  # noqa: E402
 from e7_diagnosis import trained_apart  # noqa: E402
 from e7_long_reading import add_output_arguments, held_out_record, machine, provenance, wants_bf16, write_tables  # noqa: E402
 from e7_paragraph_cuts import DATA, article_paragraphs  # noqa: E402
+from e7_paragraph_windows import cell  # noqa: E402
 from lexical_prior import mean_f1, read_windows, scores_with  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
@@ -217,6 +218,14 @@ def read_layouts(model, tokenizer, rows, paragraphs, variant: str, window: int, 
     return windows
 
 
+def training_record(directory: Path) -> dict:
+    """What a row trained by e7_paragraph_training.py got (budget, updates, questions, tokens); {} for another model."""
+    path = directory / "longbird_finetune.json"
+    record = json.loads(path.read_text()) if path.exists() else {}
+    return {key: record[key] for key in ("cpu_budget_minutes", "cpu_seconds", "updates", "questions", "tokens_seen",
+                                         "layout") if key in record}
+
+
 def reading_specs(args) -> dict[str, tuple[Path, str]]:
     """{name: (model directory, "sliding" or a layout variant)}: `--sliding NAME=DIR` and `--layout
     NAME=DIR:VARIANT`, or without either the reader in sliding windows ("sliding") and in every `--variants` layout."""
@@ -282,7 +291,7 @@ def main() -> None:
         cpu[name] = time.process_time() - started
         scores[name] = {"none": scores_with(windows, documents, dev, None),
                         "default": scores_with(windows, documents, dev, prior)}
-        models[name] = {"model": directory.as_posix(), "reading": how}
+        models[name] = {"model": directory.as_posix(), "reading": how, "training": training_record(directory)}
         print(name, {r: round(mean_f1(s), 2) for r, s in scores[name].items()}, flush=True)
     tokenizer = tokenizer or load_task_model(args.reader, LongBirdForQuestionAnswering)[1]
     buckets = answer_buckets(dev, tokenizer)
@@ -300,10 +309,6 @@ def main() -> None:
                                        else baseline[reading], article_of), "per_question": s}
             for reading, s in by_prior.items()}
     write_tables(args.out, args.name, results, table(results))
-
-
-def cell(summary: dict) -> str:
-    return f"{summary['f1']:.1f} ({summary['f1_interval'][0]:.1f}–{summary['f1_interval'][1]:.1f})"
 
 
 def table(results: dict) -> list[str]:
@@ -325,6 +330,13 @@ def table(results: dict) -> list[str]:
                 + (f" | {paired['difference']:+.1f} ({paired['low']:+.1f} to {paired['high']:+.1f})" if paired
                    else " | ")
                 + f" | {results['cpu_seconds'][name] / 60:.1f} |")
+    trained = {n: m["training"] for n, m in results.get("models", {}).items() if m.get("training")}
+    if trained:
+        lines.append("")
+        lines += [f"`{n}` trained ({t['layout']['variant']}, {t['layout']['segments'] or 'all'} segments per question, "
+                  f"ranking weight {t['layout']['ranking_weight']}) for {t['cpu_seconds'] / 60:.1f} CPU minutes "
+                  f"(budget {t['cpu_budget_minutes']:g}): {t['updates']} updates, {t['questions']} questions, "
+                  f"{t['tokens_seen']:,} tokens." for n, t in trained.items() if "layout" in t]
     return lines
 
 
