@@ -88,12 +88,12 @@ def paragraph_layout(tokenizer, question_id: str, question: str, article: str, p
     characters in the article; the first segment that holds all of it is labelled (`feature.start_position` and
     `end_position`, 0 when none does)."""
     ids, offsets, positions, nulls, groups = [], [], [], [], []
-    label = (0, 0)
+    label, segment = (0, 0), -1
     for low, high in paragraphs:
         for piece in make_features(tokenizer, question_id, question, plain_document(article[low:high]), window,
                                    stride, max_question_tokens=max_question_tokens):
             first = next(i for i, o in enumerate(piece.offsets) if o is not None)  # first document token
-            segment = len({g for g in groups if g != SHARED})
+            segment += 1
             shifted = [None if o is None else (o[0] + low, o[1] + low) for o in piece.offsets]
             if variant == "replicated":
                 null = len(ids)
@@ -273,7 +273,6 @@ def main() -> None:
               for name, by_prior in earlier["readings"].items()}
     cpu, lengths = earlier.get("cpu_seconds", {}), earlier.get("sequence_tokens", {})
     models = earlier.get("models", {})
-    tokenizer = None
     for name, (directory, how) in reading_specs(args).items():
         model, tokenizer = load_task_model(directory, LongBirdForQuestionAnswering)
         trained_apart(directory, set(titles))
@@ -293,8 +292,7 @@ def main() -> None:
                         "default": scores_with(windows, documents, dev, prior)}
         models[name] = {"model": directory.as_posix(), "reading": how, "training": training_record(directory)}
         print(name, {r: round(mean_f1(s), 2) for r, s in scores[name].items()}, flush=True)
-    tokenizer = tokenizer or load_task_model(args.reader, LongBirdForQuestionAnswering)[1]
-    buckets = answer_buckets(dev, tokenizer)
+    buckets = answer_buckets(dev, tokenizer)  # every reading's tokenizer is the reader's (trained from it)
     baseline = scores.get(args.baseline)
     results = {"command": "python " + shlex.join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "machine": machine(),
                "bf16": bf16, "held_out": held_out_record(split["train"], split["dev"]), "questions": len(dev),

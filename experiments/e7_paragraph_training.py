@@ -51,6 +51,8 @@ def layout_loss(model, layout, variant: str, ranking_weight: float) -> torch.Ten
     feature = layout.feature
     inputs = {"input_ids": torch.tensor([feature.input_ids]), "position_ids": torch.tensor([feature.position_ids])}
     starts, ends = torch.tensor([feature.start_position]), torch.tensor([feature.end_position])
+    # Labelled for the teacher-forced end logits; the head's own loss (one softmax over the sequence) is not used.
+    # Passing region_nulls would have it take the regional loss over a bound of l/2 regions (no qa_null_every).
     with masked(model, SegmentPlan.of(layout.groups, variant)):
         out = model(**inputs, start_positions=starts, end_positions=ends)
     region_nulls = torch.tensor([feature.region_nulls])
