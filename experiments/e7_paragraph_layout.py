@@ -253,6 +253,8 @@ def main() -> None:
     parser.add_argument("--baseline", default="sliding", help="The reading every other is paired with")
     parser.add_argument("--resume", action="store_true", help="Keep the readings of the results file NAME.json")
     parser.add_argument("--max-articles", type=int, default=None, help="Only the first N dev-side articles")
+    parser.add_argument("--report", action="store_true",
+                        help="Read nothing: rewrite the tables of the results file NAME.json (implies --resume)")
     add_output_arguments(parser, "e7_paragraph_layout")
     args = parser.parse_args()
     bf16 = wants_bf16(args.precision)
@@ -266,14 +268,17 @@ def main() -> None:
                   if title in titles}
     article_of = {row["id"]: row["title"] for row in dev}
     path = args.out / f"{args.name}.json"
-    earlier = json.loads(path.read_text()) if args.resume and path.exists() else {"readings": {}}
+    if args.report and not path.exists():
+        raise SystemExit(f"--report rewrites {path}, which does not exist: run the readings first")
+    earlier = json.loads(path.read_text()) if (args.resume or args.report) and path.exists() else {"readings": {}}
     if earlier["readings"] and earlier["questions"] != len(dev):
         raise SystemExit(f"{path} read {earlier['questions']} questions, this run {len(dev)}: not resumable")
     scores = {name: {r: part["per_question"] for r, part in by_prior.items()}
               for name, by_prior in earlier["readings"].items()}
     cpu, lengths = earlier.get("cpu_seconds", {}), earlier.get("sequence_tokens", {})
     models = earlier.get("models", {})
-    for name, (directory, how) in reading_specs(args).items():
+    tokenizer = load_task_model(args.reader, LongBirdForQuestionAnswering)[1] if args.report else None
+    for name, (directory, how) in ({} if args.report else reading_specs(args)).items():
         model, tokenizer = load_task_model(directory, LongBirdForQuestionAnswering)
         trained_apart(directory, set(titles))
         if bf16:
@@ -293,20 +298,60 @@ def main() -> None:
         models[name] = {"model": directory.as_posix(), "reading": how, "training": training_record(directory)}
         print(name, {r: round(mean_f1(s), 2) for r, s in scores[name].items()}, flush=True)
     buckets = answer_buckets(dev, tokenizer)  # every reading's tokenizer is the reader's (trained from it)
+    contexts = {row["title"]: row["context"] for row in dev}
+    article_tokens = {t: len(tokenizer(c, add_special_tokens=False)["input_ids"]) for t, c in sorted(contexts.items())}
     baseline = scores.get(args.baseline)
     results = {"command": "python " + shlex.join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "machine": machine(),
                "bf16": bf16, "held_out": held_out_record(split["train"], split["dev"]), "questions": len(dev),
                "articles": len(titles), "window": window, "stride": stride,
                "bucket_sizes": {b: list(buckets.values()).count(b) for b in BUCKETS}, "cpu_seconds": cpu,
-               "sequence_tokens": lengths, "models": models, "baseline": args.baseline, "readings": {}}
-    if earlier["readings"]:
+               "sequence_tokens": lengths, "models": models, "baseline": args.baseline,
+               "article_tokens": article_tokens, "article_of": article_of, "readings": {}}
+    if args.report:  # nothing read: the provenance stays the readings'
+        results.update({k: earlier[k] for k in ("command", "machine", "earlier_commands") if k in earlier})
+    elif earlier["readings"]:
         results["earlier_commands"] = earlier.get("earlier_commands", []) + [earlier["command"]]
     for name, by_prior in scores.items():
         results["readings"][name] = {
             reading: {**bucket_summary(s, buckets, BUCKETS, None if baseline is None or name == args.baseline
                                        else baseline[reading], article_of), "per_question": s}
             for reading, s in by_prior.items()}
-    write_tables(args.out, args.name, results, table(results))
+    write_tables(args.out, args.name, results, table(results) + [""] + by_article_length(results))
+
+
+# Article lengths in tokens of the reader's tokenizer: up to two windows, up to four, up to eight, longer.
+LENGTH_BUCKETS = ((0, 1024), (1024, 2048), (2048, 4096), (4096, None))
+
+
+def length_bucket(tokens: int) -> str:
+    low, high = next((low, high) for low, high in LENGTH_BUCKETS if high is None or tokens <= high)
+    return f"> {low:,}" if high is None else f"{low + 1:,}–{high:,}"
+
+
+def by_article_length(results: dict) -> list[str]:
+    """Mean F1 per article-length bucket for every reading with the default prior, and each reading's difference
+    from the baseline over the same questions: where in article length a reading wins or loses."""
+    lengths, article_of = results["article_tokens"], results["article_of"]
+    bucket_of = {q: length_bucket(lengths[title]) for q, title in article_of.items()}
+    names = [b for b in (length_bucket(low + 1) for low, _ in LENGTH_BUCKETS) if b in set(bucket_of.values())]
+    baseline = results["readings"].get(results["baseline"], {}).get("default", {}).get("per_question")
+    lines = ["F1 by the article's length in tokens (the default prior; in brackets the difference from "
+             f"`{results['baseline']}` on the same questions; articles and questions per bucket in the header):", "",
+             "| reading | " + " | ".join(
+                 f"{b} ({len({article_of[q] for q in bucket_of if bucket_of[q] == b})} / "
+                 f"{sum(v == b for v in bucket_of.values())})" for b in names) + " |",
+             "|---|" + "---:|" * len(names)]
+    for name, by_prior in results["readings"].items():
+        scores = by_prior["default"]["per_question"]
+        row = []
+        for b in names:
+            ids = [q for q in scores if bucket_of[q] == b]
+            f1 = sum(scores[q]["f1"] for q in ids) / len(ids)
+            gap = (f" ({f1 - sum(baseline[q]['f1'] for q in ids) / len(ids):+.1f})"
+                   if baseline and name != results["baseline"] else "")
+            row.append(f"{f1:.1f}{gap}")
+        lines.append(f"| {name} | " + " | ".join(row) + " |")
+    return lines
 
 
 def table(results: dict) -> list[str]:

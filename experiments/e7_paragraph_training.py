@@ -76,6 +76,26 @@ def chosen_segments(spans: list[tuple[int, int]], answer: tuple[int, int], count
     return [spans[i] for i in sorted([own, *others])]
 
 
+def save(model, tokenizer, args, out: Path, cpu: float, bf16: bool, progress: dict,
+         budget_minutes: float | None = None) -> None:
+    """Save the model with the `longbird_finetune.json` the reading script's held-out check reads; a checkpoint taken
+    on the way (`--save-at`) records the budget it stands for and the run's command."""
+    model.eval()
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    record = {"task": "qa", "data": "data/korquad/KorQuAD_v1.0_dev.json", "format": "korquad1-articles",
+              "split": "train", "window_length": 512, "doc_stride": 128, "started_from": str(args.reader),
+              "command": "python " + shlex.join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "machine": machine(),
+              "layout": {"variant": args.variant, "segments": args.segments, "ranking_weight": args.ranking_weight},
+              "settings": {"learning_rate": args.learning_rate, "questions_per_update": args.questions_per_update,
+                           "seed": args.seed, "bf16": bf16},
+              "cpu_budget_minutes": args.cpu_minutes if budget_minutes is None else budget_minutes,
+              "cpu_seconds": cpu, **progress}
+    (out / "longbird_finetune.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
+    print(json.dumps({k: v for k, v in record.items() if k not in ("loss_curve", "machine")}), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reader", type=Path, required=True, help="The paragraph reader (make qa-model)")
@@ -88,7 +108,13 @@ def main() -> None:
     parser.add_argument("--segments", type=int, default=4, help="Segments per training question (0: the article)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
+    parser.add_argument("--save-at", type=float, nargs="*", default=[], metavar="CPU_MINUTES",
+                        help="Also save the model when the budget spent passes each of these CPU minutes, under "
+                             "OUT-<minutes>min (one run gives the points of a learning curve)")
     args = parser.parse_args()
+    if any(not 0 < minutes < args.cpu_minutes for minutes in args.save_at):
+        parser.error(f"--save-at takes CPU minutes between 0 and --cpu-minutes ({args.cpu_minutes:g}), "
+                     f"got {args.save_at}")
     bf16 = wants_bf16(args.precision)
     window, stride = 512, 128
     torch.manual_seed(args.seed)
@@ -105,6 +131,7 @@ def main() -> None:
     generator = random.Random(args.seed)
     budget, started = args.cpu_minutes * 60, time.process_time()
     updates, questions, skipped, tokens, pending, curve, losses = 0, 0, 0, 0, 0, [], []
+    checkpoints = sorted(args.save_at)
     while time.process_time() - started < budget:
         for row in train:
             if time.process_time() - started >= budget:
@@ -128,25 +155,20 @@ def main() -> None:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 updates, pending = updates + 1, 0
+                spent = time.process_time() - started
+                while checkpoints and spent >= checkpoints[0] * 60:
+                    minutes, saving = checkpoints.pop(0), time.process_time()
+                    save(model, tokenizer, args, args.out.with_name(f"{args.out.name}-{minutes:g}min"), spent, bf16,
+                         {"updates": updates, "questions": questions, "skipped": skipped, "tokens_seen": tokens,
+                          "loss_curve": list(curve)}, budget_minutes=minutes)
+                    model.train()
+                    started += time.process_time() - saving  # the budget counts training, not saving
                 if updates % 10 == 0 or updates <= 3:
                     curve.append((updates, sum(losses[-40:]) / len(losses[-40:])))
                     print(f"update {updates}: loss {curve[-1][1]:.3f}, {questions} questions, {tokens} tokens, "
                           f"{(time.process_time() - started) / 60:.1f} CPU min", flush=True)
-    cpu = time.process_time() - started
-    model.eval()
-    args.out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(args.out)
-    tokenizer.save_pretrained(args.out)
-    record = {"task": "qa", "data": "data/korquad/KorQuAD_v1.0_dev.json", "format": "korquad1-articles",
-              "split": "train", "window_length": window, "doc_stride": stride, "started_from": str(args.reader),
-              "command": "python " + shlex.join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "machine": machine(),
-              "layout": {"variant": args.variant, "segments": args.segments, "ranking_weight": args.ranking_weight},
-              "settings": {"learning_rate": args.learning_rate, "questions_per_update": args.questions_per_update,
-                           "seed": args.seed, "bf16": bf16},
-              "cpu_budget_minutes": args.cpu_minutes, "cpu_seconds": cpu, "updates": updates,
-              "questions": questions, "skipped": skipped, "tokens_seen": tokens, "loss_curve": curve}
-    (args.out / "longbird_finetune.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
-    print(json.dumps({k: v for k, v in record.items() if k != "loss_curve"}), flush=True)
+    save(model, tokenizer, args, args.out, time.process_time() - started, bf16,
+         {"updates": updates, "questions": questions, "skipped": skipped, "tokens_seen": tokens, "loss_curve": curve})
 
 
 if __name__ == "__main__":

@@ -170,3 +170,20 @@ def test_the_layout_loss_reaches_every_weight_and_falls_when_trained():
         loss.backward()
         optimizer.step()
     assert float(loss.detach()) < first / 2
+
+
+def test_the_article_length_table_averages_each_bucket_and_pairs_with_the_baseline():
+    from e7_paragraph_layout import by_article_length, length_bucket
+
+    assert [length_bucket(n) for n in (1, 1024, 1025, 2048, 4096, 4097)] == [
+        "1–1,024", "1–1,024", "1,025–2,048", "1,025–2,048", "2,049–4,096", "> 4,096"]
+    per = {"base": {"a1": 100.0, "a2": 0.0, "b1": 50.0}, "long": {"a1": 100.0, "a2": 100.0, "b1": 20.0}}
+    results = {"article_tokens": {"short": 900, "long article": 5000},
+               "article_of": {"a1": "short", "a2": "short", "b1": "long article"}, "baseline": "base",
+               "readings": {name: {"default": {"per_question": {q: {"f1": f1, "exact_match": f1}
+                                                                for q, f1 in scores.items()}}}
+                            for name, scores in per.items()}}
+    lines = by_article_length(results)
+    assert lines[2] == "| reading | 1–1,024 (1 / 2) | > 4,096 (1 / 1) |"
+    assert lines[4] == "| base | 50.0 | 50.0 |"
+    assert lines[5] == "| long | 100.0 (+50.0) | 20.0 (-30.0) |"
