@@ -317,6 +317,59 @@ def main() -> None:
                                        else baseline[reading], article_of), "per_question": s}
             for reading, s in by_prior.items()}
     write_tables(args.out, args.name, results, table(results) + [""] + by_article_length(results))
+    plot_budget(results, args.out / f"{args.name}.png")
+
+
+def budget_curves(results: dict, prior: str) -> dict[str, list[tuple[float, float]]]:
+    """{series: [(training CPU minutes, F1)]} of the trained layout rows, one series per variant and segment count,
+    each starting from the same variant read untrained (0 minutes) when that reading is in the results."""
+    untrained, curves = {}, {}
+    for name, model in results.get("models", {}).items():
+        f1 = results["readings"][name][prior]["all"]["f1"]
+        training = model.get("training", {})
+        if model["reading"] == "sliding":
+            continue
+        if "layout" not in training:
+            untrained[model["reading"]] = f1
+            continue
+        layout = training["layout"]
+        series = f"{layout['variant']}, {layout['segments'] or 'all'} segments"
+        curves.setdefault(series, []).append((training["cpu_budget_minutes"], f1))
+    for series, points in curves.items():
+        variant = series.split(",")[0]
+        curves[series] = ([(0.0, untrained[variant])] if variant in untrained else []) + sorted(points)
+    return curves
+
+
+def plot_budget(results: dict, path: Path) -> None:
+    """F1 against training CPU minutes for the trained layouts, with and without the prior, and the baseline."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from longbird.files import save_figure_atomically
+
+    curves = {prior: budget_curves(results, prior) for prior in ("none", "default")}
+    if not any(curves.values()):
+        return
+    figure, axis = plt.subplots(figsize=(7, 4.2))
+    baseline = results["readings"].get(results["baseline"])
+    colours = {series: f"C{i}" for i, series in enumerate(curves["default"])}
+    for prior, style, words in (("default", "-", "with the prior"), ("none", ":", "no prior")):
+        for series, points in curves[prior].items():
+            axis.plot(*zip(*points), style, marker="o", color=colours[series], label=f"{series}, {words}")
+        if baseline:
+            axis.axhline(baseline[prior]["all"]["f1"], color="grey", linestyle=style, linewidth=1,
+                         label=f"{results['baseline']} (untrained), {words}")
+    axis.set_xlabel("training CPU minutes")
+    axis.set_ylabel(f"F1, {results['questions']} dev-side questions")
+    axis.set_title("E7: the paragraph layout trained for more CPU minutes")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=7)
+    figure.tight_layout()
+    save_figure_atomically(figure, path)
+    plt.close(figure)
 
 
 # Article lengths in tokens of the reader's tokenizer: up to two windows, up to four, up to eight, longer.

@@ -187,3 +187,24 @@ def test_the_article_length_table_averages_each_bucket_and_pairs_with_the_baseli
     assert lines[2] == "| reading | 1–1,024 (1 / 2) | > 4,096 (1 / 1) |"
     assert lines[4] == "| base | 50.0 | 50.0 |"
     assert lines[5] == "| long | 100.0 (+50.0) | 20.0 (-30.0) |"
+
+
+def test_the_budget_curves_start_from_the_untrained_layout_and_follow_the_budget():
+    from e7_paragraph_layout import budget_curves
+
+    def reading(f1):
+        return {"default": {"all": {"f1": f1}}, "none": {"all": {"f1": f1 - 1}}}
+
+    def trained(minutes, segments):
+        return {"layout": {"variant": "question-global", "segments": segments}, "cpu_budget_minutes": minutes}
+
+    results = {"models": {"sliding": {"reading": "sliding"}, "global": {"reading": "question-global", "training": {}},
+                          "g60": {"reading": "question-global", "training": trained(60, 12)},
+                          "g30": {"reading": "question-global", "training": trained(30, 12)},
+                          "s4": {"reading": "question-global", "training": trained(30, 4)}},
+               "readings": {"sliding": reading(76), "global": reading(70), "g60": reading(74), "g30": reading(72),
+                            "s4": reading(71)}}
+    assert budget_curves(results, "default") == {
+        "question-global, 12 segments": [(0.0, 70), (30, 72), (60, 74)],
+        "question-global, 4 segments": [(0.0, 70), (30, 71)]}
+    assert budget_curves(results, "none")["question-global, 4 segments"] == [(0.0, 69), (30, 70)]
