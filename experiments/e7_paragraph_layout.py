@@ -361,7 +361,7 @@ def plot_budget(results: dict, path: Path) -> None:
             axis.plot(*zip(*points), style, marker="o", color=colours[series], label=f"{series}, {words}")
         if baseline:
             axis.axhline(baseline[prior]["all"]["f1"], color="grey", linestyle=style, linewidth=1,
-                         label=f"{results['baseline']} (untrained), {words}")
+                         label=f"{results['baseline']}, {words}")
     axis.set_xlabel("training CPU minutes")
     axis.set_ylabel(f"F1, {results['questions']} dev-side questions")
     axis.set_title("E7: the paragraph layout trained for more CPU minutes")

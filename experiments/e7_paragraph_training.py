@@ -41,9 +41,12 @@ from e7_paragraph_layout import VARIANTS, SegmentPlan, masked, paragraph_layout 
 
 from longbird.checkpoints import load_task_model  # noqa: E402
 from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # noqa: E402
+from longbird.files import write_directory_atomically  # noqa: E402
 from longbird.heads import IGNORE_INDEX, LongBirdForQuestionAnswering, cross_region_ranking_loss, regional_start_loss  # noqa: E402
 from longbird.precision import bf16_autocast  # noqa: E402
 from longbird.tasks.qa import question_limit  # noqa: E402
+
+WINDOW, STRIDE = 512, 128  # the paragraph reader's window and stride
 
 
 def layout_loss(model, layout, variant: str, ranking_weight: float) -> torch.Tensor:
@@ -81,18 +84,21 @@ def save(model, tokenizer, args, out: Path, cpu: float, bf16: bool, progress: di
     """Save the model with the `longbird_finetune.json` the reading script's held-out check reads; a checkpoint taken
     on the way (`--save-at`) records the budget it stands for and the run's command."""
     model.eval()
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
     record = {"task": "qa", "data": "data/korquad/KorQuAD_v1.0_dev.json", "format": "korquad1-articles",
-              "split": "train", "window_length": 512, "doc_stride": 128, "started_from": str(args.reader),
+              "split": "train", "window_length": WINDOW, "doc_stride": STRIDE, "started_from": str(args.reader),
               "command": "python " + shlex.join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "machine": machine(),
               "layout": {"variant": args.variant, "segments": args.segments, "ranking_weight": args.ranking_weight},
               "settings": {"learning_rate": args.learning_rate, "questions_per_update": args.questions_per_update,
                            "seed": args.seed, "bf16": bf16},
               "cpu_budget_minutes": args.cpu_minutes if budget_minutes is None else budget_minutes,
               "cpu_seconds": cpu, **progress}
-    (out / "longbird_finetune.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
+
+    def write(directory: Path) -> None:
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+        (directory / "longbird_finetune.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
+
+    write_directory_atomically(out, write, overwrite=True)  # a kill mid-save leaves no half-written checkpoint
     print(json.dumps({k: v for k, v in record.items() if k not in ("loss_curve", "machine")}), flush=True)
 
 
@@ -116,7 +122,7 @@ def main() -> None:
         parser.error(f"--save-at takes CPU minutes between 0 and --cpu-minutes ({args.cpu_minutes:g}), "
                      f"got {args.save_at}")
     bf16 = wants_bf16(args.precision)
-    window, stride = 512, 128
+    window, stride = WINDOW, STRIDE
     torch.manual_seed(args.seed)
     rows, _ = read_korquad_v1_articles(DATA)
     train = list(split_by_title(rows)["train"])
