@@ -7,7 +7,8 @@ segment's softmax over its null and its tokens; the answer's segment targets the
 `heads.regional_start_loss`), `--ranking-weight` of it replaced by the cross-segment ranking term
 (`heads.cross_region_ranking_loss`: one softmax over every token's null-relative score), and the end loss given the
 gold start (the conditional head, teacher-forced). `--segments K` trains on the answer's segment and K − 1 others of
-its article drawn at random (seeded) in article order, instead of the whole article (0): K segments cost what K
+its article in article order, drawn at random (seeded) or, with `--distractors bm25`, the K − 1 its question's words
+match best, instead of the whole article (0): K segments cost what K
 windows cost, so a budget buys more questions. Constant learning rate, AdamW, word embeddings frozen (the
 `finetune-qa` defaults E7's rows use), bf16 autocast where native, for `--cpu-minutes` of process CPU time (all
 threads). Questions whose answer no segment holds whole are skipped.
@@ -30,6 +31,7 @@ import time
 from pathlib import Path
 
 import torch
+from rank_bm25 import BM25Okapi
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -69,14 +71,30 @@ def layout_loss(model, layout, variant: str, ranking_weight: float) -> torch.Ten
 
 
 def chosen_segments(spans: list[tuple[int, int]], answer: tuple[int, int], count: int,
-                    generator: random.Random) -> list[tuple[int, int]]:
-    """The paragraph holding the answer's start and `count` − 1 others drawn at random, in article order (all of them
-    when `count` is 0 or covers the article)."""
+                    generator: random.Random, lexical: list[float] | None = None) -> list[tuple[int, int]]:
+    """The paragraph holding the answer's start and `count` − 1 others, in article order (all of them when `count` is
+    0 or covers the article). The others are drawn at random, or, given `lexical` (a score per paragraph), are the
+    highest-scoring ones (ties to the earlier paragraph): the distractors a reader must rank the answer above."""
     if not count or count >= len(spans):
         return spans
     own = next(i for i, (low, high) in enumerate(spans) if low <= answer[0] < high)
-    others = generator.sample([i for i in range(len(spans)) if i != own], count - 1)
+    candidates = [i for i in range(len(spans)) if i != own]
+    if lexical is None:
+        others = generator.sample(candidates, count - 1)
+    else:
+        others = sorted(candidates, key=lambda i: -lexical[i])[:count - 1]  # sorted() is stable: ties keep order
     return [spans[i] for i in sorted([own, *others])]
+
+
+def paragraph_scores(tokenizer, question: str, context: str, spans: list[tuple[int, int]]) -> list[float]:
+    """BM25 of the question's distinct tokens against each paragraph of its article (the model tokenizer's ids, IDF
+    over the article's paragraphs: rank_bm25's `BM25Okapi`, as `longbird.data.window_groups.lexical_order` ranks a
+    question's windows for the BM25 distractors of round 14)."""
+    def ids(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    return BM25Okapi([ids(context[low:high]) for low, high in spans]).get_scores(
+        list(dict.fromkeys(ids(question)))).tolist()
 
 
 def save(model, tokenizer, args, out: Path, cpu: float, bf16: bool, progress: dict,
@@ -87,7 +105,8 @@ def save(model, tokenizer, args, out: Path, cpu: float, bf16: bool, progress: di
     record = {"task": "qa", "data": "data/korquad/KorQuAD_v1.0_dev.json", "format": "korquad1-articles",
               "split": "train", "window_length": WINDOW, "doc_stride": STRIDE, "started_from": str(args.reader),
               "command": "python " + shlex.join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "machine": machine(),
-              "layout": {"variant": args.variant, "segments": args.segments, "ranking_weight": args.ranking_weight},
+              "layout": {"variant": args.variant, "segments": args.segments, "distractors": args.distractors,
+                         "ranking_weight": args.ranking_weight},
               "settings": {"learning_rate": args.learning_rate, "questions_per_update": args.questions_per_update,
                            "seed": args.seed, "bf16": bf16},
               "cpu_budget_minutes": args.cpu_minutes if budget_minutes is None else budget_minutes,
@@ -112,6 +131,9 @@ def main() -> None:
     parser.add_argument("--questions-per-update", type=int, default=4)
     parser.add_argument("--ranking-weight", type=float, default=0.5)
     parser.add_argument("--segments", type=int, default=4, help="Segments per training question (0: the article)")
+    parser.add_argument("--distractors", choices=("random", "bm25"), default="random",
+                        help="With --segments K: the K - 1 paragraphs beside the answer's drawn at random, or the "
+                             "ones the question's words match best (BM25)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
     parser.add_argument("--save-at", type=float, nargs="*", default=[], metavar="CPU_MINUTES",
@@ -144,7 +166,10 @@ def main() -> None:
                 break
             begin = row["answers"]["answer_start"][0]
             answer = (begin, begin + len(row["answers"]["text"][0]))
-            spans = chosen_segments(paragraphs[row["title"]], answer, args.segments, generator)
+            article = paragraphs[row["title"]]
+            lexical = (paragraph_scores(tokenizer, row["question"], row["context"], article)
+                       if args.distractors == "bm25" and 0 < args.segments < len(article) else None)
+            spans = chosen_segments(article, answer, args.segments, generator, lexical)
             layout = paragraph_layout(tokenizer, row["id"], row["question"], row["context"], spans, args.variant,
                                       window, stride, cap, answer)
             if not layout.feature.start_position:

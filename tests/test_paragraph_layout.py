@@ -141,6 +141,32 @@ def test_training_segments_keep_the_answers_paragraph_in_article_order():
     assert chosen_segments(spans, (35, 38), 9, random.Random(0)) == spans
 
 
+def test_bm25_distractors_are_the_paragraphs_the_question_matches_best():
+    from e7_paragraph_training import chosen_segments, paragraph_scores
+
+    class Words:  # a tokenizer of whitespace words, enough for BM25 over ids
+        def __init__(self):
+            self.vocabulary = {}
+
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": [self.vocabulary.setdefault(w, len(self.vocabulary)) for w in text.split()]}
+
+    paragraphs = ["the river runs north", "a red bird sings", "red bird nests by the river",
+                  "stone walls stand", "the bird is red and small"]
+    context, spans = "", []
+    for text in paragraphs:
+        spans.append((len(context), len(context) + len(text)))
+        context += text + "\n\n"
+    scores = paragraph_scores(Words(), "which red bird", context, spans)
+    assert scores[3] == 0 and scores[1] > 0 and scores[4] > 0  # a paragraph without the words scores nothing
+    answer = (spans[0][0] + 4, spans[0][0] + 9)  # in the first paragraph, which shares no question word
+    chosen = chosen_segments(spans, answer, 3, random.Random(0), scores)
+    best_two = sorted(range(1, 5), key=lambda i: -scores[i])[:2]
+    assert chosen == [spans[0]] + [spans[i] for i in sorted(best_two)] and spans[3] not in chosen
+    for seed in range(3):  # the lexical choice does not depend on the generator
+        assert chosen_segments(spans, answer, 3, random.Random(seed), scores) == chosen
+
+
 def test_the_layout_loss_reaches_every_weight_and_falls_when_trained():
     """A hand-made question-global layout (a shared question, two segments, the answer in the second): the loss is
     finite, its gradient reaches the QA heads and the attention of the first layer, and 30 Adam steps lower it."""
