@@ -53,11 +53,12 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "experiments"))
 
 from e4_korquad_articles import BUCKETS, answer_buckets  # noqa: E402
+from e7_all_dev import cross_fitted, halves  # noqa: E402
 from e7_diagnosis import trained_apart  # noqa: E402
 from e7_long_reading import add_output_arguments, held_out_record, machine, provenance, wants_bf16, write_tables  # noqa: E402
 from e7_paragraph_cuts import DATA, article_paragraphs  # noqa: E402
 from e7_paragraph_windows import cell  # noqa: E402
-from lexical_prior import mean_f1, read_windows, scores_with  # noqa: E402
+from lexical_prior import RADII, WEIGHTS, mean_f1, read_windows, scores_with  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
 from longbird import layers  # noqa: E402
@@ -253,6 +254,10 @@ def main() -> None:
     parser.add_argument("--baseline", default="sliding", help="The reading every other is paired with")
     parser.add_argument("--resume", action="store_true", help="Keep the readings of the results file NAME.json")
     parser.add_argument("--max-articles", type=int, default=None, help="Only the first N dev-side articles")
+    parser.add_argument("--cross-fit", action="store_true",
+                        help="Also a `cross-fitted` reading: the articles in two seeded halves (e7_all_dev.halves, "
+                             "seed 0), each half read with the prior's radius:weight that scored best on the other "
+                             "half, so that every reader gets a prior tuned to it and no question chooses its own")
     parser.add_argument("--report", action="store_true",
                         help="Read nothing: rewrite the tables of the results file NAME.json (implies --resume)")
     add_output_arguments(parser, "e7_paragraph_layout")
@@ -267,6 +272,8 @@ def main() -> None:
     paragraphs = {title: [span for span, _ in spans] for title, spans in article_paragraphs(DATA).items()
                   if title in titles}
     article_of = {row["id"]: row["title"] for row in dev}
+    half_of_title = halves(titles, 0)
+    half_of = {i: half_of_title[title] for i, title in article_of.items()}
     path = args.out / f"{args.name}.json"
     if args.report and not path.exists():
         raise SystemExit(f"--report rewrites {path}, which does not exist: run the readings first")
@@ -296,6 +303,14 @@ def main() -> None:
         scores[name] = {"none": scores_with(windows, documents, dev, None),
                         "default": scores_with(windows, documents, dev, prior)}
         models[name] = {"model": directory.as_posix(), "reading": how, "training": training_record(directory)}
+        if args.cross_fit:
+            special = frozenset(tokenizer.all_special_ids)
+            by_setting = {"none": scores[name]["none"],
+                          **{f"{r}:{w}": scores_with(windows, documents, dev, LexicalPrior(w, r, special))
+                             for w in sorted(WEIGHTS) if w != 0 for r in RADII}}
+            scores[name]["cross-fitted"], chosen = cross_fitted(by_setting, half_of)
+            models[name]["cross_fitted"] = {"chosen_by_half": chosen,
+                                            "mean_f1_by_setting": {k: mean_f1(v) for k, v in by_setting.items()}}
         print(name, {r: round(mean_f1(s), 2) for r, s in scores[name].items()}, flush=True)
     buckets = answer_buckets(dev, tokenizer)  # every reading's tokenizer is the reader's (trained from it)
     contexts = {row["title"]: row["context"] for row in dev}
@@ -306,7 +321,8 @@ def main() -> None:
                "articles": len(titles), "window": window, "stride": stride,
                "bucket_sizes": {b: list(buckets.values()).count(b) for b in BUCKETS}, "cpu_seconds": cpu,
                "sequence_tokens": lengths, "models": models, "baseline": args.baseline,
-               "article_tokens": article_tokens, "article_of": article_of, "readings": {}}
+               "article_tokens": article_tokens, "article_of": article_of, "halves": half_of_title,
+               "readings": {}}
     if args.report:  # nothing read: the provenance stays the readings'
         results.update({k: earlier[k] for k in ("command", "machine", "earlier_commands") if k in earlier})
     elif earlier["readings"]:
@@ -314,7 +330,7 @@ def main() -> None:
     for name, by_prior in scores.items():
         results["readings"][name] = {
             reading: {**bucket_summary(s, buckets, BUCKETS, None if baseline is None or name == args.baseline
-                                       else baseline[reading], article_of), "per_question": s}
+                                       else baseline.get(reading), article_of), "per_question": s}
             for reading, s in by_prior.items()}
     write_tables(args.out, args.name, results, table(results) + [""] + by_article_length(results))
     plot_budget(results, args.out / f"{args.name}.png")
@@ -429,10 +445,17 @@ def table(results: dict) -> list[str]:
     trained = {n: m["training"] for n, m in results.get("models", {}).items() if m.get("training")}
     if trained:
         lines.append("")
-        lines += [f"`{n}` trained ({t['layout']['variant']}, {t['layout']['segments'] or 'all'} segments per question, "
+        lines += [f"`{n}` trained ({t['layout']['variant']}, {t['layout']['segments'] or 'all'} segments per question"
+                  f"{' (distractors: BM25)' if t['layout'].get('distractors') == 'bm25' else ''}, "
                   f"ranking weight {t['layout']['ranking_weight']}) for {t['cpu_seconds'] / 60:.1f} CPU minutes "
                   f"(budget {t['cpu_budget_minutes']:g}): {t['updates']} updates, {t['questions']} questions, "
                   f"{t['tokens_seen']:,} tokens." for n, t in trained.items() if "layout" in t]
+    fitted = {n: m["cross_fitted"]["chosen_by_half"] for n, m in results.get("models", {}).items()
+              if m.get("cross_fitted")}
+    if fitted:
+        lines += ["", "`cross-fitted`: each half of the articles read with the prior (radius:weight) best on the other "
+                  "half; chosen for halves 0 / 1: " + "; ".join(
+                      f"`{n}` {' / '.join(str(c[h]) for h in sorted(c))}" for n, c in fitted.items()) + "."]
     return lines
 
 
