@@ -337,8 +337,9 @@ def main() -> None:
 
 
 def budget_curves(results: dict, prior: str) -> dict[str, list[tuple[float, float]]]:
-    """{series: [(training CPU minutes, F1)]} of the trained layout rows, one series per variant and segment count,
-    each starting from the same variant read untrained (0 minutes) when that reading is in the results."""
+    """{series: [(training CPU minutes, F1)]} of the trained layout rows, one series per variant, segment count and
+    choice of distractors, each starting from the same variant read untrained (0 minutes) when that reading is in the
+    results."""
     untrained, curves = {}, {}
     for name, model in results.get("models", {}).items():
         f1 = results["readings"][name][prior]["all"]["f1"]
@@ -349,7 +350,8 @@ def budget_curves(results: dict, prior: str) -> dict[str, list[tuple[float, floa
             untrained[model["reading"]] = f1
             continue
         layout = training["layout"]
-        series = f"{layout['variant']}, {layout['segments'] or 'all'} segments"
+        series = f"{layout['variant']}, {layout['segments'] or 'all'} segments" + (
+            " (BM25 distractors)" if layout.get("distractors") == "bm25" else "")
         curves.setdefault(series, []).append((training["cpu_budget_minutes"], f1))
     for series, points in curves.items():
         variant = series.split(",")[0]

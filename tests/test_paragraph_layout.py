@@ -227,10 +227,14 @@ def test_the_budget_curves_start_from_the_untrained_layout_and_follow_the_budget
     results = {"models": {"sliding": {"reading": "sliding"}, "global": {"reading": "question-global", "training": {}},
                           "g60": {"reading": "question-global", "training": trained(60, 12)},
                           "g30": {"reading": "question-global", "training": trained(30, 12)},
-                          "s4": {"reading": "question-global", "training": trained(30, 4)}},
+                          "s4": {"reading": "question-global", "training": trained(30, 4)},
+                          "b4": {"reading": "question-global",
+                                 "training": {**trained(30, 4), "layout": {"variant": "question-global", "segments": 4,
+                                                                           "distractors": "bm25"}}}},
                "readings": {"sliding": reading(76), "global": reading(70), "g60": reading(74), "g30": reading(72),
-                            "s4": reading(71)}}
+                            "s4": reading(71), "b4": reading(73)}}
     assert budget_curves(results, "default") == {
         "question-global, 12 segments": [(0.0, 70), (30, 72), (60, 74)],
-        "question-global, 4 segments": [(0.0, 70), (30, 71)]}
+        "question-global, 4 segments": [(0.0, 70), (30, 71)],
+        "question-global, 4 segments (BM25 distractors)": [(0.0, 70), (30, 73)]}
     assert budget_curves(results, "none")["question-global, 4 segments"] == [(0.0, 69), (30, 70)]
