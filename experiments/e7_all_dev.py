@@ -48,12 +48,12 @@ from e7_long_reading import (  # noqa: E402
     wants_bf16,
     write_tables,
 )
-from lexical_prior import RADII, WEIGHTS, mean_f1, read_windows, scores_with  # noqa: E402
+from lexical_prior import mean_f1, read_windows, scores_by_setting, scores_with  # noqa: E402
 
 from longbird.checkpoints import load_task_model  # noqa: E402
 from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # noqa: E402
 from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
-from longbird.lexical_prior import DEFAULT_RADIUS, DEFAULT_WEIGHT, LexicalPrior  # noqa: E402
+from longbird.lexical_prior import DEFAULT_RADIUS, DEFAULT_WEIGHT  # noqa: E402
 from longbird.metrics.intervals import bootstrap_interval, bucket_summary  # noqa: E402
 from longbird.precision import store_encoder_linears_in  # noqa: E402
 
@@ -115,7 +115,6 @@ def main() -> None:
                "articles": len(half_of_title), "halves": half_of_title, "e7_test_titles": sorted(e7_test_titles),
                "bucket_sizes": {b: list(buckets.values()).count(b) for b in BUCKETS}, "baseline": baseline,
                "readers": {}}
-    settings = ["none"] + [f"{r}:{w}" for w in sorted(WEIGHTS) if w != 0 for r in RADII]
     default = f"{DEFAULT_RADIUS}:{DEFAULT_WEIGHT}"
     per_reading = {}
     for name, (directory, window, stride) in models.items():
@@ -126,10 +125,7 @@ def main() -> None:
         started = time.process_time()
         windows, documents = read_windows(model, model_tokenizer, dev, window, stride, bf16)
         read_seconds = time.process_time() - started
-        by_setting = {}
-        for key in settings:
-            prior = None if key == "none" else LexicalPrior(float(key.split(":")[1]), int(key.split(":")[0]), special)
-            by_setting[key] = scores_with(windows, documents, dev, prior)
+        by_setting = scores_by_setting(windows, documents, dev, special)
         fitted, chosen = cross_fitted(by_setting, half_of)
         per_reading[name] = {"none": by_setting["none"], "default": by_setting[default], "cross-fitted": fitted}
         results["readers"][name] = {"model": str(directory), "window": window, "stride": stride,

@@ -58,7 +58,7 @@ from e7_diagnosis import trained_apart  # noqa: E402
 from e7_long_reading import add_output_arguments, held_out_record, machine, provenance, wants_bf16, write_tables  # noqa: E402
 from e7_paragraph_cuts import DATA, article_paragraphs  # noqa: E402
 from e7_paragraph_windows import cell  # noqa: E402
-from lexical_prior import RADII, WEIGHTS, mean_f1, read_windows, scores_with  # noqa: E402
+from lexical_prior import mean_f1, read_windows, scores_by_setting, scores_with  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
 from longbird import layers  # noqa: E402
@@ -305,9 +305,7 @@ def main() -> None:
         models[name] = {"model": directory.as_posix(), "reading": how, "training": training_record(directory)}
         if args.cross_fit:
             special = frozenset(tokenizer.all_special_ids)
-            by_setting = {"none": scores[name]["none"],
-                          **{f"{r}:{w}": scores_with(windows, documents, dev, LexicalPrior(w, r, special))
-                             for w in sorted(WEIGHTS) if w != 0 for r in RADII}}
+            by_setting = scores_by_setting(windows, documents, dev, special)
             scores[name]["cross-fitted"], chosen = cross_fitted(by_setting, half_of)
             models[name]["cross_fitted"] = {"chosen_by_half": chosen,
                                             "mean_f1_by_setting": {k: mean_f1(v) for k, v in by_setting.items()}}

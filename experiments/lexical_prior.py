@@ -74,6 +74,15 @@ def scores_with(windows, documents, rows, prior: LexicalPrior | None) -> dict[st
     return per_question_scores(predictions, rows, "korquad1-articles")
 
 
+def scores_by_setting(windows, documents, rows, special_ids: frozenset[int]) -> dict[str, dict[str, dict]]:
+    """Per-question scores of one reading without the prior ("none") and under every radius:weight of the grid
+    (`RADII` x `WEIGHTS`, "radius:weight" keys by weight then radius): what cross-fitting chooses from."""
+    settings = ["none"] + [f"{r}:{w}" for w in sorted(WEIGHTS) if w != 0 for r in RADII]
+    return {key: scores_with(windows, documents, rows, None if key == "none" else
+                             LexicalPrior(float(key.split(":")[1]), int(key.split(":")[0]), special_ids))
+            for key in settings}
+
+
 def mean_f1(scores: dict[str, dict]) -> float:
     return sum(s["f1"] for s in scores.values()) / len(scores)
 
