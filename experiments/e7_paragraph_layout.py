@@ -80,22 +80,34 @@ SHARED = -1  # the group of the shared question
 class Layout:
     feature: QAFeature  # input ids, offsets into the whole article, position ids, region nulls
     groups: list[int]  # per token: its segment, or SHARED for the shared question
+    carried: list[bool]  # per token: read as the following paragraphs' context, never an answer (`carry`)
 
 
 def paragraph_layout(tokenizer, question_id: str, question: str, article: str, paragraphs: list[tuple[int, int]],
                      variant: str, window: int, stride: int, max_question_tokens: int,
-                     answer: tuple[int, int] | None = None) -> Layout:
+                     answer: tuple[int, int] | None = None, carry: bool = False) -> Layout:
     """One sequence for a question over its whole article (module docstring). `answer`: the gold (start, end)
     characters in the article; the first segment that holds all of it is labelled (`feature.start_position` and
-    `end_position`, 0 when none does)."""
-    ids, offsets, positions, nulls, groups = [], [], [], [], []
+    `end_position`, 0 when none does). `carry`: a paragraph that fits one window is read in the window that starts at
+    it and goes on over the article's following text, as a sliding window starting there would (round 23); the
+    following text is context only (`Layout.carried`: no offsets, never a candidate nor a label)."""
+    ids, offsets, positions, nulls, groups, carried = [], [], [], [], [], []
     label, segment = (0, 0), -1
     for low, high in paragraphs:
-        for piece in make_features(tokenizer, question_id, question, plain_document(article[low:high]), window,
-                                   stride, max_question_tokens=max_question_tokens):
+        pieces = make_features(tokenizer, question_id, question, plain_document(article[low:high]), window, stride,
+                               max_question_tokens=max_question_tokens)
+        if carry and len(pieces) == 1:
+            # 4 characters a token more than fill any window (Korean and English run at 1.5-4): the text cut here
+            # is never read, the window is truncated first.
+            reach = min(len(article), high + 4 * window)
+            pieces = make_features(tokenizer, question_id, question, plain_document(article[low:reach]), window,
+                                   max_windows=1, max_question_tokens=max_question_tokens)
+        for piece in pieces:
             first = next(i for i, o in enumerate(piece.offsets) if o is not None)  # first document token
             segment += 1
-            shifted = [None if o is None else (o[0] + low, o[1] + low) for o in piece.offsets]
+            follows = [o is not None and o[0] >= high - low for o in piece.offsets]  # past the paragraph's end
+            shifted = [None if o is None or after else (o[0] + low, o[1] + low)
+                       for o, after in zip(piece.offsets, follows)]
             if variant == "replicated":
                 null = len(ids)
                 keep = range(len(piece.input_ids))
@@ -106,12 +118,14 @@ def paragraph_layout(tokenizer, question_id: str, question: str, article: str, p
                     positions += list(range(first))
                     nulls += [0] * first
                     groups += [SHARED] * first
+                    carried += [False] * first
                 null = len(ids)
                 ids.append(piece.input_ids[0])  # the segment's null: a copy of [CLS] at position 0
                 offsets.append(None)
                 positions.append(0)
                 nulls.append(null)
                 groups.append(segment)
+                carried.append(False)
                 keep = range(first, len(piece.input_ids))
             if answer is not None and label == (0, 0):
                 start, end = label_window(shifted, answer)
@@ -124,8 +138,9 @@ def paragraph_layout(tokenizer, question_id: str, question: str, article: str, p
                 positions.append(i)
                 nulls.append(null)
                 groups.append(segment)
+                carried.append(follows[i])
     feature = QAFeature(question_id, ids, None, offsets, *label, position_ids=positions, region_nulls=nulls)
-    return Layout(feature, groups)
+    return Layout(feature, groups, carried)
 
 
 def attention_mask(groups: list[int], variant: str) -> torch.Tensor:
@@ -205,14 +220,15 @@ def masked(model, plan: SegmentPlan):
         config.full_attention_max_length, config.max_position_embeddings = saved
 
 
-def read_layouts(model, tokenizer, rows, paragraphs, variant: str, window: int, stride: int, bf16: bool):
-    """Every question's one-sequence reading: its decoded candidates."""
+def read_layouts(model, tokenizer, rows, paragraphs, variant: str, window: int, stride: int, bf16: bool,
+                 carry: bool = False):
+    """Every question's one-sequence reading: its decoded candidates (`carry`: as `paragraph_layout`)."""
     cap = question_limit(model, tokenizer, window)
     top_k = model.config.qa_top_k
     windows = []
     for row in tqdm(rows, desc=variant, unit="question"):
         layout = paragraph_layout(tokenizer, row["id"], row["question"], row["context"], paragraphs[row["title"]],
-                                  variant, window, stride, cap)
+                                  variant, window, stride, cap, carry=carry)
         with masked(model, SegmentPlan.of(layout.groups, variant)), bf16_autocast("cpu", bf16):
             outputs = run_windows(model, [layout.feature], top_k)[0]
         windows.append(decode_outputs(model, layout.feature, outputs, top_k))
@@ -241,7 +257,8 @@ def reading_specs(args) -> dict[str, tuple[Path, str]]:
             raise SystemExit(f"--layout {spec}: the variant must be one of {', '.join(VARIANTS)}")
         specs[name] = (Path(directory), variant)
     if not specs:
-        specs = {"sliding": (args.reader, "sliding"), **{v: (args.reader, v) for v in args.variants}}
+        suffix = "-carry" if args.carry else ""
+        specs = {"sliding": (args.reader, "sliding"), **{v + suffix: (args.reader, v) for v in args.variants}}
     return specs
 
 
@@ -251,6 +268,10 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     parser.add_argument("--sliding", action="append", default=[], help="NAME=DIR: a model read in sliding windows")
     parser.add_argument("--layout", action="append", default=[], help="NAME=DIR:VARIANT: a model read in layouts")
+    parser.add_argument("--carry", action="store_true",
+                        help="Every layout's paragraph that fits a window reads on over the article's following text "
+                             "as context (paragraph_layout's carry; round 23); the untrained readings are named "
+                             "VARIANT-carry")
     parser.add_argument("--baseline", default="sliding", help="The reading every other is paired with")
     parser.add_argument("--resume", action="store_true", help="Keep the readings of the results file NAME.json")
     parser.add_argument("--max-articles", type=int, default=None, help="Only the first N dev-side articles")
@@ -295,14 +316,15 @@ def main() -> None:
         if how == "sliding":
             windows, documents = read_windows(model, tokenizer, dev, window, stride, bf16)
         else:
-            windows = read_layouts(model, tokenizer, dev, paragraphs, how, window, stride, bf16)
+            windows = read_layouts(model, tokenizer, dev, paragraphs, how, window, stride, bf16, args.carry)
             documents = {row["id"]: plain_document(row["context"]) for row in dev}
             x = sorted(len(w.feature.input_ids) for w in windows)
             lengths[name] = {"median": x[len(x) // 2], "max": x[-1]}
         cpu[name] = time.process_time() - started
         scores[name] = {"none": scores_with(windows, documents, dev, None),
                         "default": scores_with(windows, documents, dev, prior)}
-        models[name] = {"model": directory.as_posix(), "reading": how, "training": training_record(directory)}
+        models[name] = {"model": directory.as_posix(), "reading": how, "training": training_record(directory),
+                        **({"carry": True} if args.carry and how != "sliding" else {})}
         if args.cross_fit:
             special = frozenset(tokenizer.all_special_ids)
             by_setting = scores_by_setting(windows, documents, dev, special)

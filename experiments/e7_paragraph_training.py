@@ -61,7 +61,7 @@ def layout_loss(model, layout, variant: str, ranking_weight: float) -> torch.Ten
     with masked(model, SegmentPlan.of(layout.groups, variant)):
         out = model(**inputs, start_positions=starts, end_positions=ends)
     region_nulls = torch.tensor([feature.region_nulls])
-    valid = torch.ones_like(region_nulls, dtype=torch.bool)
+    valid = ~torch.tensor([layout.carried])  # carried context is read, never an answer: outside every softmax
     start = regional_start_loss(out.start_logits, region_nulls, valid, starts)
     if ranking_weight:
         start = (1 - ranking_weight) * start + ranking_weight * cross_region_ranking_loss(
@@ -106,7 +106,7 @@ def save(model, tokenizer, args, out: Path, cpu: float, bf16: bool, progress: di
               "split": "train", "window_length": WINDOW, "doc_stride": STRIDE, "started_from": str(args.reader),
               "command": "python " + shlex.join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "machine": machine(),
               "layout": {"variant": args.variant, "segments": args.segments, "distractors": args.distractors,
-                         "ranking_weight": args.ranking_weight},
+                         "ranking_weight": args.ranking_weight, "carry": args.carry},
               "settings": {"learning_rate": args.learning_rate, "questions_per_update": args.questions_per_update,
                            "seed": args.seed, "bf16": bf16},
               "cpu_budget_minutes": args.cpu_minutes if budget_minutes is None else budget_minutes,
@@ -134,6 +134,9 @@ def main() -> None:
     parser.add_argument("--distractors", choices=("random", "bm25"), default="random",
                         help="With --segments K: the K - 1 paragraphs beside the answer's drawn at random, or the "
                              "ones the question's words match best (BM25)")
+    parser.add_argument("--carry", action="store_true",
+                        help="Each segment that fits a window reads on over the article's following text as context "
+                             "(paragraph_layout's carry; read the model with e7_paragraph_layout.py --carry)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
     parser.add_argument("--save-at", type=float, nargs="*", default=[], metavar="CPU_MINUTES",
@@ -171,7 +174,7 @@ def main() -> None:
                        if args.distractors == "bm25" and 0 < args.segments < len(article) else None)
             spans = chosen_segments(article, answer, args.segments, generator, lexical)
             layout = paragraph_layout(tokenizer, row["id"], row["question"], row["context"], spans, args.variant,
-                                      window, stride, cap, answer)
+                                      window, stride, cap, answer, carry=args.carry)
             if not layout.feature.start_position:
                 skipped += 1
                 continue

@@ -67,6 +67,55 @@ def test_every_article_token_sits_at_its_paragraph_window_position(korean_tokeni
             assert max(feature.position_ids[i] for i in members) < 512
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_carried_segment_is_the_window_that_starts_at_its_paragraph(korean_tokenizer, variant):
+    """Round 23's carry: a paragraph that fits a window is read in the truncated window over the article from the
+    paragraph's start, token for token at the reader's positions; what follows the paragraph is carried (no offsets,
+    never the label), so the candidates are exactly the layout's without carry, and a paragraph too long for a window
+    keeps its own windows."""
+    rows = korquad1_dev_questions(100)[:3]
+    paragraphs = {title: [span for span, _ in spans]
+                  for title, spans in article_paragraphs(KORQUAD / "KorQuAD_v1.0_dev.json").items()}
+    carrying = 0
+    for row in rows:
+        spans = paragraphs[row["title"]]
+        begin = row["answers"]["answer_start"][0]
+        answer = (begin, begin + len(row["answers"]["text"][0]))
+        plain = paragraph_layout(korean_tokenizer, row["id"], row["question"], row["context"], spans, variant,
+                                 512, 128, 63, answer)
+        layout = paragraph_layout(korean_tokenizer, row["id"], row["question"], row["context"], spans, variant,
+                                  512, 128, 63, answer, carry=True)
+        feature, groups = layout.feature, layout.groups
+        assert not any(plain.carried) and len(layout.carried) == len(feature.input_ids)
+        candidates = [o for o in feature.offsets if o is not None]
+        assert candidates == [o for o in plain.feature.offsets if o is not None]  # the same answers, in order
+        start, end = feature.start_position, feature.end_position
+        assert 0 < start <= end and not layout.carried[start] and not layout.carried[end]
+        assert (feature.offsets[start], feature.offsets[end]) == (plain.feature.offsets[plain.feature.start_position],
+                                                                  plain.feature.offsets[plain.feature.end_position])
+        segments = sorted(set(groups) - {SHARED})
+        windows = []
+        for low, high in spans:
+            own = features_for_rows(korean_tokenizer, [{**row, "context": row["context"][low:high]}], 512, 128,
+                                    with_labels=False)
+            windows += own if len(own) > 1 else features_for_rows(
+                korean_tokenizer, [{**row, "context": row["context"][low:]}], 512, 128, max_windows=1,
+                with_labels=False)
+            carrying += len(own) == 1 and high < len(row["context"])
+        assert len(segments) == len(windows)
+        first = next(i for i, o in enumerate(windows[0].offsets) if o is not None)
+        for segment, window in zip(segments, windows):
+            members = [i for i, g in enumerate(groups) if g == segment]
+            reads = members if variant == "replicated" else members[1:]
+            kept = range(len(window.input_ids)) if variant == "replicated" else range(first, len(window.input_ids))
+            assert [feature.input_ids[i] for i in reads] == [window.input_ids[i] for i in kept]
+            assert [feature.position_ids[i] for i in reads] == list(kept)
+        for i, o in enumerate(feature.offsets):  # carried tokens lie past their segment's candidates
+            if layout.carried[i]:
+                assert o is None and groups[i] != SHARED
+    assert carrying  # the articles read here do carry text
+
+
 def test_the_mask_reads_the_own_segment_and_the_question():
     groups = [SHARED, SHARED, 0, 0, 1]
     alone = attention_mask(groups, "question-alone")[0, 0]
@@ -182,7 +231,8 @@ def test_the_layout_loss_reaches_every_weight_and_falls_when_trained():
     nulls = [0] * 4 + [4] * 7 + [11] * 6
     groups = [SHARED] * 4 + [0] * 7 + [1] * 6
     offsets = [None] * 4 + [None] + [(i, i + 1) for i in range(6)] + [None] + [(i, i + 1) for i in range(10, 15)]
-    layout = Layout(QAFeature("q", ids, None, offsets, 13, 14, position_ids=positions, region_nulls=nulls), groups)
+    layout = Layout(QAFeature("q", ids, None, offsets, 13, 14, position_ids=positions, region_nulls=nulls), groups,
+                    [False] * len(ids))
     loss = layout_loss(model, layout, "question-global", 0.5)
     assert torch.isfinite(loss)
     loss.backward()
@@ -196,6 +246,42 @@ def test_the_layout_loss_reaches_every_weight_and_falls_when_trained():
         loss.backward()
         optimizer.step()
     assert float(loss.detach()) < first / 2
+
+
+def test_carried_tokens_get_no_start_gradient_and_the_others_do():
+    """layout_loss leaves carried context out of every softmax: its start logits get no gradient, the candidates'
+    in the same segment do."""
+    from unittest import mock
+
+    from e7_paragraph_layout import Layout
+    from e7_paragraph_training import layout_loss
+
+    from longbird.data.features import QAFeature
+
+    torch.manual_seed(0)
+    model = _qa_model().train()
+    ids = [5, 10, 11, 2] + [5, 20, 21, 22, 23, 24, 25] + [5, 30, 31, 32, 33, 34]
+    positions = [0, 1, 2, 3] + [0, 4, 5, 6, 7, 8, 9] + [0, 4, 5, 6, 7, 8]
+    nulls = [0] * 4 + [4] * 7 + [11] * 6
+    groups = [SHARED] * 4 + [0] * 7 + [1] * 6
+    carried = [False] * 4 + [False] * 4 + [True] * 3 + [False] * 4 + [True] * 2
+    offsets = [None] * 4 + [None] + [(i, i + 1) for i in range(3)] + [None] * 3 + [None] + \
+        [(i, i + 1) for i in range(10, 13)] + [None] * 2
+    layout = Layout(QAFeature("q", ids, None, offsets, 13, 14, position_ids=positions, region_nulls=nulls), groups,
+                    carried)
+    captured, forward = {}, model.forward
+
+    def keeping(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        out.start_logits.retain_grad()
+        captured["out"] = out
+        return out
+
+    with mock.patch.object(model, "forward", keeping):
+        layout_loss(model, layout, "question-global", 0.5).backward()
+    grad = captured["out"].start_logits.grad[0]
+    assert all(grad[i] == 0 for i, c in enumerate(carried) if c)
+    assert all(grad[i] != 0 for i in (5, 6, 7, 12, 13, 14))  # the candidates of both segments
 
 
 def test_the_article_length_table_averages_each_bucket_and_pairs_with_the_baseline():
