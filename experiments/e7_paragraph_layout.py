@@ -20,6 +20,12 @@ Variants (`--variants`), how the question is read:
 - `question-alone`: one shared question, whose queries read the question only.
 - `question-global`: one shared question, whose queries read the whole article (BigBird ITC's global tokens).
 
+`--carry` (round 23): a paragraph that fits a window is read in the window that starts at it and goes on over the
+article's following text (what a sliding window starting at the paragraph reads), the following text as context only:
+no offsets, so never a candidate. Round 22's equal-budget loss lay mostly in the article's first 512 tokens, which the
+sliding reader's first window reads whole with the paragraphs beside each other; a carried segment reads its
+paragraph with what follows it as that window does, and still no paragraph is cut.
+
 Attention runs through SDPA per segment (`SegmentPlan`: a segment's queries over the question's keys and its own),
 so a question costs about what its article's windows cost; `attention_mask` is the same rule as a dense mask (the
 tests' reference).
@@ -357,25 +363,27 @@ def main() -> None:
 
 
 def budget_curves(results: dict, prior: str) -> dict[str, list[tuple[float, float]]]:
-    """{series: [(training CPU minutes, F1)]} of the trained layout rows, one series per variant, segment count and
-    choice of distractors, each starting from the same variant read untrained (0 minutes) when that reading is in the
-    results."""
-    untrained, curves = {}, {}
+    """{series: [(training CPU minutes, F1)]} of the trained layout rows, one series per variant, segment count,
+    choice of distractors and carry, each starting from the same variant read untrained (0 minutes), with carry or
+    without as it was trained, when that reading is in the results."""
+    untrained, curves, starts = {}, {}, {}
     for name, model in results.get("models", {}).items():
         f1 = results["readings"][name][prior]["all"]["f1"]
         training = model.get("training", {})
         if model["reading"] == "sliding":
             continue
         if "layout" not in training:
-            untrained[model["reading"]] = f1
+            untrained[(model["reading"], bool(model.get("carry")))] = f1
             continue
         layout = training["layout"]
         series = f"{layout['variant']}, {layout['segments'] or 'all'} segments" + (
-            " (BM25 distractors)" if layout.get("distractors") == "bm25" else "")
+            " (BM25 distractors)" if layout.get("distractors") == "bm25" else "") + (
+            ", carrying the following text" if layout.get("carry") else "")
+        starts[series] = (layout["variant"], bool(layout.get("carry")))
         curves.setdefault(series, []).append((training["cpu_budget_minutes"], f1))
     for series, points in curves.items():
-        variant = series.split(",")[0]
-        curves[series] = ([(0.0, untrained[variant])] if variant in untrained else []) + sorted(points)
+        start = starts[series]
+        curves[series] = ([(0.0, untrained[start])] if start in untrained else []) + sorted(points)
     return curves
 
 

@@ -9,7 +9,8 @@ segment's softmax over its null and its tokens; the answer's segment targets the
 gold start (the conditional head, teacher-forced). `--segments K` trains on the answer's segment and K − 1 others of
 its article in article order, drawn at random (seeded) or, with `--distractors bm25`, the K − 1 its question's words
 match best, instead of the whole article (0): K segments cost what K
-windows cost, so a budget buys more questions. Constant learning rate, AdamW, word embeddings frozen (the
+windows cost, so a budget buys more questions. `--carry` reads each segment on over the article's following text
+(`paragraph_layout`'s carry); the carried tokens are outside every softmax of the loss. Constant learning rate, AdamW, word embeddings frozen (the
 `finetune-qa` defaults E7's rows use), bf16 autocast where native, for `--cpu-minutes` of process CPU time (all
 threads). Questions whose answer no segment holds whole are skipped.
 

@@ -316,11 +316,16 @@ def test_the_budget_curves_start_from_the_untrained_layout_and_follow_the_budget
                           "s4": {"reading": "question-global", "training": trained(30, 4)},
                           "b4": {"reading": "question-global",
                                  "training": {**trained(30, 4), "layout": {"variant": "question-global", "segments": 4,
-                                                                           "distractors": "bm25"}}}},
+                                                                           "distractors": "bm25"}}},
+                          "global-carry": {"reading": "question-global", "training": {}, "carry": True},
+                          "c6": {"reading": "question-global", "carry": True,
+                                 "training": {**trained(90, 6), "layout": {"variant": "question-global", "segments": 6,
+                                                                           "distractors": "bm25", "carry": True}}}},
                "readings": {"sliding": reading(76), "global": reading(70), "g60": reading(74), "g30": reading(72),
-                            "s4": reading(71), "b4": reading(73)}}
+                            "s4": reading(71), "b4": reading(73), "global-carry": reading(75), "c6": reading(77)}}
     assert budget_curves(results, "default") == {
         "question-global, 12 segments": [(0.0, 70), (30, 72), (60, 74)],
         "question-global, 4 segments": [(0.0, 70), (30, 71)],
-        "question-global, 4 segments (BM25 distractors)": [(0.0, 70), (30, 73)]}
+        "question-global, 4 segments (BM25 distractors)": [(0.0, 70), (30, 73)],
+        "question-global, 6 segments (BM25 distractors), carrying the following text": [(0.0, 75), (90, 77)]}
     assert budget_curves(results, "none")["question-global, 4 segments"] == [(0.0, 69), (30, 70)]
