@@ -21,15 +21,18 @@ import longbird  # noqa: E402
 from longbird.data.features import features_for_rows  # noqa: E402
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_every_article_token_sits_at_its_paragraph_window_position(korean_tokenizer, variant):
-    rows = korquad1_dev_questions(100)[:3]
+def _questions_over_their_paragraphs():
+    """(row, its article's paragraph spans, the gold answer's characters) for three real dev questions."""
     paragraphs = {title: [span for span, _ in spans]
                   for title, spans in article_paragraphs(KORQUAD / "KorQuAD_v1.0_dev.json").items()}
-    for row in rows:
-        spans = paragraphs[row["title"]]
+    for row in korquad1_dev_questions(100)[:3]:
         begin = row["answers"]["answer_start"][0]
-        answer = (begin, begin + len(row["answers"]["text"][0]))
+        yield row, paragraphs[row["title"]], (begin, begin + len(row["answers"]["text"][0]))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_article_token_sits_at_its_paragraph_window_position(korean_tokenizer, variant):
+    for row, spans, answer in _questions_over_their_paragraphs():
         layout = paragraph_layout(korean_tokenizer, row["id"], row["question"], row["context"], spans, variant,
                                   512, 128, 63, answer)
         feature, groups = layout.feature, layout.groups
@@ -73,14 +76,8 @@ def test_a_carried_segment_is_the_window_that_starts_at_its_paragraph(korean_tok
     paragraph's start, token for token at the reader's positions; what follows the paragraph is carried (no offsets,
     never the label), so the candidates are exactly the layout's without carry, and a paragraph too long for a window
     keeps its own windows."""
-    rows = korquad1_dev_questions(100)[:3]
-    paragraphs = {title: [span for span, _ in spans]
-                  for title, spans in article_paragraphs(KORQUAD / "KorQuAD_v1.0_dev.json").items()}
     carrying = 0
-    for row in rows:
-        spans = paragraphs[row["title"]]
-        begin = row["answers"]["answer_start"][0]
-        answer = (begin, begin + len(row["answers"]["text"][0]))
+    for row, spans, answer in _questions_over_their_paragraphs():
         plain = paragraph_layout(korean_tokenizer, row["id"], row["question"], row["context"], spans, variant,
                                  512, 128, 63, answer)
         layout = paragraph_layout(korean_tokenizer, row["id"], row["question"], row["context"], spans, variant,
@@ -216,23 +213,32 @@ def test_bm25_distractors_are_the_paragraphs_the_question_matches_best():
         assert chosen_segments(spans, answer, 3, random.Random(seed), scores) == chosen
 
 
-def test_the_layout_loss_reaches_every_weight_and_falls_when_trained():
-    """A hand-made question-global layout (a shared question, two segments, the answer in the second): the loss is
-    finite, its gradient reaches the QA heads and the attention of the first layer, and 30 Adam steps lower it."""
+def _hand_made_layout(carried: list[bool] | None = None):
+    """A question-global layout of a shared question (4 tokens) and two segments (7 and 6 tokens, each its null
+    first), the answer at tokens 13-14 of the second; `carried` tokens lose their offsets."""
     from e7_paragraph_layout import Layout
-    from e7_paragraph_training import layout_loss
 
     from longbird.data.features import QAFeature
 
-    torch.manual_seed(0)
-    model = _qa_model().train()
     ids = [5, 10, 11, 2] + [5, 20, 21, 22, 23, 24, 25] + [5, 30, 31, 32, 33, 34]
     positions = [0, 1, 2, 3] + [0, 4, 5, 6, 7, 8, 9] + [0, 4, 5, 6, 7, 8]
     nulls = [0] * 4 + [4] * 7 + [11] * 6
     groups = [SHARED] * 4 + [0] * 7 + [1] * 6
     offsets = [None] * 4 + [None] + [(i, i + 1) for i in range(6)] + [None] + [(i, i + 1) for i in range(10, 15)]
-    layout = Layout(QAFeature("q", ids, None, offsets, 13, 14, position_ids=positions, region_nulls=nulls), groups,
-                    [False] * len(ids))
+    carried = carried or [False] * len(ids)
+    offsets = [None if c else o for o, c in zip(offsets, carried)]
+    return Layout(QAFeature("q", ids, None, offsets, 13, 14, position_ids=positions, region_nulls=nulls), groups,
+                  carried)
+
+
+def test_the_layout_loss_reaches_every_weight_and_falls_when_trained():
+    """A hand-made question-global layout (a shared question, two segments, the answer in the second): the loss is
+    finite, its gradient reaches the QA heads and the attention of the first layer, and 30 Adam steps lower it."""
+    from e7_paragraph_training import layout_loss
+
+    torch.manual_seed(0)
+    model = _qa_model().train()
+    layout = _hand_made_layout()
     loss = layout_loss(model, layout, "question-global", 0.5)
     assert torch.isfinite(loss)
     loss.backward()
@@ -253,22 +259,12 @@ def test_carried_tokens_get_no_start_gradient_and_the_others_do():
     in the same segment do."""
     from unittest import mock
 
-    from e7_paragraph_layout import Layout
     from e7_paragraph_training import layout_loss
-
-    from longbird.data.features import QAFeature
 
     torch.manual_seed(0)
     model = _qa_model().train()
-    ids = [5, 10, 11, 2] + [5, 20, 21, 22, 23, 24, 25] + [5, 30, 31, 32, 33, 34]
-    positions = [0, 1, 2, 3] + [0, 4, 5, 6, 7, 8, 9] + [0, 4, 5, 6, 7, 8]
-    nulls = [0] * 4 + [4] * 7 + [11] * 6
-    groups = [SHARED] * 4 + [0] * 7 + [1] * 6
     carried = [False] * 4 + [False] * 4 + [True] * 3 + [False] * 4 + [True] * 2
-    offsets = [None] * 4 + [None] + [(i, i + 1) for i in range(3)] + [None] * 3 + [None] + \
-        [(i, i + 1) for i in range(10, 13)] + [None] * 2
-    layout = Layout(QAFeature("q", ids, None, offsets, 13, 14, position_ids=positions, region_nulls=nulls), groups,
-                    carried)
+    layout = _hand_made_layout(carried)
     captured, forward = {}, model.forward
 
     def keeping(*args, **kwargs):
