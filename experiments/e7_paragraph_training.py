@@ -8,11 +8,11 @@ segment's softmax over its null and its tokens; the answer's segment targets the
 (`heads.cross_region_ranking_loss`: one softmax over every token's null-relative score), and the end loss given the
 gold start (the conditional head, teacher-forced). `--segments K` trains on the answer's segment and K − 1 others of
 its article in article order, drawn at random (seeded) or, with `--distractors bm25`, the K − 1 its question's words
-match best, instead of the whole article (0): K segments cost what K
-windows cost, so a budget buys more questions. `--carry` reads each segment on over the article's following text
-(`paragraph_layout`'s carry); the carried tokens are outside every softmax of the loss. Constant learning rate, AdamW, word embeddings frozen (the
-`finetune-qa` defaults E7's rows use), bf16 autocast where native, for `--cpu-minutes` of process CPU time (all
-threads). Questions whose answer no segment holds whole are skipped.
+match best, instead of the whole article (0): K segments cost what K windows cost, so a budget buys more questions.
+`--carry` reads each segment on over the article's following text (`paragraph_layout`'s carry); the carried tokens
+are outside every softmax of the loss. Constant learning rate, AdamW, word embeddings frozen (the `finetune-qa`
+defaults E7's rows use), bf16 autocast where native, for `--cpu-minutes` of process CPU time (all threads).
+Questions whose answer no segment holds whole are skipped.
 
 The model is saved with a `longbird_finetune.json` that records the data, the split and the budget, so the reading
 script's held-out check (`require_trained_apart`) reads it like any other row.
