@@ -399,7 +399,7 @@ def plot_budget(results: dict, path: Path) -> None:
     curves = {prior: budget_curves(results, prior) for prior in ("none", "default")}
     if not any(curves.values()):
         return
-    figure, axis = plt.subplots(figsize=(7, 4.2))
+    figure, axis = plt.subplots(figsize=(11, 4.6))
     baseline = results["readings"].get(results["baseline"])
     colours = {series: f"C{i}" for i, series in enumerate(curves["default"])}
     for prior, style, words in (("default", "-", "with the prior"), ("none", ":", "no prior")):
@@ -412,7 +412,7 @@ def plot_budget(results: dict, path: Path) -> None:
     axis.set_ylabel(f"F1, {results['questions']} dev-side questions")
     axis.set_title("E7: the paragraph layout trained for more CPU minutes")
     axis.grid(alpha=0.3)
-    axis.legend(fontsize=7)
+    axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: the curves stay visible
     figure.tight_layout()
     save_figure_atomically(figure, path)
     plt.close(figure)
