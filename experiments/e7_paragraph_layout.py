@@ -105,9 +105,9 @@ def paragraph_layout(tokenizer, question_id: str, question: str, article: str, p
         if carry and len(pieces) == 1:
             # 4 characters a token more than fill any window (Korean and English run at 1.5-4): the text cut here
             # is never read, the window is truncated first.
-            reach = min(len(article), high + 4 * window)
-            pieces = make_features(tokenizer, question_id, question, plain_document(article[low:reach]), window,
-                                   max_windows=1, max_question_tokens=max_question_tokens)
+            following = plain_document(article[low:high + 4 * window])
+            pieces = make_features(tokenizer, question_id, question, following, window, max_windows=1,
+                                   max_question_tokens=max_question_tokens)
         for piece in pieces:
             first = next(i for i, o in enumerate(piece.offsets) if o is not None)  # first document token
             segment += 1

@@ -48,26 +48,33 @@ def test_every_article_token_sits_at_its_paragraph_window_position(korean_tokeni
         # each paragraph window of the reader, token for token, at the reader's positions
         windows = [piece for low, high in spans for piece in features_for_rows(
             korean_tokenizer, [{**row, "context": row["context"][low:high]}], 512, 128, with_labels=False)]
-        segments = sorted(set(groups) - {SHARED})
-        assert len(segments) == len(windows)
-        first = next(i for i, o in enumerate(windows[0].offsets) if o is not None)
-        shared = [i for i, g in enumerate(groups) if g == SHARED]
-        if variant == "replicated":
-            assert not shared
-        else:  # [CLS] question [SEP] [SEP] once, at 0..first-1, its own region
-            assert [feature.input_ids[i] for i in shared] == windows[0].input_ids[:first]
-            assert [feature.position_ids[i] for i in shared] == list(range(first))
-            assert all(feature.region_nulls[i] == 0 for i in shared)
-        for segment, window in zip(segments, windows):
-            members = [i for i, g in enumerate(groups) if g == segment]
-            null = members[0]
-            assert feature.input_ids[null] == korean_tokenizer.cls_token_id and feature.position_ids[null] == 0
-            assert all(feature.region_nulls[i] == null for i in members)
-            reads = members if variant == "replicated" else members[1:]
-            kept = range(len(window.input_ids)) if variant == "replicated" else range(first, len(window.input_ids))
-            assert [feature.input_ids[i] for i in reads] == [window.input_ids[i] for i in kept]
-            assert [feature.position_ids[i] for i in reads] == list(kept)
-            assert max(feature.position_ids[i] for i in members) < 512
+        _assert_each_segment_is_its_window(korean_tokenizer, layout, windows, variant)
+
+
+def _assert_each_segment_is_its_window(tokenizer, layout, windows, variant):
+    """The layout's segments are `windows` in order, token for token at the reader's positions, each with its null
+    (`[CLS]` at 0) and its region; the shared question once, at 0..first-1, unless every segment has its copy."""
+    feature, groups = layout.feature, layout.groups
+    segments = sorted(set(groups) - {SHARED})
+    assert len(segments) == len(windows)
+    first = next(i for i, o in enumerate(windows[0].offsets) if o is not None)
+    shared = [i for i, g in enumerate(groups) if g == SHARED]
+    if variant == "replicated":
+        assert not shared
+    else:  # [CLS] question [SEP] [SEP] once, at 0..first-1, its own region
+        assert [feature.input_ids[i] for i in shared] == windows[0].input_ids[:first]
+        assert [feature.position_ids[i] for i in shared] == list(range(first))
+        assert all(feature.region_nulls[i] == 0 for i in shared)
+    for segment, window in zip(segments, windows):
+        members = [i for i, g in enumerate(groups) if g == segment]
+        null = members[0]
+        assert feature.input_ids[null] == tokenizer.cls_token_id and feature.position_ids[null] == 0
+        assert all(feature.region_nulls[i] == null for i in members)
+        reads = members if variant == "replicated" else members[1:]
+        kept = range(len(window.input_ids)) if variant == "replicated" else range(first, len(window.input_ids))
+        assert [feature.input_ids[i] for i in reads] == [window.input_ids[i] for i in kept]
+        assert [feature.position_ids[i] for i in reads] == list(kept)
+        assert max(feature.position_ids[i] for i in members) < 512
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -90,7 +97,6 @@ def test_a_carried_segment_is_the_window_that_starts_at_its_paragraph(korean_tok
         assert 0 < start <= end and not layout.carried[start] and not layout.carried[end]
         assert (feature.offsets[start], feature.offsets[end]) == (plain.feature.offsets[plain.feature.start_position],
                                                                   plain.feature.offsets[plain.feature.end_position])
-        segments = sorted(set(groups) - {SHARED})
         windows = []
         for low, high in spans:
             own = features_for_rows(korean_tokenizer, [{**row, "context": row["context"][low:high]}], 512, 128,
@@ -99,14 +105,7 @@ def test_a_carried_segment_is_the_window_that_starts_at_its_paragraph(korean_tok
                 korean_tokenizer, [{**row, "context": row["context"][low:]}], 512, 128, max_windows=1,
                 with_labels=False)
             carrying += len(own) == 1 and high < len(row["context"])
-        assert len(segments) == len(windows)
-        first = next(i for i, o in enumerate(windows[0].offsets) if o is not None)
-        for segment, window in zip(segments, windows):
-            members = [i for i, g in enumerate(groups) if g == segment]
-            reads = members if variant == "replicated" else members[1:]
-            kept = range(len(window.input_ids)) if variant == "replicated" else range(first, len(window.input_ids))
-            assert [feature.input_ids[i] for i in reads] == [window.input_ids[i] for i in kept]
-            assert [feature.position_ids[i] for i in reads] == list(kept)
+        _assert_each_segment_is_its_window(korean_tokenizer, layout, windows, variant)
         for i, o in enumerate(feature.offsets):  # carried tokens lie past their segment's candidates
             if layout.carried[i]:
                 assert o is None and groups[i] != SHARED
