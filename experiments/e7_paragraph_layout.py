@@ -64,7 +64,7 @@ from e7_diagnosis import trained_apart  # noqa: E402
 from e7_long_reading import add_output_arguments, held_out_record, machine, provenance, wants_bf16, write_tables  # noqa: E402
 from e7_paragraph_cuts import DATA, article_paragraphs  # noqa: E402
 from e7_paragraph_windows import cell  # noqa: E402
-from lexical_prior import mean_f1, read_windows, scores_by_setting, scores_with  # noqa: E402
+from lexical_prior import RADII, WEIGHTS, mean_f1, read_windows, scores_by_setting, scores_with  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
 from longbird import layers  # noqa: E402
@@ -80,6 +80,55 @@ from longbird.tasks.qa import question_limit  # noqa: E402
 
 VARIANTS = ("replicated", "question-alone", "question-global")
 SHARED = -1  # the group of the shared question
+# What the lead prior adds to a span that starts in the article's first paragraph, in the units of a span's score
+# (start logit + log P(end | start), null-relative): cross-fitted with the lexical prior's radius:weight (`--lead`).
+LEAD_BONUSES = (0.0, 0.5, 1.0, 2.0, 4.0)
+
+
+@dataclasses.dataclass
+class LeadPrior:
+    """The lexical prior (or none) plus `bonus` for a span starting in the article's first paragraph (round 24).
+
+    Round 24 found the whole first-512 loss of the paragraph layout in the article's first paragraph, where a carried
+    segment and the sliding reader's first window are the same tokens: so a ranking loss, not a reading one. The
+    sliding reader's first window is the only window that starts where a paragraph starts, the kind of window the
+    paragraph reader was trained on, and it wins ties for the opening; in the layout every segment starts at its
+    paragraph, and the opening competes on equal terms. This prior states the opening's advantage explicitly, for every
+    reader alike, so that its weight is chosen per reader by cross-fitting rather than by the window layout.
+    Duck-types `LexicalPrior` for `rank_answers` (`weight`, `for_question`)."""
+
+    lexical: LexicalPrior | None
+    bonus: float
+    lead_end: dict[str, int]  # question id -> the character where its article's first paragraph ends
+
+    @property
+    def weight(self) -> float:  # rank_answers skips a prior whose weight is 0
+        return self.bonus + (self.lexical.weight if self.lexical else 0.0)
+
+    def for_question(self, features):
+        lexical = self.lexical.for_question(features) if self.lexical else None
+        end = self.lead_end[features[0].example_id]
+
+        def prior(feature, start: int) -> float:
+            lead = self.bonus if feature.offsets[start][0] < end else 0.0
+            return lead + (lexical(feature, start) if lexical else 0.0)
+
+        return prior
+
+
+def scores_with_lead(windows, documents, rows, special_ids: frozenset[int],
+                     lead_end: dict[str, int]) -> dict[str, dict[str, dict]]:
+    """Per-question scores under every lexical setting of the grid (`none` and radius:weight) with every lead bonus,
+    keyed "SETTING+BONUS": what `--lead` cross-fits over."""
+    settings = ["none"] + [f"{r}:{w}" for w in sorted(WEIGHTS) if w != 0 for r in RADII]
+    out = {}
+    for key in settings:
+        lexical = None if key == "none" else LexicalPrior(float(key.split(":")[1]), int(key.split(":")[0]),
+                                                          special_ids)
+        for bonus in LEAD_BONUSES:
+            out[f"{key}+{bonus:g}"] = scores_with(windows, documents, rows,
+                                                  LeadPrior(lexical, bonus, lead_end) if bonus else lexical)
+    return out
 
 
 @dataclasses.dataclass
@@ -285,6 +334,13 @@ def main() -> None:
                         help="Also a `cross-fitted` reading: the articles in two seeded halves (e7_all_dev.halves, "
                              "seed 0), each half read with the prior's radius:weight that scored best on the other "
                              "half, so that every reader gets a prior tuned to it and no question chooses its own")
+    parser.add_argument("--lead", action="store_true",
+                        help="Also a `lead` reading: the lexical prior and the lead prior (LeadPrior: a bonus for "
+                             "spans in the article's first paragraph) cross-fitted together over the halves, as "
+                             "--cross-fit does for the lexical prior alone (round 24)")
+    parser.add_argument("--keep-candidates", type=Path, default=None,
+                        help="Save every reading's decoded candidates and documents to DIR/NAME.pt (torch.save), so "
+                             "that a new scoring rule can be tried without reading again")
     parser.add_argument("--report", action="store_true",
                         help="Read nothing: rewrite the tables of the results file NAME.json (implies --resume)")
     add_output_arguments(parser, "e7_paragraph_layout")
@@ -299,6 +355,9 @@ def main() -> None:
     paragraphs = {title: [span for span, _ in spans] for title, spans in article_paragraphs(DATA).items()
                   if title in titles}
     article_of = {row["id"]: row["title"] for row in dev}
+    paragraph_of = {i: index for title, spans in article_paragraphs(DATA).items() if title in titles
+                    for index, (_, ids) in enumerate(spans) for i in ids}
+    lead_end = {row["id"]: paragraphs[row["title"]][0][1] for row in dev}
     half_of_title = halves(titles, 0)
     half_of = {i: half_of_title[title] for i, title in article_of.items()}
     path = args.out / f"{args.name}.json"
@@ -331,6 +390,16 @@ def main() -> None:
                         "default": scores_with(windows, documents, dev, prior)}
         models[name] = {"model": directory.as_posix(), "reading": how, "training": training_record(directory),
                         **({"carry": True} if args.carry and how != "sliding" else {})}
+        if args.keep_candidates:
+            keep = args.keep_candidates / f"{name}.pt"
+            keep.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"windows": windows, "documents": documents}, keep.with_suffix(".tmp"))
+            keep.with_suffix(".tmp").replace(keep)  # whole or not at all
+        if args.lead:
+            by_setting = scores_with_lead(windows, documents, dev, frozenset(tokenizer.all_special_ids), lead_end)
+            scores[name]["lead"], chosen = cross_fitted(by_setting, half_of)
+            models[name]["lead"] = {"chosen_by_half": chosen,
+                                    "mean_f1_by_setting": {k: mean_f1(v) for k, v in by_setting.items()}}
         if args.cross_fit:
             special = frozenset(tokenizer.all_special_ids)
             by_setting = scores_by_setting(windows, documents, dev, special)
@@ -347,7 +416,8 @@ def main() -> None:
                "articles": len(titles), "window": window, "stride": stride,
                "bucket_sizes": {b: list(buckets.values()).count(b) for b in BUCKETS}, "cpu_seconds": cpu,
                "sequence_tokens": lengths, "models": models, "baseline": args.baseline,
-               "article_tokens": article_tokens, "article_of": article_of, "halves": half_of_title,
+               "article_tokens": article_tokens, "article_of": article_of, "paragraph_of": paragraph_of,
+               "halves": half_of_title,
                "readings": {}}
     if args.report:  # nothing read: the provenance stays the readings'
         results.update({k: earlier[k] for k in ("command", "machine", "earlier_commands") if k in earlier})
@@ -358,7 +428,8 @@ def main() -> None:
             reading: {**bucket_summary(s, buckets, BUCKETS, None if baseline is None or name == args.baseline
                                        else baseline.get(reading), article_of), "per_question": s}
             for reading, s in by_prior.items()}
-    write_tables(args.out, args.name, results, table(results) + [""] + by_article_length(results))
+    write_tables(args.out, args.name, results,
+                 table(results) + [""] + by_article_length(results) + [""] + by_answer_paragraph(results))
     plot_budget(results, args.out / f"{args.name}.png")
 
 
@@ -453,6 +524,32 @@ def by_article_length(results: dict) -> list[str]:
     return lines
 
 
+def by_answer_paragraph(results: dict) -> list[str]:
+    """Mean F1 by which of its article's paragraphs holds the answer (the first, second, third, a later one), for
+    every reading with the default prior, with the difference from the baseline on the same questions (round 24)."""
+    paragraph_of = results.get("paragraph_of")
+    if not paragraph_of:
+        return []
+    names = ("1st", "2nd", "3rd", "later")
+    bucket_of = {q: names[min(index, 3)] for q, index in paragraph_of.items()}
+    baseline = results["readings"].get(results["baseline"], {}).get("default", {}).get("per_question")
+    lines = ["F1 by the paragraph of its article that holds the answer (the default prior; in brackets the difference "
+             f"from `{results['baseline']}` on the same questions; questions per bucket in the header):", "",
+             "| reading | " + " | ".join(f"{b} ({sum(v == b for v in bucket_of.values())})" for b in names) + " |",
+             "|---|" + "---:|" * len(names)]
+    for name, by_prior in results["readings"].items():
+        scores = by_prior["default"]["per_question"]
+        row = []
+        for b in names:
+            ids = [q for q in scores if bucket_of[q] == b]
+            f1 = sum(scores[q]["f1"] for q in ids) / len(ids)
+            gap = (f" ({f1 - sum(baseline[q]['f1'] for q in ids) / len(ids):+.1f})"
+                   if baseline and name != results["baseline"] else "")
+            row.append(f"{f1:.1f}{gap}")
+        lines.append(f"| {name} | " + " | ".join(row) + " |")
+    return lines
+
+
 def table(results: dict) -> list[str]:
     sizes = results["bucket_sizes"]
     lines = provenance(results) + [
@@ -482,10 +579,16 @@ def table(results: dict) -> list[str]:
                   f"{t['tokens_seen']:,} tokens." for n, t in trained.items() if "layout" in t]
     fitted = {n: m["cross_fitted"]["chosen_by_half"] for n, m in results.get("models", {}).items()
               if m.get("cross_fitted")}
+    lead = {n: m["lead"]["chosen_by_half"] for n, m in results.get("models", {}).items() if m.get("lead")}
     if fitted:
         lines += ["", "`cross-fitted`: each half of the articles read with the prior (radius:weight) best on the other "
                   "half; chosen for halves 0 / 1: " + "; ".join(
                       f"`{n}` {' / '.join(str(c[h]) for h in sorted(c))}" for n, c in fitted.items()) + "."]
+    if lead:
+        lines += ["", "`lead`: each half read with the lexical prior (radius:weight) and the lead prior (the bonus "
+                  "after +, for spans in the article's first paragraph) best on the other half; chosen for halves "
+                  "0 / 1: " + "; ".join(f"`{n}` {' / '.join(str(c[h]) for h in sorted(c))}" for n, c in lead.items())
+                  + "."]
     return lines
 
 

@@ -324,3 +324,55 @@ def test_the_budget_curves_start_from_the_untrained_layout_and_follow_the_budget
         "question-global, 4 segments (BM25 distractors)": [(0.0, 70), (30, 73)],
         "question-global, 6 segments (BM25 distractors), carrying the following text": [(0.0, 75), (90, 77)]}
     assert budget_curves(results, "none")["question-global, 4 segments"] == [(0.0, 69), (30, 70)]
+
+
+def test_the_lead_prior_adds_its_bonus_to_spans_in_the_first_paragraph_only(korean_tokenizer):
+    from e7_paragraph_layout import LeadPrior
+
+    from longbird.data.html import plain_document
+    from longbird.lexical_prior import LexicalPrior
+    from longbird.qa import SCORING_RULES, WindowCandidates, rank_answers
+
+    row, spans, _ = next(_questions_over_their_paragraphs())
+    lead_end = {row["id"]: spans[0][1]}
+    features = features_for_rows(korean_tokenizer, [row], 512, 128, with_labels=False)
+    documents = {row["id"]: plain_document(row["context"])}
+    first = features[0]
+    # a span in the first paragraph, the first token at or after its end (the separator), one in the last window
+    lead = next(i for i, o in enumerate(first.offsets) if o is not None)
+    boundary = next(i for i, o in enumerate(first.offsets) if o is not None and o[0] >= spans[0][1])
+    last = features[-1]
+    late = max(i for i, o in enumerate(last.offsets) if o is not None)
+    offsets = {rule: 0.0 for rule in SCORING_RULES}
+    windows = [WindowCandidates(first, [(1.5, boundary, boundary), (1.0, lead, lead)], dict(offsets), None),
+               WindowCandidates(last, [(1.4, late, late)], dict(offsets), None)]
+
+    def best(prior):
+        return rank_answers(windows, documents, lexical=prior)[row["id"]][0]
+
+    for prior in (None, LeadPrior(None, 0.4, lead_end)):  # 1.0 + 0.4 < 1.5: no bonus from the paragraph's end on
+        answer = best(prior)
+        assert answer.score == 1.5 and answer.start >= spans[0][1]
+    moved = best(LeadPrior(None, 0.6, lead_end))
+    assert moved.score == pytest.approx(1.6, rel=1e-12) and moved.start < spans[0][1]
+    lexical = LexicalPrior(0.5, 32, frozenset(korean_tokenizer.all_special_ids))
+    both, alone = LeadPrior(lexical, 0.6, lead_end).for_question(features), lexical.for_question(features)
+    assert both(first, lead) == pytest.approx(alone(first, lead) + 0.6, rel=1e-12)
+    assert both(first, boundary) == alone(first, boundary) and both(last, late) == alone(last, late)
+    assert LeadPrior(None, 0.6, lead_end).weight == 0.6 and LeadPrior(lexical, 0.0, lead_end).weight == 0.5
+
+
+def test_the_answer_paragraph_table_buckets_by_paragraph_and_pairs_with_the_baseline():
+    from e7_paragraph_layout import by_answer_paragraph
+
+    per = {"base": {"a": 100.0, "b": 0.0, "c": 50.0, "d": 40.0, "e": 60.0},
+           "long": {"a": 50.0, "b": 100.0, "c": 50.0, "d": 0.0, "e": 100.0}}
+    results = {"paragraph_of": {"a": 0, "b": 0, "c": 1, "d": 2, "e": 7}, "baseline": "base",
+               "readings": {name: {"default": {"per_question": {q: {"f1": f1, "exact_match": f1}
+                                                                for q, f1 in scores.items()}}}
+                            for name, scores in per.items()}}
+    lines = by_answer_paragraph(results)
+    assert lines[2] == "| reading | 1st (2) | 2nd (1) | 3rd (1) | later (1) |"
+    assert lines[4] == "| base | 50.0 | 50.0 | 40.0 | 60.0 |"
+    assert lines[5] == "| long | 75.0 (+25.0) | 50.0 (+0.0) | 0.0 (-40.0) | 100.0 (+40.0) |"
+    assert by_answer_paragraph({**results, "paragraph_of": None}) == []  # results written before round 24
