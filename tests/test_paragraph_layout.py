@@ -376,3 +376,18 @@ def test_the_answer_paragraph_table_buckets_by_paragraph_and_pairs_with_the_base
     assert lines[4] == "| base | 50.0 | 50.0 | 40.0 | 60.0 |"
     assert lines[5] == "| long | 75.0 (+25.0) | 50.0 (+0.0) | 0.0 (-40.0) | 100.0 (+40.0) |"
     assert by_answer_paragraph({**results, "paragraph_of": None}) == []  # results written before round 24
+
+
+def test_a_wrong_answer_is_a_reading_error_in_its_paragraph_and_a_ranking_error_elsewhere():
+    from e7_answer_places import paragraph_index, places
+
+    from longbird.qa import Answer
+
+    starts = [0, 100, 250]
+    assert [paragraph_index(starts, c) for c in (0, 99, 100, 249, 250, 900)] == [0, 0, 1, 1, 2, 2]
+    predictions = {"a": Answer("x", 10, 12, 1.0, 0, None), "b": Answer("y", 120, 125, 1.0, 0, None),
+                   "c": Answer("z", 260, 270, 1.0, 0, None), "d": None}
+    scores = {"a": {"f1": 50.0}, "b": {"f1": 49.9}, "c": {"f1": 0.0}, "d": {"f1": 0.0}}
+    gold = {"a": 2, "b": 1, "c": 0, "d": 0}
+    assert places(predictions, scores, gold, dict.fromkeys(predictions, starts)) == {
+        "a": "right", "b": "wrong, its paragraph", "c": "wrong, another paragraph", "d": "wrong, another paragraph"}
