@@ -391,3 +391,55 @@ def test_a_wrong_answer_is_a_reading_error_in_its_paragraph_and_a_ranking_error_
     gold = {"a": 2, "b": 1, "c": 0, "d": 0}
     assert places(predictions, scores, gold, dict.fromkeys(predictions, starts)) == {
         "a": "right", "b": "wrong, its paragraph", "c": "wrong, another paragraph", "d": "wrong, another paragraph"}
+
+
+def test_the_learned_ranking_at_the_library_weights_ranks_as_the_library(korean_tokenizer):
+    from e7_learned_ranking import LIBRARY, LearnedRanking, question_candidates
+
+    from longbird.data.html import plain_document
+    from longbird.lexical_prior import LexicalPrior
+    from longbird.qa import SCORING_RULES, WindowCandidates, rank_answers
+
+    row, spans, _ = next(_questions_over_their_paragraphs())
+    features = features_for_rows(korean_tokenizer, [row], 512, 128, with_labels=False)
+    documents = {row["id"]: plain_document(row["context"])}
+    generator = random.Random(0)
+    windows = []
+    for feature in features:  # random spans and offsets: each window's null and normaliser differ
+        tokens = [i for i, o in enumerate(feature.offsets) if o is not None]
+        starts = generator.sample(tokens, 5)
+        spans_ = [(generator.uniform(-2, 2), s, min(s + generator.randrange(4), tokens[-1])) for s in starts]
+        windows.append(WindowCandidates(feature, spans_, {r: generator.uniform(-3, 3) for r in SCORING_RULES}, None))
+    special = frozenset(korean_tokenizer.all_special_ids)
+    lead_end = {row["id"]: spans[0][1]}
+    learned = LearnedRanking(list(LIBRARY), {id(w.feature): w for w in windows}, special, lead_end)
+    ours = rank_answers(windows, documents, top_k=5, lexical=learned)[row["id"]]
+    library = rank_answers(windows, documents, top_k=5, lexical=LexicalPrior(0.3, 64, special))[row["id"]]
+    assert [(a.start, a.end) for a in ours] == [(a.start, a.end) for a in library]
+    assert [a.score for a in ours] == pytest.approx([a.score for a in library], rel=1e-12)
+    # the candidates the fit reads: one per decoded span, their features as the ranking computes them
+    raw, values, f1 = question_candidates(windows, documents, [row], special, lead_end)[row["id"]]
+    assert len(raw) == len(values) == len(f1) == 5 * len(windows)
+    assert ((f1 >= 0) & (f1 <= 100)).all() and set(values[:, 4].tolist()) <= {0.0, 1.0}
+    library_scores = raw.double() + values.double() @ torch.tensor(LIBRARY, dtype=torch.float64)
+    assert library_scores.max().item() == pytest.approx(library[0].score, rel=1e-12)
+
+
+def test_the_fit_learns_the_weight_of_a_feature_that_marks_the_right_candidates():
+    from e7_learned_ranking import FEATURES, LIBRARY, fit
+
+    generator = torch.Generator().manual_seed(0)
+    lead = FEATURES.index("lead")
+    candidates = []
+    for _ in range(40):  # three candidates a question, equal raw scores; the one in the lead is right
+        values = torch.zeros(3, len(FEATURES))
+        values[:, 0] = torch.randn(3, generator=generator) * 0.1
+        right = int(torch.randint(3, (1,), generator=generator))
+        values[right, lead] = 1.0
+        f1 = torch.zeros(3)
+        f1[right] = 100.0
+        candidates.append((torch.zeros(3), values, f1))
+    weights = fit(candidates)
+    assert weights[lead] > LIBRARY[lead] + 1.0  # the lead now outweighs the noise in the null feature
+    with pytest.raises(ValueError, match="no question has a candidate with F1 above 0"):
+        fit([(torch.zeros(2), torch.zeros(2, len(FEATURES)), torch.zeros(2))])
