@@ -504,13 +504,20 @@ def by_article_length(results: dict) -> list[str]:
     lengths, article_of = results["article_tokens"], results["article_of"]
     bucket_of = {q: length_bucket(lengths[title]) for q, title in article_of.items()}
     names = [b for b in (length_bucket(low + 1) for low, _ in LENGTH_BUCKETS) if b in set(bucket_of.values())]
-    baseline = results["readings"].get(results["baseline"], {}).get("default", {}).get("per_question")
     lines = ["F1 by the article's length in tokens (the default prior; in brackets the difference from "
              f"`{results['baseline']}` on the same questions; articles and questions per bucket in the header):", "",
              "| reading | " + " | ".join(
                  f"{b} ({len({article_of[q] for q in bucket_of if bucket_of[q] == b})} / "
                  f"{sum(v == b for v in bucket_of.values())})" for b in names) + " |",
              "|---|" + "---:|" * len(names)]
+    return lines + bucket_rows(results, bucket_of, names)
+
+
+def bucket_rows(results: dict, bucket_of: dict, names) -> list[str]:
+    """One table row per reading (default prior): its mean F1 in each bucket of questions, with the difference from
+    the baseline's on the same questions."""
+    baseline = results["readings"].get(results["baseline"], {}).get("default", {}).get("per_question")
+    rows = []
     for name, by_prior in results["readings"].items():
         scores = by_prior["default"]["per_question"]
         row = []
@@ -520,8 +527,8 @@ def by_article_length(results: dict) -> list[str]:
             gap = (f" ({f1 - sum(baseline[q]['f1'] for q in ids) / len(ids):+.1f})"
                    if baseline and name != results["baseline"] else "")
             row.append(f"{f1:.1f}{gap}")
-        lines.append(f"| {name} | " + " | ".join(row) + " |")
-    return lines
+        rows.append(f"| {name} | " + " | ".join(row) + " |")
+    return rows
 
 
 def by_answer_paragraph(results: dict) -> list[str]:
@@ -532,22 +539,11 @@ def by_answer_paragraph(results: dict) -> list[str]:
         return []
     names = ("1st", "2nd", "3rd", "later")
     bucket_of = {q: names[min(index, 3)] for q, index in paragraph_of.items()}
-    baseline = results["readings"].get(results["baseline"], {}).get("default", {}).get("per_question")
     lines = ["F1 by the paragraph of its article that holds the answer (the default prior; in brackets the difference "
              f"from `{results['baseline']}` on the same questions; questions per bucket in the header):", "",
              "| reading | " + " | ".join(f"{b} ({sum(v == b for v in bucket_of.values())})" for b in names) + " |",
              "|---|" + "---:|" * len(names)]
-    for name, by_prior in results["readings"].items():
-        scores = by_prior["default"]["per_question"]
-        row = []
-        for b in names:
-            ids = [q for q in scores if bucket_of[q] == b]
-            f1 = sum(scores[q]["f1"] for q in ids) / len(ids)
-            gap = (f" ({f1 - sum(baseline[q]['f1'] for q in ids) / len(ids):+.1f})"
-                   if baseline and name != results["baseline"] else "")
-            row.append(f"{f1:.1f}{gap}")
-        lines.append(f"| {name} | " + " | ".join(row) + " |")
-    return lines
+    return lines + bucket_rows(results, bucket_of, names)
 
 
 def table(results: dict) -> list[str]:
