@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "experiments"))
 
-from e7_long_reading import write_tables  # noqa: E402
+from e7_long_reading import held_out_record, write_tables  # noqa: E402
 from e7_paragraph_cuts import DATA, article_paragraphs  # noqa: E402
 
 from longbird.checkpoints import load_task_model  # noqa: E402
@@ -93,7 +93,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
     args = parser.parse_args()
     rows, _ = read_korquad_v1_articles(DATA)
-    dev = list(split_by_title(rows)["dev"])
+    split = split_by_title(rows)
+    dev = list(split["dev"])
     tokenizer = load_task_model(args.reader, LongBirdForQuestionAnswering)[1]
     prior = LexicalPrior(DEFAULT_WEIGHT, DEFAULT_RADIUS, frozenset(tokenizer.all_special_ids))
     spans = article_paragraphs(DATA)
@@ -114,6 +115,7 @@ def main() -> None:
     counts = {b: {n: {k: sum(kinds[n][q] == k for q in questions if bucket_of[q] == b) for k in KINDS}
                   for n in args.readings} for b in ("1st paragraph", "a later paragraph")}
     results = {"command": "python " + shlex.join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
+               "held_out": held_out_record(split["train"], split["dev"]),
                "readings": args.readings, "questions": len(questions), "counts": counts, "kinds": kinds}
     if len(args.readings) == 2:
         first, second = args.readings

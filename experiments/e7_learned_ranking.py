@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 from e4_korquad_articles import BUCKETS, answer_buckets  # noqa: E402
 from e7_all_dev import halves  # noqa: E402
-from e7_long_reading import write_tables  # noqa: E402
+from e7_long_reading import held_out_record, write_tables  # noqa: E402
 from e7_paragraph_cuts import DATA, article_paragraphs  # noqa: E402
 from lexical_prior import scores_with  # noqa: E402
 
@@ -190,7 +190,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
     args = parser.parse_args()
     rows, _ = read_korquad_v1_articles(DATA)
-    dev = list(split_by_title(rows)["dev"])
+    split = split_by_title(rows)
+    dev = list(split["dev"])
     titles = sorted({row["title"] for row in dev})
     half_of_title = halves(titles, 0)
     tokenizer = load_task_model(args.reader, LongBirdForQuestionAnswering)[1]
@@ -215,6 +216,7 @@ def main() -> None:
     read = [row for row in dev if row["id"] in questions]
     buckets = answer_buckets(read, tokenizer)
     results = {"command": "python " + shlex.join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
+               "held_out": held_out_record(split["train"], split["dev"]),
                "questions": len(read), "articles": len({row["title"] for row in read}), "baseline": args.baseline,
                "features": FEATURES, "library_weights": LIBRARY, "weights": weights, "article_of": article_of,
                "readings": {}}
