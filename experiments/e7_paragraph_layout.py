@@ -36,7 +36,11 @@ Without `--sliding`/`--layout` the reader is read in sliding 512-token windows (
 Usage: python experiments/e7_paragraph_layout.py --reader qa-model/kobigbird-e5-korquad [--variants ...]
        python experiments/e7_paragraph_layout.py --reader qa-model/kobigbird-e5-korquad --resume \
            --sliding sliding-512-trained=DIR --layout global-trained=DIR:question-global
-Writes experiments/results/NAME.{json,md}.
+       python experiments/e7_paragraph_layout.py --reader qa-model/kobigbird-e5-korquad --report \
+           --baseline sliding sliding-512-trained   # pair with both: the second in a section of its own
+Writes experiments/results/NAME.{json,md,png}; `--baseline A B ...` pairs every reading with A in the tables and with
+each further baseline in a section of its own ("Against `B`"; its differences under `f1_vs` in the JSON), so one
+results file serves several baselines.
 """
 
 from __future__ import annotations
@@ -327,7 +331,10 @@ def main() -> None:
                         help="Every layout's paragraph that fits a window reads on over the article's following text "
                              "as context (paragraph_layout's carry; round 23); the untrained readings are named "
                              "VARIANT-carry")
-    parser.add_argument("--baseline", default="sliding", help="The reading every other is paired with")
+    parser.add_argument("--baseline", nargs="+", default=None, metavar="READING",
+                        help="The readings every other is paired with (default: sliding): the first in every table, "
+                             "each further one in a section of its own after them, from the same results file (no "
+                             "copy of it per baseline)")
     parser.add_argument("--resume", action="store_true", help="Keep the readings of the results file NAME.json")
     parser.add_argument("--max-articles", type=int, default=None, help="Only the first N dev-side articles")
     parser.add_argument("--cross-fit", action="store_true",
@@ -361,6 +368,7 @@ def main() -> None:
     half_of_title = halves(titles, 0)
     half_of = {i: half_of_title[title] for i, title in article_of.items()}
     path = args.out / f"{args.name}.json"
+    first_baseline, *other_baselines = args.baseline or ["sliding"]
     if args.report and not path.exists():
         raise SystemExit(f"--report rewrites {path}, which does not exist: run the readings first")
     earlier = json.loads(path.read_text()) if (args.resume or args.report) and path.exists() else {"readings": {}}
@@ -368,10 +376,16 @@ def main() -> None:
         raise SystemExit(f"{path} read {earlier['questions']} questions, this run {len(dev)}: not resumable")
     scores = {name: {r: part["per_question"] for r, part in by_prior.items()}
               for name, by_prior in earlier["readings"].items()}
+    specs = {} if args.report else reading_specs(args)
+    missing = [b for b in (args.baseline or []) if b not in scores and b not in specs]
+    if missing:  # before any reading: a typo should not cost one
+        raise SystemExit(f"--baseline {' '.join(missing)}: no such reading in {path} or in this run (readings: "
+                         f"{', '.join([*scores, *specs]) or 'none'}); read it first (--sliding or --layout) or name "
+                         "one of these")
     cpu, lengths = earlier.get("cpu_seconds", {}), earlier.get("sequence_tokens", {})
     models = earlier.get("models", {})
     tokenizer = load_task_model(args.reader, LongBirdForQuestionAnswering)[1] if args.report else None
-    for name, (directory, how) in ({} if args.report else reading_specs(args)).items():
+    for name, (directory, how) in specs.items():
         model, tokenizer = load_task_model(directory, LongBirdForQuestionAnswering)
         trained_apart(directory, set(titles))
         if bf16:
@@ -410,12 +424,13 @@ def main() -> None:
     buckets = answer_buckets(dev, tokenizer)  # every reading's tokenizer is the reader's (trained from it)
     contexts = {row["title"]: row["context"] for row in dev}
     article_tokens = {t: len(tokenizer(c, add_special_tokens=False)["input_ids"]) for t, c in sorted(contexts.items())}
-    baseline = scores.get(args.baseline)
+    baseline = scores.get(first_baseline)
     results = {"command": "python " + shlex.join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "machine": machine(),
                "bf16": bf16, "held_out": held_out_record(split["train"], split["dev"]), "questions": len(dev),
                "articles": len(titles), "window": window, "stride": stride,
                "bucket_sizes": {b: list(buckets.values()).count(b) for b in BUCKETS}, "cpu_seconds": cpu,
-               "sequence_tokens": lengths, "models": models, "baseline": args.baseline,
+               "sequence_tokens": lengths, "models": models, "baseline": first_baseline,
+               "other_baselines": other_baselines,
                "article_tokens": article_tokens, "article_of": article_of, "paragraph_of": paragraph_of,
                "halves": half_of_title,
                "readings": {}}
@@ -425,12 +440,49 @@ def main() -> None:
         results["earlier_commands"] = earlier.get("earlier_commands", []) + [earlier["command"]]
     for name, by_prior in scores.items():
         results["readings"][name] = {
-            reading: {**bucket_summary(s, buckets, BUCKETS, None if baseline is None or name == args.baseline
+            reading: {**bucket_summary(s, buckets, BUCKETS, None if baseline is None or name == first_baseline
                                        else baseline.get(reading), article_of), "per_question": s}
             for reading, s in by_prior.items()}
-    write_tables(args.out, args.name, results,
-                 table(results) + [""] + by_article_length(results) + [""] + by_answer_paragraph(results))
+        for other in other_baselines:
+            if other != name:
+                pair_with(results["readings"][name], other, scores[other], buckets, article_of)
+    lines = table(results) + [""] + by_article_length(results) + [""] + by_answer_paragraph(results)
+    for other in other_baselines:
+        lines += [""] + against(results, other)
+    write_tables(args.out, args.name, results, lines)
     plot_budget(results, args.out / f"{args.name}.png")
+
+
+def pair_with(summaries: dict, other: str, other_scores: dict, buckets: dict, article_of: dict) -> None:
+    """Add to one reading's summaries (prior -> bucket -> summary) its paired F1 difference from a further baseline
+    `other` with the same prior, per answer bucket, under `f1_vs[other]`: what the first baseline's `f1_vs_baseline`
+    is, computed the same way (`bucket_summary`), for the further baselines of `--baseline`."""
+    for prior, summary in summaries.items():
+        if prior not in other_scores:
+            continue
+        paired = bucket_summary(summary["per_question"], buckets, BUCKETS, other_scores[prior], article_of)
+        for bucket, part in paired.items():
+            summary[bucket].setdefault("f1_vs", {})[other] = part["f1_vs_baseline"]
+
+
+def against(results: dict, other: str) -> list[str]:
+    """The section of a further baseline: every reading's paired difference from `other` with the same prior
+    (overall, first 512 and beyond), then the article-length and answer-paragraph tables against it."""
+    lines = [f"### Against `{other}`", "",
+             f"The same readings paired with `{other}` (the same prior, the same questions; intervals resample "
+             "articles):", "",
+             "| reading | prior | F1 | − baseline (95 % CI) | first 512 / beyond 512 |",
+             "|---|---|---:|---:|---:|"]
+    for name, by_prior in results["readings"].items():
+        for reading, summary in by_prior.items():
+            paired = summary["all"].get("f1_vs", {}).get(other)
+            lines.append(
+                f"| {name} | {reading} | {summary['all']['f1']:.1f} | "
+                + (f"{paired['difference']:+.1f} ({paired['low']:+.1f} to {paired['high']:+.1f}) | "
+                   + " / ".join(f"{summary[b]['f1_vs'][other]['difference']:+.1f}" for b in BUCKETS if b in summary)
+                   if paired else "(the baseline) | ")
+                + " |")
+    return lines + [""] + by_article_length(results, other) + [""] + by_answer_paragraph(results, other)
 
 
 def budget_curves(results: dict, prior: str) -> dict[str, list[tuple[float, float]]]:
@@ -471,14 +523,14 @@ def plot_budget(results: dict, path: Path) -> None:
     if not any(curves.values()):
         return
     figure, axis = plt.subplots(figsize=(11, 4.6))
-    baseline = results["readings"].get(results["baseline"])
+    baselines = [b for b in [results["baseline"], *results.get("other_baselines", [])] if b in results["readings"]]
     colours = {series: f"C{i}" for i, series in enumerate(curves["default"])}
     for prior, style, words in (("default", "-", "with the prior"), ("none", ":", "no prior")):
         for series, points in curves[prior].items():
             axis.plot(*zip(*points), style, marker="o", color=colours[series], label=f"{series}, {words}")
-        if baseline:
-            axis.axhline(baseline[prior]["all"]["f1"], color="grey", linestyle=style, linewidth=1,
-                         label=f"{results['baseline']}, {words}")
+        for shade, name in zip(("grey", "black", "silver"), baselines):
+            axis.axhline(results["readings"][name][prior]["all"]["f1"], color=shade, linestyle=style, linewidth=1,
+                         label=f"{name}, {words}")
     axis.set_xlabel("training CPU minutes")
     axis.set_ylabel(f"F1, {results['questions']} dev-side questions")
     axis.set_title("E7: the paragraph layout trained for more CPU minutes")
@@ -498,25 +550,27 @@ def length_bucket(tokens: int) -> str:
     return f"> {low:,}" if high is None else f"{low + 1:,}–{high:,}"
 
 
-def by_article_length(results: dict) -> list[str]:
+def by_article_length(results: dict, baseline: str | None = None) -> list[str]:
     """Mean F1 per article-length bucket for every reading with the default prior, and each reading's difference
-    from the baseline over the same questions: where in article length a reading wins or loses."""
+    from the baseline (the results' first unless named) over the same questions: where in article length a reading
+    wins or loses."""
+    baseline = baseline or results["baseline"]
     lengths, article_of = results["article_tokens"], results["article_of"]
     bucket_of = {q: length_bucket(lengths[title]) for q, title in article_of.items()}
     names = [b for b in (length_bucket(low + 1) for low, _ in LENGTH_BUCKETS) if b in set(bucket_of.values())]
     lines = ["F1 by the article's length in tokens (the default prior; in brackets the difference from "
-             f"`{results['baseline']}` on the same questions; articles and questions per bucket in the header):", "",
+             f"`{baseline}` on the same questions; articles and questions per bucket in the header):", "",
              "| reading | " + " | ".join(
                  f"{b} ({len({article_of[q] for q in bucket_of if bucket_of[q] == b})} / "
                  f"{sum(v == b for v in bucket_of.values())})" for b in names) + " |",
              "|---|" + "---:|" * len(names)]
-    return lines + bucket_rows(results, bucket_of, names)
+    return lines + bucket_rows(results, bucket_of, names, baseline)
 
 
-def bucket_rows(results: dict, bucket_of: dict, names) -> list[str]:
+def bucket_rows(results: dict, bucket_of: dict, names, baseline_name: str) -> list[str]:
     """One table row per reading (default prior): its mean F1 in each bucket of questions, with the difference from
     the baseline's on the same questions."""
-    baseline = results["readings"].get(results["baseline"], {}).get("default", {}).get("per_question")
+    baseline = results["readings"].get(baseline_name, {}).get("default", {}).get("per_question")
     rows = []
     for name, by_prior in results["readings"].items():
         scores = by_prior["default"]["per_question"]
@@ -525,25 +579,27 @@ def bucket_rows(results: dict, bucket_of: dict, names) -> list[str]:
             ids = [q for q in scores if bucket_of[q] == b]
             f1 = sum(scores[q]["f1"] for q in ids) / len(ids)
             gap = (f" ({f1 - sum(baseline[q]['f1'] for q in ids) / len(ids):+.1f})"
-                   if baseline and name != results["baseline"] else "")
+                   if baseline and name != baseline_name else "")
             row.append(f"{f1:.1f}{gap}")
         rows.append(f"| {name} | " + " | ".join(row) + " |")
     return rows
 
 
-def by_answer_paragraph(results: dict) -> list[str]:
+def by_answer_paragraph(results: dict, baseline: str | None = None) -> list[str]:
     """Mean F1 by which of its article's paragraphs holds the answer (the first, second, third, a later one), for
-    every reading with the default prior, with the difference from the baseline on the same questions (round 24)."""
+    every reading with the default prior, with the difference from the baseline (the results' first unless named) on
+    the same questions (round 24)."""
+    baseline = baseline or results["baseline"]
     paragraph_of = results.get("paragraph_of")
     if not paragraph_of:
         return []
     names = ("1st", "2nd", "3rd", "later")
     bucket_of = {q: names[min(index, 3)] for q, index in paragraph_of.items()}
     lines = ["F1 by the paragraph of its article that holds the answer (the default prior; in brackets the difference "
-             f"from `{results['baseline']}` on the same questions; questions per bucket in the header):", "",
+             f"from `{baseline}` on the same questions; questions per bucket in the header):", "",
              "| reading | " + " | ".join(f"{b} ({sum(v == b for v in bucket_of.values())})" for b in names) + " |",
              "|---|" + "---:|" * len(names)]
-    return lines + bucket_rows(results, bucket_of, names)
+    return lines + bucket_rows(results, bucket_of, names, baseline)
 
 
 def table(results: dict) -> list[str]:

@@ -443,3 +443,65 @@ def test_the_fit_learns_the_weight_of_a_feature_that_marks_the_right_candidates(
     assert weights[lead] > LIBRARY[lead] + 1.0  # the lead now outweighs the noise in the null feature
     with pytest.raises(ValueError, match="no question has a candidate with F1 above 0"):
         fit([(torch.zeros(2), torch.zeros(2, len(FEATURES)), torch.zeros(2))])
+
+
+def test_a_further_baseline_pairs_every_reading_in_a_section_of_its_own():
+    """`--baseline first other`: every reading keeps its difference from the first baseline, and `other` gets a
+    section of its own whose differences are the paired bootstrap of the same questions against it."""
+    from e4_korquad_articles import BUCKETS
+    from e7_paragraph_layout import against, by_article_length, pair_with
+
+    from longbird.metrics.intervals import bucket_summary, paired_difference
+
+    per = {"base": {"a1": 100.0, "a2": 0.0, "b1": 50.0, "b2": 10.0},
+           "other": {"a1": 80.0, "a2": 40.0, "b1": 50.0, "b2": 30.0},
+           "long": {"a1": 100.0, "a2": 100.0, "b1": 20.0, "b2": 0.0}}
+    article_of = {"a1": "short", "a2": "short", "b1": "long article", "b2": "long article"}
+    buckets = {"a1": "first 512", "a2": "beyond 512", "b1": "first 512", "b2": "beyond 512"}
+    scores = {name: {"default": {q: {"f1": f1, "exact_match": f1} for q, f1 in s.items()}} for name, s in per.items()}
+    results = {"article_tokens": {"short": 900, "long article": 5000}, "article_of": article_of,
+               "baseline": "base", "other_baselines": ["other"], "readings": {}}
+    for name, by_prior in scores.items():
+        results["readings"][name] = {
+            prior: {**bucket_summary(s, buckets, BUCKETS, None if name == "base" else scores["base"][prior],
+                                     article_of), "per_question": s} for prior, s in by_prior.items()}
+        if name != "other":
+            pair_with(results["readings"][name], "other", scores["other"], buckets, article_of)
+    long = results["readings"]["long"]["default"]
+    # the first baseline's pairing is untouched, the further one is the same bootstrap against `other`
+    ids = sorted(per["long"])
+    clusters = [article_of[q] for q in ids]
+    assert long["all"]["f1_vs_baseline"] == paired_difference(
+        [per["long"][q] for q in ids], [per["base"][q] for q in ids], clusters=clusters)
+    against_other = paired_difference([per["long"][q] for q in ids], [per["other"][q] for q in ids],
+                                      clusters=clusters)
+    assert long["all"]["f1_vs"]["other"] == against_other and against_other["difference"] == 5.0
+    assert long["beyond 512"]["f1_vs"]["other"]["difference"] == (100 - 40 + 0 - 30) / 2
+    assert "f1_vs" not in results["readings"]["other"]["default"]["all"]
+    lines = against(results, "other")
+    assert lines[0] == "### Against `other`"
+    rows = {line.split(" | ")[0][2:]: line for line in lines if line.startswith("| ") and " | default | " in line}
+    low, high = against_other["low"], against_other["high"]
+    assert rows["long"] == f"| long | default | 55.0 | +5.0 ({low:+.1f} to {high:+.1f}) | -5.0 / +15.0 |"
+    assert rows["other"] == "| other | default | 50.0 | (the baseline) |  |"
+    assert rows["base"].startswith("| base | default | 40.0 | -10.0 (")
+    # its bucket tables pair with `other`, the results' own with the first baseline
+    length_table = lines[lines.index("") + 1 + lines[lines.index("") + 1:].index(""):]
+    assert any(line == "| long | 100.0 (+40.0) | 10.0 (-30.0) |" for line in length_table)
+    assert "| long | 100.0 (+50.0) | 10.0 (-20.0) |" in by_article_length(results)
+
+
+def test_an_unknown_baseline_is_refused_before_any_reading(tmp_path, monkeypatch):
+    import json
+
+    import e7_paragraph_layout
+
+    from longbird.data.korquad import read_korquad_v1_articles, split_by_title
+
+    questions = len(split_by_title(read_korquad_v1_articles(KORQUAD / "KorQuAD_v1.0_dev.json")[0])["dev"])
+    (tmp_path / "r.json").write_text(json.dumps({"questions": questions, "readings": {"sliding": {}}}))
+    monkeypatch.setattr(sys, "argv", ["e7_paragraph_layout.py", "--reader", str(tmp_path / "no-reader"), "--report",
+                                      "--name", "r", "--out", str(tmp_path), "--baseline", "sliding", "slidng-90"])
+    with pytest.raises(SystemExit, match=r"--baseline slidng-90: no such reading in .*r\.json or in this run "
+                                         r"\(readings: sliding\)"):
+        e7_paragraph_layout.main()
