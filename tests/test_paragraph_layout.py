@@ -324,6 +324,14 @@ def test_the_budget_curves_start_from_the_untrained_layout_and_follow_the_budget
         "question-global, 4 segments (BM25 distractors)": [(0.0, 70), (30, 73)],
         "question-global, 6 segments (BM25 distractors), carrying the following text": [(0.0, 75), (90, 77)]}
     assert budget_curves(results, "none")["question-global, 4 segments"] == [(0.0, 69), (30, 70)]
+    # a layout trained after another model (round 27: sliding-512 first) is not a point of the reader's curve
+    results["reader"] = "qa-model/reader"
+    for name in ("g60", "g30", "s4", "b4", "c6"):
+        results["models"][name]["training"]["started_from"] = "qa-model/reader/"
+    results["models"]["after"] = {"reading": "question-global",
+                                  "training": {**trained(30, 12), "started_from": "runs/sliding-385steps"}}
+    results["readings"]["after"] = reading(78)
+    assert budget_curves(results, "default")["question-global, 12 segments"] == [(0.0, 70), (30, 72), (60, 74)]
 
 
 def test_the_lead_prior_adds_its_bonus_to_spans_in_the_first_paragraph_only(korean_tokenizer):
