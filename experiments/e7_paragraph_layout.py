@@ -500,7 +500,8 @@ def budget_curves(results: dict, prior: str) -> dict[str, list[tuple[float, floa
         if model["reading"] == "sliding":
             continue
         if "layout" not in training:
-            untrained[(model["reading"], bool(model.get("carry")))] = f1
+            if not reader or Path(model["model"]) == Path(reader):  # another model read untrained starts no curve
+                untrained[(model["reading"], bool(model.get("carry")))] = f1
             continue
         if reader and training.get("started_from") and Path(training["started_from"]) != Path(reader):
             continue

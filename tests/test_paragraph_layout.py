@@ -331,6 +331,11 @@ def test_the_budget_curves_start_from_the_untrained_layout_and_follow_the_budget
     results["models"]["after"] = {"reading": "question-global",
                                   "training": {**trained(30, 12), "started_from": "runs/sliding-385steps"}}
     results["readings"]["after"] = reading(78)
+    results["models"]["global"]["model"] = "qa-model/reader"
+    results["models"]["global-carry"]["model"] = "qa-model/reader"
+    results["models"]["sliding-trained-read-whole"] = {"model": "runs/sliding-385steps", "reading": "question-global",
+                                                       "training": {}}
+    results["readings"]["sliding-trained-read-whole"] = reading(60)
     assert budget_curves(results, "default")["question-global, 12 segments"] == [(0.0, 70), (30, 72), (60, 74)]
 
 
