@@ -481,7 +481,8 @@ def against(results: dict, other: str) -> list[str]:
                 f"| {name} | {reading} | {summary['all']['f1']:.1f} | "
                 + (f"{paired['difference']:+.1f} ({paired['low']:+.1f} to {paired['high']:+.1f}) | "
                    + " / ".join(f"{summary[b]['f1_vs'][other]['difference']:+.1f}" for b in BUCKETS if b in summary)
-                   if paired else "(the baseline) | ")
+                   if paired else "(the baseline) | " if name == other
+                   else f"(`{other}` has no `{reading}` reading) | ")
                 + " |")
     return lines + [""] + by_article_length(results, other) + [""] + by_answer_paragraph(results, other)
 

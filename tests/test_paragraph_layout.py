@@ -498,6 +498,8 @@ def test_a_further_baseline_pairs_every_reading_in_a_section_of_its_own():
     assert rows["long"] == f"| long | default | 55.0 | +5.0 ({low:+.1f} to {high:+.1f}) | -5.0 / +15.0 |"
     assert rows["other"] == "| other | default | 50.0 | (the baseline) |  |"
     assert rows["base"].startswith("| base | default | 40.0 | -10.0 (")
+    results["readings"]["long"]["lead"] = {"all": {"f1": 60.0}}  # a prior `other` was not read with: said, not paired
+    assert "| long | lead | 60.0 | (`other` has no `lead` reading) |  |" in against(results, "other")
     # its bucket tables pair with `other`, the results' own with the first baseline
     length_table = lines[lines.index("") + 1 + lines[lines.index("") + 1:].index(""):]
     assert any(line == "| long | 100.0 (+40.0) | 10.0 (-30.0) |" for line in length_table)
