@@ -77,7 +77,7 @@ from longbird.data.features import QAFeature, label_window, make_features, plain
 from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # noqa: E402
 from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
 from longbird.lexical_prior import DEFAULT_RADIUS, DEFAULT_WEIGHT, LexicalPrior  # noqa: E402
-from longbird.metrics.intervals import bucket_summary  # noqa: E402
+from longbird.metrics.intervals import bucket_summary, paired_by_bucket  # noqa: E402
 from longbird.precision import bf16_autocast, store_encoder_linears_in  # noqa: E402
 from longbird.qa import decode_outputs, run_windows  # noqa: E402
 from longbird.tasks.qa import question_limit  # noqa: E402
@@ -457,13 +457,13 @@ def main() -> None:
 def pair_with(summaries: dict, other: str, other_scores: dict, buckets: dict, article_of: dict) -> None:
     """Add to one reading's summaries (prior -> bucket -> summary) its paired F1 difference from a further baseline
     `other` with the same prior, per answer bucket, under `f1_vs[other]`: what the first baseline's `f1_vs_baseline`
-    is, computed the same way (`bucket_summary`), for the further baselines of `--baseline`."""
+    is, computed the same way (`paired_by_bucket`), for the further baselines of `--baseline`."""
     for prior, summary in summaries.items():
         if prior not in other_scores:
             continue
-        paired = bucket_summary(summary["per_question"], buckets, BUCKETS, other_scores[prior], article_of)
-        for bucket, part in paired.items():
-            summary[bucket].setdefault("f1_vs", {})[other] = part["f1_vs_baseline"]
+        paired = paired_by_bucket(summary["per_question"], buckets, BUCKETS, other_scores[prior], article_of)
+        for bucket, difference in paired.items():
+            summary[bucket].setdefault("f1_vs", {})[other] = difference
 
 
 def against(results: dict, other: str) -> list[str]:

@@ -84,7 +84,22 @@ def bucket_summary(scores: dict[str, dict[str, float]], buckets: dict[str, str],
             summary[bucket][metric] = sum(values) / len(values)
             summary[bucket][f"{metric}_interval"] = (bootstrap_interval(values) if groups is None
                                                      else cluster_bootstrap_interval(values, groups))
-        if baseline is not None:
-            summary[bucket]["f1_vs_baseline"] = paired_difference([scores[i]["f1"] for i in ids],
-                                                                  [baseline[i]["f1"] for i in ids], clusters=groups)
+    if baseline is not None:
+        for bucket, paired in paired_by_bucket(scores, buckets, names, baseline, clusters).items():
+            summary[bucket]["f1_vs_baseline"] = paired
     return summary
+
+
+def paired_by_bucket(scores: dict[str, dict[str, float]], buckets: dict[str, str], names: Sequence[str],
+                     baseline: dict[str, dict[str, float]],
+                     clusters: dict[str, str] | None = None) -> dict[str, dict[str, float]]:
+    """Per bucket ("all", then `names`, those with questions): the paired F1 difference of `scores` from `baseline`
+    on the same questions (`paired_difference`, resampling `clusters` when given); `bucket_summary`'s
+    `f1_vs_baseline`, alone, for pairing a reading with a further baseline without summarising it again."""
+    paired = {}
+    for bucket in ("all", *names):
+        ids = [i for i in scores if bucket == "all" or buckets[i] == bucket]
+        if ids:
+            paired[bucket] = paired_difference([scores[i]["f1"] for i in ids], [baseline[i]["f1"] for i in ids],
+                                               clusters=None if clusters is None else [clusters[i] for i in ids])
+    return paired
