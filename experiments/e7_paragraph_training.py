@@ -10,8 +10,11 @@ gold start (the conditional head, teacher-forced). `--segments K` trains on the 
 its article in article order, drawn at random (seeded) or, with `--distractors bm25`, the K − 1 its question's words
 match best, instead of the whole article (0): K segments cost what K windows cost, so a budget buys more questions.
 `--carry` reads each segment on over the article's following text (`paragraph_layout`'s carry); the carried tokens
-are outside every softmax of the loss. Constant learning rate, AdamW, word embeddings frozen (the `finetune-qa`
-defaults E7's rows use), bf16 autocast where native, for `--cpu-minutes` of process CPU time (all threads).
+are outside every softmax of the loss. AdamW, word embeddings frozen (the `finetune-qa` defaults E7's rows use), bf16
+autocast where native, for `--cpu-minutes` of process CPU time (all threads). The learning rate is constant, or with
+`--lr-schedule linear` falls linearly from `--learning-rate` to 0 over the CPU budget (`finetune-qa`'s linear
+schedule, measured in CPU time because the budget is): started at the rate a sliding run's linear schedule had reached
+at its checkpoint, the layout phase finishes that run's schedule (E7 round 29).
 Questions whose answer no segment holds whole are skipped.
 
 The model is saved with a `longbird_finetune.json` that records the data, the split and the budget, so the reading
@@ -98,6 +101,16 @@ def paragraph_scores(tokenizer, question: str, context: str, spans: list[tuple[i
         list(dict.fromkeys(ids(question)))).tolist()
 
 
+def scheduled_learning_rate(peak: float, spent: float, budget: float, schedule: str) -> float:
+    """The learning rate after `spent` of `budget` CPU seconds: `peak` throughout (constant) or falling linearly to 0
+    at the end of the budget (linear; never below 0 when the last update overshoots)."""
+    if schedule == "constant":
+        return peak
+    if schedule == "linear":
+        return peak * max(0.0, 1.0 - spent / budget)
+    raise ValueError(f"unknown learning-rate schedule {schedule!r}: use 'constant' or 'linear'")
+
+
 def save(model, tokenizer, args, out: Path, cpu: float, bf16: bool, progress: dict,
          budget_minutes: float | None = None) -> None:
     """Save the model with the `longbird_finetune.json` the reading script's held-out check reads; a checkpoint taken
@@ -108,7 +121,8 @@ def save(model, tokenizer, args, out: Path, cpu: float, bf16: bool, progress: di
               "command": "python " + shlex.join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "machine": machine(),
               "layout": {"variant": args.variant, "segments": args.segments, "distractors": args.distractors,
                          "ranking_weight": args.ranking_weight, "carry": args.carry},
-              "settings": {"learning_rate": args.learning_rate, "questions_per_update": args.questions_per_update,
+              "settings": {"learning_rate": args.learning_rate, "lr_schedule": args.lr_schedule,
+                           "questions_per_update": args.questions_per_update,
                            "seed": args.seed, "bf16": bf16},
               "cpu_budget_minutes": args.cpu_minutes if budget_minutes is None else budget_minutes,
               "cpu_seconds": cpu, **progress}
@@ -129,6 +143,8 @@ def main() -> None:
     parser.add_argument("--variant", choices=VARIANTS, default="question-global")
     parser.add_argument("--cpu-minutes", type=float, default=30.0)
     parser.add_argument("--learning-rate", type=float, default=5e-5)
+    parser.add_argument("--lr-schedule", choices=("constant", "linear"), default="constant",
+                        help="constant, or linear: from --learning-rate down to 0 at the end of --cpu-minutes")
     parser.add_argument("--questions-per-update", type=int, default=4)
     parser.add_argument("--ranking-weight", type=float, default=0.5)
     parser.add_argument("--segments", type=int, default=4, help="Segments per training question (0: the article)")
@@ -187,6 +203,10 @@ def main() -> None:
             tokens += len(layout.feature.input_ids)
             pending += 1
             if pending == args.questions_per_update:
+                rate = scheduled_learning_rate(args.learning_rate, time.process_time() - started, budget,
+                                               args.lr_schedule)
+                for group in optimizer.param_groups:
+                    group["lr"] = rate
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 updates, pending = updates + 1, 0
@@ -200,8 +220,8 @@ def main() -> None:
                     started += time.process_time() - saving  # the budget counts training, not saving
                 if updates % 10 == 0 or updates <= 3:
                     curve.append((updates, sum(losses[-40:]) / len(losses[-40:])))
-                    print(f"update {updates}: loss {curve[-1][1]:.3f}, {questions} questions, {tokens} tokens, "
-                          f"{(time.process_time() - started) / 60:.1f} CPU min", flush=True)
+                    print(f"update {updates}: loss {curve[-1][1]:.3f}, lr {rate:.3g}, {questions} questions, "
+                          f"{tokens} tokens, {(time.process_time() - started) / 60:.1f} CPU min", flush=True)
     save(model, tokenizer, args, args.out, time.process_time() - started, bf16,
          {"updates": updates, "questions": questions, "skipped": skipped, "tokens_seen": tokens, "loss_curve": curve})
 

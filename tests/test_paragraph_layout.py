@@ -212,6 +212,27 @@ def test_bm25_distractors_are_the_paragraphs_the_question_matches_best():
         assert chosen_segments(spans, answer, 3, random.Random(seed), scores) == chosen
 
 
+def test_the_linear_layout_schedule_is_finetune_qas_linear_schedule_over_cpu_time():
+    """--lr-schedule linear falls as transformers' linear schedule without warmup (finetune-qa's) does over the same
+    fraction of its budget, so a layout phase started at a sliding run's checkpoint rate finishes that schedule."""
+    from e7_paragraph_training import scheduled_learning_rate
+    from transformers import get_linear_schedule_with_warmup
+
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=5e-5)
+    schedule = get_linear_schedule_with_warmup(optimizer, num_warmup_steps=0, num_training_steps=577)
+    for step in range(578):
+        assert scheduled_learning_rate(5e-5, step * 1.5, 577 * 1.5, "linear") == pytest.approx(
+            schedule.get_last_lr()[0], rel=1e-12, abs=1e-18)
+        optimizer.step()
+        schedule.step()
+    rate_at_385 = 5e-5 * (577 - 385) / 577  # the sliding run's rate at its checkpoint
+    assert scheduled_learning_rate(rate_at_385, 0.0, 1800.0, "linear") == rate_at_385
+    assert scheduled_learning_rate(rate_at_385, 1900.0, 1800.0, "linear") == 0.0  # the last update overshoots
+    assert scheduled_learning_rate(5e-5, 900.0, 1800.0, "constant") == 5e-5
+    with pytest.raises(ValueError, match=r"'cosine'.*'constant' or 'linear'"):
+        scheduled_learning_rate(5e-5, 0.0, 1.0, "cosine")
+
+
 def _hand_made_layout(carried: list[bool] | None = None):
     """A question-global layout of a shared question (4 tokens) and two segments (7 and 6 tokens, each its null
     first), the answer at tokens 13-14 of the second; `carried` tokens lose their offsets."""
