@@ -13,7 +13,8 @@ reading it scores four choices among those answers:
 
 Each is paired with the baseline reading's `default` over articles, overall and by answer position: a reading whose
 `its paragraph` lies less than 3 F1 above the baseline cannot reach issue 24's target by ranking better; it has to
-read the answer's paragraph better.
+read the answer's paragraph better. Each is also paired with the baseline's same choice: `its paragraph` against the
+baseline's `its paragraph` compares how the two read the gold paragraph when both rank perfectly.
 
 Usage: python experiments/e7_headroom.py --candidates experiments/runs/e7_round29/candidates \
            --baseline sliding-512-577linear --readings sliding385linear-global-s12 sliding-512-385of577linear
@@ -42,7 +43,7 @@ from longbird.checkpoints import load_task_model  # noqa: E402
 from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # noqa: E402
 from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
 from longbird.lexical_prior import DEFAULT_RADIUS, DEFAULT_WEIGHT, LexicalPrior  # noqa: E402
-from longbird.metrics.intervals import bucket_summary  # noqa: E402
+from longbird.metrics.intervals import bucket_summary, paired_by_bucket  # noqa: E402
 from longbird.qa import DEFAULT_SCORING, rank_answers  # noqa: E402
 from longbird.tasks.qa import per_question_scores  # noqa: E402
 
@@ -78,8 +79,9 @@ def table(results: dict) -> list[str]:
              f"distinct answers ranked with the default lexical prior. Paired differences are against `{baseline}` "
              "read as it is (`default`); intervals resample articles. Issue 24's target lies at "
              f"{base_f1:.1f} + {TARGET:.0f} = **{base_f1 + TARGET:.1f}**.", "",
-             "| reading | choice | F1 (95 % CI) | EM | − baseline (95 % CI) | first 512 / beyond 512 |",
-             "|---|---|---:|---:|---:|---:|"]
+             "| reading | choice | F1 (95 % CI) | EM | − baseline (95 % CI) | first 512 / beyond 512 "
+             "| − the baseline's same choice (95 % CI) |",
+             "|---|---|---:|---:|---:|---:|---:|"]
     for name, by_choice in results["readings"].items():
         for choice in CHOICES:
             s = by_choice[choice]
@@ -90,6 +92,8 @@ def table(results: dict) -> list[str]:
                 + (f"{paired['difference']:+.1f} ({paired['low']:+.1f} to {paired['high']:+.1f}) | "
                    + " / ".join(f"{s[b]['f1_vs_baseline']['difference']:+.1f}" for b in BUCKETS if b in s)
                    if paired else "(the baseline) | ")
+                + " | " + (f"{same['difference']:+.1f} ({same['low']:+.1f} to {same['high']:+.1f})"
+                           if (same := s["all"].get("f1_vs_same_choice")) else "")
                 + " |")
     lines += ["", "Questions whose ranked answers hold none inside the gold answer's paragraph: "
               + ", ".join(f"`{n}` {c}" for n, c in results["no_answer_in_its_paragraph"].items()) + "."]
@@ -140,6 +144,12 @@ def main() -> None:
                                                              else base, article_of), "per_question": s}
                                    for choice, s in by_choice.items()}
                             for name, by_choice in per_choice.items()}}
+    for name, by_choice in results["readings"].items():
+        if name != args.baseline:
+            for choice, summary in by_choice.items():
+                for bucket, paired in paired_by_bucket(summary["per_question"], buckets, BUCKETS,
+                                                       per_choice[args.baseline][choice], article_of).items():
+                    summary[bucket]["f1_vs_same_choice"] = paired
     write_tables(args.out, args.name, results, table(results))
     print("\n".join(table(results)))
 

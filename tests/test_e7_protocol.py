@@ -330,3 +330,37 @@ def test_paragraph_windows_start_at_paragraphs_and_score_every_article_token(kor
             first = next(o for o in f.offsets if o is not None)[0]
             low, high = max((p for p in paragraphs[row["title"]] if p[0] <= first), key=lambda p: p[0])
             assert all(low <= f.offsets[i][0] and f.offsets[i][1] <= high for i in m.nonzero().flatten().tolist())
+
+
+def test_headroom_choices_take_the_gold_paragraphs_best_ranked_answer_and_the_shortlists_best():
+    from e7_headroom import choices
+
+    from longbird.qa import Answer
+
+    context = "부산은 항구 도시이다. 서울특별시는 한국의 수도이다."
+    second = context.index("서울")  # the second paragraph starts here
+
+    def answer(text: str, score: float) -> Answer:
+        start = context.index(text)
+        return Answer(text, start, start + len(text), score, 0, None)
+
+    rows = [{"id": "q1", "title": "t", "question": "한국의 수도는?", "context": context,
+             "answers": {"text": ["서울"], "answer_start": [second]}},
+            {"id": "q2", "title": "t", "question": "항구 도시는?", "context": context,
+             "answers": {"text": ["부산"], "answer_start": [0]}}]
+    filler = [answer(w, 1.0 - i / 10) for i, w in enumerate(("항구", "도시", "한국", "수도", "이다"))]
+    ranked = {"q1": [answer("부산", 9.0), answer("서울특별시", 8.0), *filler, answer("서울", 0.0)],
+              "q2": [answer("서울", 5.0), answer("부산", 4.0)]}
+    gold_paragraph = {"q1": 1, "q2": 0}
+    starts_of = {"q1": [0, second], "q2": [0, second]}
+    out = choices(ranked, rows, gold_paragraph, starts_of)
+    f1 = {choice: {q: s["f1"] for q, s in scores.items()} for choice, scores in out.items()}
+    assert f1["default"] == {"q1": 0.0, "q2": 0.0}
+    # q1: the best-ranked answer inside the gold paragraph is the longer span, not the exact one ranked last
+    assert f1["its paragraph"]["q2"] == 100.0 and 0.0 < f1["its paragraph"]["q1"] < 100.0
+    # the exact answer is ranked 8th: outside the top 5, inside the top 20
+    assert f1["best of top 5"] == {"q1": f1["its paragraph"]["q1"], "q2": 100.0}
+    assert f1["best of top 20"] == {"q1": 100.0, "q2": 100.0}
+    # no answer in the gold paragraph scores 0, not the reader's answer elsewhere
+    out = choices({"q1": [answer("부산", 9.0)], "q2": [answer("부산", 4.0)]}, rows, gold_paragraph, starts_of)
+    assert out["its paragraph"]["q1"]["f1"] == 0.0
