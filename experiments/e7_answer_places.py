@@ -44,6 +44,21 @@ def paragraph_index(starts: list[int], character: int) -> int:
     return bisect.bisect_right(starts, character) - 1
 
 
+def dev_side_places(reader: Path):
+    """What the candidate readers share: (the by-title split, its dev rows, the reader's tokenizer, the default
+    lexical prior, each question's gold paragraph index, each dev question's paragraph starts in its article)."""
+    rows, _ = read_korquad_v1_articles(DATA)
+    split = split_by_title(rows)
+    dev = list(split["dev"])
+    tokenizer = load_task_model(reader, LongBirdForQuestionAnswering)[1]
+    prior = LexicalPrior(DEFAULT_WEIGHT, DEFAULT_RADIUS, frozenset(tokenizer.all_special_ids))
+    spans = article_paragraphs(DATA)
+    gold_paragraph = {i: index for title, paragraphs in spans.items() for index, (_, ids) in enumerate(paragraphs)
+                      for i in ids}
+    starts_of = {row["id"]: [low for (low, _), _ in spans[row["title"]]] for row in dev}
+    return split, dev, tokenizer, prior, gold_paragraph, starts_of
+
+
 def places(predictions: dict, scores: dict, gold_paragraph: dict, starts_of: dict) -> dict[str, str]:
     """Per question: "right", "wrong, its paragraph" (a reading error) or "wrong, another paragraph" (ranking)."""
     out = {}
@@ -92,15 +107,7 @@ def main() -> None:
     parser.add_argument("--name", default="e7_answer_places")
     parser.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
     args = parser.parse_args()
-    rows, _ = read_korquad_v1_articles(DATA)
-    split = split_by_title(rows)
-    dev = list(split["dev"])
-    tokenizer = load_task_model(args.reader, LongBirdForQuestionAnswering)[1]
-    prior = LexicalPrior(DEFAULT_WEIGHT, DEFAULT_RADIUS, frozenset(tokenizer.all_special_ids))
-    spans = article_paragraphs(DATA)
-    gold_paragraph = {i: index for title, paragraphs in spans.items() for index, (_, ids) in enumerate(paragraphs)
-                      for i in ids}
-    starts_of = {row["id"]: [low for (low, _), _ in spans[row["title"]]] for row in dev}
+    split, dev, _, prior, gold_paragraph, starts_of = dev_side_places(args.reader)
     kinds = {}
     for name in args.readings:
         kept = torch.load(args.candidates / f"{name}.pt", weights_only=False)

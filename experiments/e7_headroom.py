@@ -35,14 +35,9 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "experiments"))
 
 from e4_korquad_articles import BUCKETS, answer_buckets  # noqa: E402
-from e7_answer_places import paragraph_index  # noqa: E402
+from e7_answer_places import dev_side_places, paragraph_index  # noqa: E402
 from e7_long_reading import held_out_record, write_tables  # noqa: E402
-from e7_paragraph_cuts import DATA, article_paragraphs  # noqa: E402
 
-from longbird.checkpoints import load_task_model  # noqa: E402
-from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # noqa: E402
-from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
-from longbird.lexical_prior import DEFAULT_RADIUS, DEFAULT_WEIGHT, LexicalPrior  # noqa: E402
 from longbird.metrics.intervals import bucket_summary, paired_by_bucket  # noqa: E402
 from longbird.qa import DEFAULT_SCORING, rank_answers  # noqa: E402
 from longbird.tasks.qa import per_question_scores  # noqa: E402
@@ -110,15 +105,7 @@ def main() -> None:
     parser.add_argument("--name", default="e7_headroom")
     parser.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
     args = parser.parse_args()
-    rows, _ = read_korquad_v1_articles(DATA)
-    split = split_by_title(rows)
-    dev = list(split["dev"])
-    tokenizer = load_task_model(args.reader, LongBirdForQuestionAnswering)[1]
-    prior = LexicalPrior(DEFAULT_WEIGHT, DEFAULT_RADIUS, frozenset(tokenizer.all_special_ids))
-    spans = article_paragraphs(DATA)
-    gold_paragraph = {i: index for title, paragraphs in spans.items() for index, (_, ids) in enumerate(paragraphs)
-                      for i in ids}
-    starts_of = {row["id"]: [low for (low, _), _ in spans[row["title"]]] for row in dev}
+    split, dev, tokenizer, prior, gold_paragraph, starts_of = dev_side_places(args.reader)
     article_of = {row["id"]: row["title"] for row in dev}
     buckets = answer_buckets(dev, tokenizer)
     names = [args.baseline] + [n for n in args.readings if n != args.baseline]
