@@ -47,6 +47,13 @@ CHOICES = ("default", "its paragraph", *(f"best of top {k}" for k in SHORTLISTS)
 TARGET = 3.0  # issue 24: F1 points above the baseline
 
 
+def first_in_its_paragraph(ranked: dict, rows, gold_paragraph: dict, starts_of: dict) -> dict:
+    """Per question of `rows`: its best-ranked answer inside the gold answer's paragraph, or None."""
+    return {row["id"]: next((a for a in ranked.get(row["id"], [])
+                             if paragraph_index(starts_of[row["id"]], a.start) == gold_paragraph[row["id"]]), None)
+            for row in rows}
+
+
 def choices(ranked: dict, rows, gold_paragraph: dict, starts_of: dict) -> dict[str, dict[str, dict]]:
     """{choice: per-question scores} from one reading's ranked answers (best first) for `rows`."""
     def score(texts: dict[str, str]) -> dict[str, dict]:
@@ -54,12 +61,8 @@ def choices(ranked: dict, rows, gold_paragraph: dict, starts_of: dict) -> dict[s
 
     by_rank = [score({row["id"]: (ranked[row["id"]][r].text if r < len(ranked.get(row["id"], [])) else "")
                       for row in rows}) for r in range(max(SHORTLISTS))]
-    own = {}
-    for row in rows:
-        inside = [a for a in ranked.get(row["id"], [])
-                  if paragraph_index(starts_of[row["id"]], a.start) == gold_paragraph[row["id"]]]
-        own[row["id"]] = inside[0].text if inside else ""
-    out = {"default": by_rank[0], "its paragraph": score(own)}
+    own = first_in_its_paragraph(ranked, rows, gold_paragraph, starts_of)
+    out = {"default": by_rank[0], "its paragraph": score({q: a.text if a else "" for q, a in own.items()})}
     for k in SHORTLISTS:
         out[f"best of top {k}"] = {q: max((by_rank[r][q] for r in range(k)), key=lambda s: (s["f1"], s["exact_match"]))
                                    for q in by_rank[0]}
@@ -115,10 +118,11 @@ def main() -> None:
         if set(kept["documents"]) != {row["id"] for row in dev}:
             raise SystemExit(f"{name}: its candidates cover {len(kept['documents'])} questions, not the "
                              f"{len(dev)} dev-side ones; read it again with e7_paragraph_layout.py --keep-candidates")
+        # deeper than the longest shortlist, so that `its paragraph` finds the gold paragraph's answer further down
         ranked = rank_answers(kept["windows"], kept["documents"], DEFAULT_SCORING, max(SHORTLISTS) * 5, prior)
         per_choice[name] = choices(ranked, dev, gold_paragraph, starts_of)
-        missing[name] = sum(not any(paragraph_index(starts_of[row["id"]], a.start) == gold_paragraph[row["id"]]
-                                    for a in ranked.get(row["id"], [])) for row in dev)
+        missing[name] = sum(answer is None
+                            for answer in first_in_its_paragraph(ranked, dev, gold_paragraph, starts_of).values())
         print(name, {c: round(sum(s["f1"] for s in v.values()) / len(v), 2) for c, v in per_choice[name].items()},
               flush=True)
     base = per_choice[args.baseline]["default"]
@@ -134,6 +138,11 @@ def main() -> None:
     for name, by_choice in results["readings"].items():
         if name != args.baseline:
             for choice, summary in by_choice.items():
+                if choice == "default":  # the baseline's same choice is the baseline: the pairing bucket_summary made
+                    for bucket in ("all", *BUCKETS):
+                        if bucket in summary:
+                            summary[bucket]["f1_vs_same_choice"] = summary[bucket]["f1_vs_baseline"]
+                    continue
                 for bucket, paired in paired_by_bucket(summary["per_question"], buckets, BUCKETS,
                                                        per_choice[args.baseline][choice], article_of).items():
                     summary[bucket]["f1_vs_same_choice"] = paired
