@@ -364,3 +364,39 @@ def test_headroom_choices_take_the_gold_paragraphs_best_ranked_answer_and_the_sh
     # no answer in the gold paragraph scores 0, not the reader's answer elsewhere
     out = choices({"q1": [answer("부산", 9.0)], "q2": [answer("부산", 4.0)]}, rows, gold_paragraph, starts_of)
     assert out["its paragraph"]["q1"]["f1"] == 0.0
+
+
+def test_seed_arms_average_each_question_over_their_readings_and_pair_with_the_baseline_arm_over_articles():
+    import argparse
+
+    from e7_seeds import arm_mean, compare_arms, parse_arm
+
+    def scores(f1s: list[float]) -> dict[str, dict[str, float]]:
+        return {f"q{i}": {"exact_match": 100.0 * (f == 100.0), "f1": f} for i, f in enumerate(f1s)}
+
+    article_of = {"q0": "a", "q1": "a", "q2": "b", "q3": "c"}
+    buckets = {"q0": "first 512", "q1": "beyond 512", "q2": "first 512", "q3": "beyond 512"}
+    base = [scores([100.0, 0.0, 50.0, 100.0]), scores([0.0, 0.0, 50.0, 100.0])]
+    other = [scores([100.0, 100.0, 50.0, 100.0]), scores([100.0, 0.0, 0.0, 100.0])]
+    assert arm_mean(base) == {"q0": {"exact_match": 50.0, "f1": 50.0}, "q1": {"exact_match": 0.0, "f1": 0.0},
+                              "q2": {"exact_match": 0.0, "f1": 50.0}, "q3": {"exact_match": 100.0, "f1": 100.0}}
+    out = compare_arms({"base": base, "other": other}, buckets, article_of)
+    # the mean over seeds per question, then over questions: base 50.0, other (100+50+25+100)/4 = 68.75
+    assert out["base"]["summary"]["all"]["f1"] == pytest.approx(50.0)
+    assert out["other"]["summary"]["all"]["f1"] == pytest.approx(68.75)
+    paired = out["other"]["summary"]["all"]["f1_vs_baseline"]
+    assert paired == paired_difference([100.0, 50.0, 25.0, 100.0], [50.0, 0.0, 50.0, 100.0],
+                                       clusters=["a", "a", "b", "c"])
+    assert "f1_vs_baseline" not in out["base"]["summary"]["all"]
+    # by answer position: first 512 holds q0 and q2 ((100 - 50) + (25 - 50)) / 2
+    assert out["other"]["summary"]["first 512"]["f1_vs_baseline"]["difference"] == pytest.approx(12.5)
+    # each further seed against its arm's first: base's second seed loses 100 on q0 alone
+    assert out["base"]["seeds"][0]["vs_first"] is None
+    assert out["base"]["seeds"][1]["vs_first"]["difference"] == pytest.approx(-25.0)
+    assert [s["f1"] for s in out["other"]["seeds"]] == [87.5, 50.0]
+    with pytest.raises(ValueError, match="different questions"):
+        arm_mean([scores([1.0, 2.0]), scores([1.0])])
+    assert parse_arm("layout=r0,r1") == ("layout", ["r0", "r1"])
+    for bad in ("layout", "layout=", "=r0", "layout=r0,r0"):
+        with pytest.raises(argparse.ArgumentTypeError, match="--arm"):
+            parse_arm(bad)
