@@ -30,7 +30,7 @@ from e4_korquad_articles import BUCKETS, answer_buckets  # noqa: E402
 from e7_answer_places import dev_side_places  # noqa: E402
 from e7_long_reading import held_out_record, write_tables  # noqa: E402
 
-from longbird.metrics.intervals import bucket_summary, paired_by_bucket  # noqa: E402
+from longbird.metrics.intervals import bucket_summary, paired_difference  # noqa: E402
 
 PRIORS = ("default", "none")  # the library's default lexical prior, and none (the readings' `none` row)
 METRICS = ("exact_match", "f1")
@@ -70,7 +70,9 @@ def compare_arms(arms: dict[str, list[dict[str, dict]]], buckets: dict[str, str]
                                                None if name == baseline else means[baseline], article_of),
                      "seeds": [{"f1": sum(s["f1"] for s in scores.values()) / len(scores),
                                 "vs_first": None if k == 0 else
-                                paired_by_bucket(scores, buckets, BUCKETS, readings[0], article_of)["all"]}
+                                paired_difference([scores[q]["f1"] for q in scores],
+                                                  [readings[0][q]["f1"] for q in scores],
+                                                  clusters=[article_of[q] for q in scores])}
                                for k, scores in enumerate(readings)],
                      "per_question": means[name]}
     return out
