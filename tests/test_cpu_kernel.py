@@ -18,6 +18,8 @@ exponential, summed in other vector widths (the bound takes any order of the sum
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from conftest import VOCAB, make_batch
@@ -301,6 +303,42 @@ def test_a_kobigbird_model_in_fp32_reads_alike_with_and_without_the_kernel(monke
         fused, sdpa = _with_and_without_the_kernel(monkeypatch, model, input_ids, attention_mask)
     assert fused.dtype == torch.float32
     assert (fused - sdpa)[real].abs().max().item() <= 2.0 ** -12
+
+
+def test_a_profiler_sees_every_kernel_call_as_a_range_of_its_own(dtype):
+    """A ctypes call is no operator, so the kernels would be missing from torch.profiler's tables (the gap between
+    the listed operators and the forward): while a profiler records, every call of the attention kernel and of the
+    block packing is a range named after its C function, counted once per call, with its time as self time; without
+    a profiler, the same calls run without one."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model, input_ids, attention_mask = _small_kobigbird()
+    calls = {"attend_blocks": 0, "pack_blocks": 0}
+    originals = {name: getattr(cpu_kernel, name) for name in calls}
+
+    def counted(name):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return originals[name](*args, **kwargs)
+        return call
+
+    suffix = "bf16" if dtype == torch.bfloat16 else "fp32"
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+        try:
+            for name in calls:
+                setattr(cpu_kernel, name, counted(name))
+            with profile(activities=[ProfilerActivity.CPU]) as profiler:
+                model(input_ids=input_ids, attention_mask=attention_mask)
+        finally:
+            for name, original in originals.items():
+                setattr(cpu_kernel, name, original)
+    events = {event.key: event for event in profiler.key_averages()}
+    assert calls["attend_blocks"] >= model.config.num_hidden_layers and calls["pack_blocks"] >= 1
+    for name, function in (("attend_blocks", f"longbird_block_attention_{suffix}"),
+                           ("pack_blocks", f"longbird_pack_blocks_{suffix}")):
+        assert events[function].count == calls[name]
+        assert events[function].self_cpu_time_total > 0
+    assert isinstance(cpu_kernel._profiled("x"), contextlib.nullcontext)
 
 
 def _small_kobigbird():

@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -70,6 +71,15 @@ _lock = threading.Lock()
 
 
 OFF = {"0", "false", "no", "off"}
+
+
+def _profiled(name: str):
+    """A torch.profiler range named `name` around a kernel call while a profiler records, else nothing: a `ctypes`
+    call is not an operator, so without it the kernels' time is missing from every operator table (`benchmarks/
+    floor.py --profile`) and shows only as the gap between the listed operators and the forward."""
+    if torch.autograd.profiler._is_profiler_enabled:
+        return torch.profiler.record_function(name)
+    return nullcontext()
 
 
 def _setting() -> str:
@@ -291,10 +301,12 @@ def pack_blocks(key: torch.Tensor, key_offsets: torch.Tensor, value: torch.Tenso
         key_packed = torch.empty(blocks, dim, block_rows, dtype=torch.float32)
         value_packed = torch.empty(blocks, block_rows, value_dim, dtype=torch.float32)
     key_offsets, value_offsets = key_offsets.contiguous(), value_offsets.contiguous()
-    status = getattr(_library_for(dtype), f"longbird_pack_blocks_{_suffix(dtype)}")(
-        key.data_ptr(), key_offsets.data_ptr(), key.stride(-2), value.data_ptr(), value_offsets.data_ptr(),
-        value.stride(-2), blocks, block_rows, dim, value_dim, key_packed.data_ptr(), value_packed.data_ptr(),
-        torch.get_num_threads())
+    name = f"longbird_pack_blocks_{_suffix(dtype)}"
+    with _profiled(name):
+        status = getattr(_library_for(dtype), name)(
+            key.data_ptr(), key_offsets.data_ptr(), key.stride(-2), value.data_ptr(), value_offsets.data_ptr(),
+            value.stride(-2), blocks, block_rows, dim, value_dim, key_packed.data_ptr(), value_packed.data_ptr(),
+            torch.get_num_threads())
     if status:
         raise ValueError(f"pack_blocks: block rows ({block_rows}) and head size ({dim}) must be even")
     return key_packed, value_packed
@@ -339,15 +351,17 @@ def attend_blocks(query: torch.Tensor, query_offsets: torch.Tensor, query_rows: 
         extra = [t.contiguous() for t in bialibi]
         if extra[0].dtype != torch.float32 or any(t.dtype != torch.int64 for t in extra[1:]):
             raise ValueError("attend_blocks: BiALiBi slopes are fp32, positions and their offsets int64")
-    status = getattr(library, f"longbird_block_attention_{_suffix(dtype)}")(
-        query.data_ptr(), tables[0].data_ptr(), query.stride(-2), query_rows,
-        key.data_ptr(), tables[1].data_ptr(), key.stride(-2),
-        value.data_ptr(), tables[2].data_ptr(), value.stride(-2),
-        mask.data_ptr(), tables[3].data_ptr(),
-        blocks, block_rows, query.shape[-1], out.shape[-1],
-        out.data_ptr(), tables[4].data_ptr(), out.stride(-2),
-        groups, float(scale), int(packed), torch.get_num_threads(),
-        *(None if t is None else t.data_ptr() for t in extra))
+    name = f"longbird_block_attention_{_suffix(dtype)}"
+    with _profiled(name):
+        status = getattr(library, name)(
+            query.data_ptr(), tables[0].data_ptr(), query.stride(-2), query_rows,
+            key.data_ptr(), tables[1].data_ptr(), key.stride(-2),
+            value.data_ptr(), tables[2].data_ptr(), value.stride(-2),
+            mask.data_ptr(), tables[3].data_ptr(),
+            blocks, block_rows, query.shape[-1], out.shape[-1],
+            out.data_ptr(), tables[4].data_ptr(), out.stride(-2),
+            groups, float(scale), int(packed), torch.get_num_threads(),
+            *(None if t is None else t.data_ptr() for t in extra))
     if status == 1:
         raise ValueError("attend_blocks: shapes outside the kernel's range (see usable())")
     if status:
