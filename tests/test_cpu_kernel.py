@@ -305,6 +305,48 @@ def test_a_kobigbird_model_in_fp32_reads_alike_with_and_without_the_kernel(monke
     assert (fused - sdpa)[real].abs().max().item() <= 2.0 ** -12
 
 
+def _words(pairs: torch.Tensor) -> torch.Tensor:
+    """(..., 2) bf16 values as the int32 words the bf16 kernel reads: the first in the low half, the second high."""
+    halves = pairs.view(torch.int16).to(torch.int32)
+    return (halves[..., 0] & 0xFFFF) | (halves[..., 1] << 16)
+
+
+@pytest.mark.parametrize("dim, value_dim, block_rows", [(32, 32, 64), (64, 64, 32), (40, 48, 32), (2, 16, 18)])
+@pytest.mark.parametrize("odd_row_stride", [False, True])
+def test_pack_blocks_lays_out_every_block_exactly_as_the_kernel_reads_it(dim, value_dim, block_rows, odd_row_stride,
+                                                                         dtype):
+    """Blocks taken from anywhere in a strided (B, H, l, d) layout (out of order, one twice) are packed exactly: fp32
+    keys transposed to (d, block rows) and values copied; bf16 keys as (d/2, block rows) words of consecutive value
+    pairs and values as (block rows/2, d_v) words of two consecutive rows. The sizes leave parts of 16 x 16 tiles
+    (40 wide keys: 20 bf16 words; 18 rows); a row stride of odd length (no whole words in bf16) takes the word-by-word
+    path. The AVX2 kernel's own order (chunks of 16 keys) is checked through its attention tests."""
+    if dtype == torch.float32 and cpu_kernel.instruction_set(dtype) == "avx2":
+        pytest.skip("the AVX2 kernel packs in chunks of 16 keys")
+    if dtype == torch.float32 and odd_row_stride:
+        pytest.skip("fp32 keys are whole words at any stride")
+    generator = torch.Generator().manual_seed(dim + block_rows)
+    heads, length = 3, 4 * block_rows
+    width = heads * (dim + value_dim) + (1 if odd_row_stride else 0)
+    tokens = torch.randn(length, width, generator=generator).to(dtype)
+    key = tokens[:, :heads * dim].view(1, length, heads, dim).transpose(1, 2)
+    value = tokens[:, heads * dim:heads * (dim + value_dim)].view(1, length, heads, value_dim).transpose(1, 2)
+    chosen = torch.tensor([[2, 0], [3, 3], [1, 2]])  # (head, block): out of order, one block twice
+    head = torch.arange(heads)[:, None].expand_as(chosen)
+    first = chosen * block_rows
+    key_offsets = (head * key.stride(1) + first * key.stride(2)).reshape(-1)
+    value_offsets = (head * value.stride(1) + first * value.stride(2)).reshape(-1)
+    key_packed, value_packed = cpu_kernel.pack_blocks(key, key_offsets, value, value_offsets, block_rows)
+    blocks = [(h, b) for h, b in zip(head.reshape(-1).tolist(), chosen.reshape(-1).tolist())]
+    key_rows = torch.stack([key[0, h, b * block_rows:(b + 1) * block_rows] for h, b in blocks])
+    value_rows = torch.stack([value[0, h, b * block_rows:(b + 1) * block_rows] for h, b in blocks])
+    if dtype == torch.float32:
+        expected_keys, expected_values = key_rows.transpose(1, 2), value_rows
+    else:
+        expected_keys = _words(key_rows.reshape(len(blocks), block_rows, dim // 2, 2)).transpose(1, 2)
+        expected_values = _words(value_rows.reshape(len(blocks), block_rows // 2, 2, value_dim).transpose(2, 3))
+    assert torch.equal(key_packed, expected_keys) and torch.equal(value_packed, expected_values)
+
+
 def test_a_profiler_sees_every_kernel_call_as_a_range_of_its_own(dtype):
     """A ctypes call is no operator, so the kernels would be missing from torch.profiler's tables (the gap between
     the listed operators and the forward): while a profiler records, every call of the attention kernel and of the

@@ -203,17 +203,31 @@ extern "C" int longbird_pack_blocks_bf16(
     int64_t nblocks, int64_t kb, int64_t d, int64_t dv, uint32_t *k_packed, uint32_t *v_packed, int threads) {
     if (kb % 2 != 0 || d % 2 != 0) return 1;
     const int64_t pairs = d / 2;
+    // Pairs are whole 32-bit words when every key row starts at an even element: an even row stride and even block
+    // offsets (true of every (B, H, l, d) layout with d even), and a 4-byte aligned tensor.
+    bool words = k_row_stride % 2 == 0 && reinterpret_cast<uintptr_t>(k) % 4 == 0;
+    for (int64_t i = 0; i < nblocks && words; i++) words = k_off[i] % 2 == 0;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t i = 0; i < nblocks; i++) {
         uint32_t *kd = k_packed + i * pairs * kb, *vd = v_packed + i * (kb / 2) * dv;
-        for (int64_t r = 0; r < kb; r++) {
-            const uint16_t *krow = k + k_off[i] + r * k_row_stride;
-            for (int64_t c = 0; c < pairs; c++) kd[c * kb + r] = bf16_pair(krow, c);
+        if (words) {  // a key row's bf16 pairs are 32-bit words: transposed as such
+            transpose_words(reinterpret_cast<const uint32_t *>(k + k_off[i]), k_row_stride / 2, kb, pairs, kd, kb);
+        } else {
+            for (int64_t r = 0; r < kb; r++) {
+                const uint16_t *krow = k + k_off[i] + r * k_row_stride;
+                for (int64_t c = 0; c < pairs; c++) kd[c * kb + r] = bf16_pair(krow, c);
+            }
         }
-        for (int64_t r = 0; r < kb; r += 2) {
+        for (int64_t r = 0; r < kb; r += 2) {  // rows r and r+1 interleaved: value e of row r low, of row r+1 high
             const uint16_t *v0 = v + v_off[i] + r * v_row_stride, *v1 = v0 + v_row_stride;
-            for (int64_t e = 0; e < dv; e++)
-                vd[(r / 2) * dv + e] = static_cast<uint32_t>(v0[e]) | (static_cast<uint32_t>(v1[e]) << 16);
+            uint32_t *row = vd + (r / 2) * dv;
+            int64_t e = 0;
+            for (; e + 16 <= dv; e += 16) {
+                const __m512i low = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(v0 + e)));
+                const __m512i high = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(v1 + e)));
+                _mm512_storeu_si512(row + e, _mm512_or_si512(low, _mm512_slli_epi32(high, 16)));
+            }
+            for (; e < dv; e++) row[e] = static_cast<uint32_t>(v0[e]) | (static_cast<uint32_t>(v1[e]) << 16);
         }
     }
     return 0;

@@ -37,6 +37,49 @@ static inline __m512 exp_nonpositive(__m512 x) {
     return _mm512_maskz_mov_ps(static_cast<__mmask16>(~underflow), _mm512_scalef_ps(p, n));
 }
 
+// dst[c * dst_stride + r] = src[r * src_stride + c] for r < rows, c < cols, on 32-bit words (an fp32 value or a pair
+// of bf16 values): the key transpose of the pack functions. Tiles of 16 x 16 words are transposed in registers
+// (unpack 32-bit, unpack 64-bit, two 128-bit lane shuffles), so each row is read and each column written as whole
+// vectors; the element-by-element loop it replaced wrote one word per store, 16 KB apart for a 4K-token layer's
+// blocks, and took about twice as long as copying the keys (a 4K-token e5-small layer, fp32: 4.4 against 2.1 ms).
+// Rows and columns past the last whole tile are copied one word at a time.
+static inline void transpose_words(const uint32_t *src, int64_t src_stride, int64_t rows, int64_t cols,
+                                   uint32_t *dst, int64_t dst_stride) {
+    int64_t r0 = 0;
+    for (; r0 + 16 <= rows; r0 += 16) {
+        int64_t c0 = 0;
+        for (; c0 + 16 <= cols; c0 += 16) {
+            __m512i r[16], t[16];
+            for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(src + (r0 + i) * src_stride + c0);
+            for (int i = 0; i < 16; i += 2) {
+                t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+                t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+            }
+            for (int i = 0; i < 16; i += 4) {
+                r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+                r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+                r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+                r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+            }
+            for (int i = 0; i < 4; i++) {
+                t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
+                t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xdd);
+                t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
+                t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xdd);
+            }
+            for (int i = 0; i < 8; i++) {
+                r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+                r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+            }
+            for (int i = 0; i < 16; i++) _mm512_storeu_si512(dst + (c0 + i) * dst_stride + r0, r[i]);
+        }
+        for (; c0 < cols; c0++)
+            for (int i = 0; i < 16; i++) dst[c0 * dst_stride + r0 + i] = src[(r0 + i) * src_stride + c0];
+    }
+    for (; r0 < rows; r0++)
+        for (int64_t c = 0; c < cols; c++) dst[c * dst_stride + r0] = src[r0 * src_stride + c];
+}
+
 // LittleBird's BiALiBi distance D (LittleBird §3.1, §3.3; positions/alibi.py) of one query position to 16 keys, for
 // the group's head slopes [α, β, γ, D_C]: 0 at the same position, α where either position is 0 ([CLS]), β·(p_i − p_j)
 // for a key on the left, γ·(p_j − p_i) on the right; a packed-context key gets D_C whatever its position.

@@ -169,11 +169,9 @@ extern "C" int longbird_pack_blocks_fp32(
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t i = 0; i < nblocks; i++) {
         float *kd = k_packed + i * d * kb, *vd = v_packed + i * kb * dv;
-        for (int64_t r = 0; r < kb; r++) {
-            const float *krow = k + k_off[i] + r * k_row_stride;
-            for (int64_t c = 0; c < d; c++) kd[c * kb + r] = krow[c];
-            memcpy(vd + r * dv, v + v_off[i] + r * v_row_stride, 4 * dv);
-        }
+        transpose_words(reinterpret_cast<const uint32_t *>(k + k_off[i]), k_row_stride, kb, d,
+                        reinterpret_cast<uint32_t *>(kd), kb);
+        for (int64_t r = 0; r < kb; r++) memcpy(vd + r * dv, v + v_off[i] + r * v_row_stride, 4 * dv);
     }
     return 0;
 }
