@@ -37,11 +37,16 @@ static inline __m512 exp_nonpositive(__m512 x) {
     return _mm512_maskz_mov_ps(static_cast<__mmask16>(~underflow), _mm512_scalef_ps(p, n));
 }
 
+// One 32-bit word copied by memcpy: the words are fp32 values or bf16 pairs, which C++ does not let a uint32_t
+// pointer read (strict aliasing); the compiler makes it one load and one store.
+static inline void copy_word(uint32_t *dst, const uint32_t *src) { memcpy(dst, src, 4); }
+
 // dst[c * dst_stride + r] = src[r * src_stride + c] for r < rows, c < cols, on 32-bit words (an fp32 value or a pair
 // of bf16 values): the key transpose of the pack functions. Tiles of 16 x 16 words are transposed in registers
 // (unpack 32-bit, unpack 64-bit, two 128-bit lane shuffles), so each row is read and each column written as whole
-// vectors; the element-by-element loop it replaced wrote one word per store, 16 KB apart for a 4K-token layer's
-// blocks, and took about twice as long as copying the keys (a 4K-token e5-small layer, fp32: 4.4 against 2.1 ms).
+// vectors; the word-by-word loop it replaced stored one word at a time, each a block's row length away from the
+// last, and packing took 2.2-3.0 times as long as copying the same keys and values, against 1.3-1.9 since
+// (benchmarks/pack_blocks.py; docs/benchmarks.md, "The key transpose in registers").
 // Rows and columns past the last whole tile are copied one word at a time.
 static inline void transpose_words(const uint32_t *src, int64_t src_stride, int64_t rows, int64_t cols,
                                    uint32_t *dst, int64_t dst_stride) {
@@ -74,10 +79,10 @@ static inline void transpose_words(const uint32_t *src, int64_t src_stride, int6
             for (int i = 0; i < 16; i++) _mm512_storeu_si512(dst + (c0 + i) * dst_stride + r0, r[i]);
         }
         for (; c0 < cols; c0++)
-            for (int i = 0; i < 16; i++) dst[c0 * dst_stride + r0 + i] = src[(r0 + i) * src_stride + c0];
+            for (int i = 0; i < 16; i++) copy_word(dst + c0 * dst_stride + r0 + i, src + (r0 + i) * src_stride + c0);
     }
     for (; r0 < rows; r0++)
-        for (int64_t c = 0; c < cols; c++) dst[c * dst_stride + r0] = src[r0 * src_stride + c];
+        for (int64_t c = 0; c < cols; c++) copy_word(dst + c * dst_stride + r0, src + r0 * src_stride + c);
 }
 
 // LittleBird's BiALiBi distance D (LittleBird §3.1, §3.3; positions/alibi.py) of one query position to 16 keys, for
