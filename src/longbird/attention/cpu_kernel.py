@@ -77,7 +77,7 @@ def _profiled(name: str):
     """A torch.profiler range named `name` around a kernel call while a profiler records, else nothing: a `ctypes`
     call is not an operator, so without it the kernels' time is missing from every operator table (`benchmarks/
     floor.py --profile`) and shows only as the gap between the listed operators and the forward."""
-    if torch.autograd.profiler._is_profiler_enabled:
+    if torch.autograd._profiler_enabled():  # the C++ profiler state: any way a profiler was started
         return torch.profiler.record_function(name)
     return nullcontext()
 
