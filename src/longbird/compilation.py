@@ -10,11 +10,14 @@ input checks read token-type and position values (a clear error instead of an in
 given the call compiles with a break before the layers: compiled without `fullgraph`.
 The first call of each input shape compiles (seconds to minutes); later shapes are compiled with dynamic shapes.
 
-On the CPU the encoder is compiled with Inductor's *freezing* (`frozen_calls`): for a call without autograd the
-weights become constants of the graph, so each Linear's weight is packed once into oneDNN's (bf16) or MKL's (fp32)
-own layout and GELU or the bias add runs as the product's epilogue (`mkldnn::_linear_pointwise`) instead of as a
-kernel of its own. A frozen graph holds the weights of the moment it compiled: this is an inference compile (the
-weights of a model being trained are compiled by Trainer's `torch_compile`, never here).
+On the CPU an encoder whose Linear weights are bf16 (`--bf16`) is compiled with Inductor's *freezing*
+(`frozen_calls`): for a call without autograd the weights become constants of the graph, so each Linear's weight is
+packed once into oneDNN's own layout and GELU or the bias add runs as the product's epilogue
+(`mkldnn::_linear_pointwise`) instead of as a kernel of its own: 6-14 % faster than the plain compile. An fp32
+encoder is compiled without it: frozen, its linears become MKL's packed `mkl::_mkl_linear`, which ran 0.3-8 % slower
+than the plain compile in every fp32 cell measured, alternating in one process (`benchmarks/compile_freezing.py`;
+docs/benchmarks.md, "Freezing only in bf16"). A frozen graph holds the weights of the moment it compiled: this is
+an inference compile (the weights of a model being trained are compiled by Trainer's `torch_compile`, never here).
 """
 
 from __future__ import annotations
@@ -24,13 +27,21 @@ import functools
 import torch
 
 
+def freezing_pays(encoder: torch.nn.Module) -> bool:
+    """Whether `compile_encoder` freezes by default: an encoder on the CPU whose Linear weights are bf16 (the module
+    docstring says why not fp32)."""
+    weight = next((module.weight for module in encoder.modules() if isinstance(module, torch.nn.Linear)), None)
+    return weight is not None and weight.device.type == "cpu" and weight.dtype == torch.bfloat16
+
+
 def compile_encoder(model: torch.nn.Module, mode: str | None = None, freeze: bool | None = None) -> torch.nn.Module:
     """`model` with its longbird encoder (`model.base_model`) compiled in place; returns the model. `freeze` (default:
-    on where the model is on the CPU): its calls without autograd compile with Inductor's freezing (`frozen_calls`)."""
+    `freezing_pays`, i.e. on the CPU with bf16 Linear weights): its calls without autograd compile with Inductor's
+    freezing (`frozen_calls`)."""
     encoder = model.base_model
     encoder.compile(mode=mode)
     if freeze is None:
-        freeze = next(encoder.parameters()).device.type == "cpu"
+        freeze = freezing_pays(encoder)
     if freeze:
         encoder._compiled_call_impl = frozen_calls(encoder._compiled_call_impl)
     return model
@@ -61,7 +72,7 @@ def encoder_is_compiled(model: torch.nn.Module) -> bool:
 
 
 def encoder_is_frozen(model: torch.nn.Module) -> bool:
-    """`model`'s encoder was compiled with freezing (`compile_encoder` on the CPU)."""
+    """`model`'s encoder was compiled with freezing (`compile_encoder` on the CPU in bf16)."""
     encoder = getattr(model, "base_model", None)
     return getattr(getattr(encoder, "_compiled_call_impl", None), "frozen", False)
 
