@@ -27,6 +27,7 @@ from floor import code_version  # the benchmarks' shared commit note
 from longbird.attention import cpu_kernel
 from longbird.bench.sweep import alternating_times, cpu_model
 from longbird.files import write_file_atomically
+from longbird.malloc import keep_freed_memory
 
 ROOT = Path(__file__).resolve().parents[1]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -54,7 +55,11 @@ def main():
     parser.add_argument("--name", default="pack_blocks")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args()
+    # as the command line does: without it glibc maps and faults in every fresh multi-MB copy or pack output again,
+    # and the copy read 0.6 or 4-5 ms from run to run (the packing likewise)
+    malloc = keep_freed_memory()
     report = {"command": "python benchmarks/pack_blocks.py " + " ".join(sys.argv[1:]), "code": code_version(),
+              "malloc": malloc,
               "cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
               "instruction_sets": {name: cpu_kernel.instruction_set(DTYPES[name]) for name in args.dtypes}, "rows": []}
     for name in args.dtypes:
@@ -72,8 +77,8 @@ def main():
     lines = [f"Command: `{report['command']}`  ", f"Code: {report['code']}  ",
              f"CPU: {report['cpu']}, {report['threads']} threads, torch {report['torch']}; kernels: "
              + ", ".join(f"{name} {value}" for name, value in report["instruction_sets"].items())
-             + f". One layer's keys and values, batch 1, 12 heads, blocks of 64, {args.length} tokens; medians of "
-             f"{args.repeats} alternating calls.", "",
+             + f"; freed tensor memory (longbird.malloc): {malloc}. One layer's keys and values, batch 1, 12 heads, "
+             f"blocks of 64, {args.length} tokens; medians of {args.repeats} alternating calls.", "",
              "| dtype | head size | pack | copy of the same keys and values | pack / copy |",
              "|---|---:|---:|---:|---:|"]
     lines += [f"| {r['dtype']} | {r['head_dim']} | {r['pack_ms']:.2f} ms | {r['copy_ms']:.2f} ms | "

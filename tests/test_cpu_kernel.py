@@ -319,9 +319,9 @@ def test_pack_blocks_lays_out_every_block_exactly_as_the_kernel_reads_it(dim, va
     keys transposed to (d, block rows) and values copied; bf16 keys as (d/2, block rows) words of consecutive value
     pairs and values as (block rows/2, d_v) words of two consecutive rows. The sizes leave parts of 16 x 16 tiles
     (40 wide keys: 20 bf16 words; 18 rows); a row stride of odd length (no whole words in bf16) takes the word-by-word
-    path. The AVX2 kernel's own order (chunks of 16 keys) is checked through its attention tests."""
-    if dtype == torch.float32 and cpu_kernel.instruction_set(dtype) == "avx2":
-        pytest.skip("the AVX2 kernel packs in chunks of 16 keys")
+    path. The AVX2 kernel's layout is its own: keys in chunks of 16, (block rows/16, d, 16), values in runs of 16
+    columns, (d_v/16, block rows, 16); it refuses block rows that are not whole chunks (18 here)."""
+    avx2 = dtype == torch.float32 and cpu_kernel.instruction_set(dtype) == "avx2"
     if dtype == torch.float32 and odd_row_stride:
         pytest.skip("fp32 keys are whole words at any stride")
     generator = torch.Generator().manual_seed(dim + block_rows)
@@ -335,10 +335,20 @@ def test_pack_blocks_lays_out_every_block_exactly_as_the_kernel_reads_it(dim, va
     first = chosen * block_rows
     key_offsets = (head * key.stride(1) + first * key.stride(2)).reshape(-1)
     value_offsets = (head * value.stride(1) + first * value.stride(2)).reshape(-1)
+    if avx2 and block_rows % 16:
+        with pytest.raises(ValueError, match="multiples of 16"):
+            cpu_kernel.pack_blocks(key, key_offsets, value, value_offsets, block_rows)
+        return
     key_packed, value_packed = cpu_kernel.pack_blocks(key, key_offsets, value, value_offsets, block_rows)
     blocks = [(h, b) for h, b in zip(head.reshape(-1).tolist(), chosen.reshape(-1).tolist())]
     key_rows = torch.stack([key[0, h, b * block_rows:(b + 1) * block_rows] for h, b in blocks])
     value_rows = torch.stack([value[0, h, b * block_rows:(b + 1) * block_rows] for h, b in blocks])
+    if avx2:
+        chunks = key_rows.reshape(len(blocks), block_rows // 16, 16, dim).transpose(2, 3)
+        runs = value_rows.reshape(len(blocks), block_rows, value_dim // 16, 16).permute(0, 2, 1, 3)
+        assert torch.equal(key_packed.reshape(len(blocks), -1), chunks.reshape(len(blocks), -1))
+        assert torch.equal(value_packed.reshape(len(blocks), -1), runs.reshape(len(blocks), -1))
+        return
     if dtype == torch.float32:
         expected_keys, expected_values = key_rows.transpose(1, 2), value_rows
     else:

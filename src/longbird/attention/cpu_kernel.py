@@ -308,7 +308,8 @@ def pack_blocks(key: torch.Tensor, key_offsets: torch.Tensor, value: torch.Tenso
             value.stride(-2), blocks, block_rows, dim, value_dim, key_packed.data_ptr(), value_packed.data_ptr(),
             torch.get_num_threads())
     if status:
-        raise ValueError(f"pack_blocks: block rows ({block_rows}) and head size ({dim}) must be even")
+        raise ValueError(f"pack_blocks: block rows ({block_rows}) and head size ({dim}) must be even, and for the "
+                         "AVX2 kernel block rows and value width multiples of 16")
     return key_packed, value_packed
 
 

@@ -294,14 +294,53 @@ extern "C" int longbird_block_attention_fp32(
 // layout (key_chunk, value_run), block i at k_packed + i·d·kb and v_packed + i·kb·dv: the AVX-512 fp32 kernel's
 // block sizes, so the callers' offsets (cpu_kernel.packed_units) are the same. Packed once per call, a key block is
 // then read by every query block that attends to it.
+// 8 rows of 8 floats (row t at src + t*src_stride) transposed in registers: column u stored at dst + u*dst_stride
+// (unpack, shuffle, then the 128-bit halves swapped).
+static inline void transpose8(const float *src, int64_t src_stride, float *dst, int64_t dst_stride) {
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + i * src_stride);
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        r[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; i++) {
+        _mm256_storeu_ps(dst + i * dst_stride, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+        _mm256_storeu_ps(dst + (i + 4) * dst_stride, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+    }
+}
+
+// Blocks packed in this kernel's layout (key_chunk, value_run); returns 1 unless kb is a multiple of 16 and dv of 16
+// (a block is whole chunks of 16 keys and runs of 16 values: a partial chunk would reach past the block's d·kb
+// floats). Each chunk's keys are written as 8 x 8 tiles transposed in registers (8 keys by 8 features; the 8 floats
+// of a feature are contiguous in the chunk), as the AVX-512 kernels' packing does with 16 x 16 tiles
+// (docs/benchmarks.md, "The key transpose in registers"); features past the last whole tile go one float at a time,
+// values in their runs of 16 floats.
 extern "C" int longbird_pack_blocks_fp32(
     const float *k, const int64_t *k_off, int64_t k_row_stride,
     const float *v, const int64_t *v_off, int64_t v_row_stride,
     int64_t nblocks, int64_t kb, int64_t d, int64_t dv, float *k_packed, float *v_packed, int threads) {
+    if (kb % 16 != 0 || dv % 16 != 0) return 1;
+    const int64_t tiled_features = d / 8 * 8;
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t i = 0; i < nblocks; i++)
+    for (int64_t i = 0; i < nblocks; i++) {
+        float *key_block = k_packed + i * d * kb, *value_block = v_packed + i * kb * dv;
+        const float *block_keys = k + k_off[i];
+        for (int64_t first = 0; first < kb; first += 8) {  // keys first..first+7: half of chunk first / 16
+            const float *rows = block_keys + first * k_row_stride;
+            float *columns = key_block + key_chunk(first, d);
+            for (int64_t c = 0; c < tiled_features; c += 8) transpose8(rows + c, k_row_stride, columns + 16 * c, 16);
+            for (int64_t c = tiled_features; c < d; c++)
+                for (int64_t t = 0; t < 8; t++) columns[16 * c + t] = rows[t * k_row_stride + c];
+        }
         for (int64_t r = 0; r < kb; r++)
-            copy_key(k + k_off[i] + r * k_row_stride, v + v_off[i] + r * v_row_stride, r, kb, d, dv,
-                     k_packed + i * d * kb, v_packed + i * kb * dv);
+            for (int64_t c = 0; c < dv; c += 16)
+                memcpy(value_block + value_run(r, c, kb), v + v_off[i] + r * v_row_stride + c, 64);
+    }
     return 0;
 }
