@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -31,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from floor import code_version  # the benchmarks' shared commit note
 
 from longbird.bench.models import PRESET_SETTINGS, SIZES, build_model, forward_fn, matmul_throughput
+from longbird.bench.report import write_table
 from longbird.bench.sweep import DTYPES, alternating_times, cpu_model
 from longbird.compilation import frozen_calls
-from longbird.files import write_file_atomically
 from longbird.malloc import keep_freed_memory
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,7 +87,7 @@ def measure(preset: str, size: str, dtype: str, length: int, repeats: int) -> di
             "frozen_over_compiled": medians["frozen"] / medians["compiled"]}
 
 
-def markdown(report: dict) -> str:
+def markdown(report: dict) -> list[str]:
     lines = [f"Command: `{report['command']}`  ", f"Code: {report['code']}  ",
              f"CPU: {report['cpu']}, {report['threads']} threads, torch {report['torch']}; 4096x768x3072 matmul "
              "TFLOP/s: " + ", ".join(f"{name} {value:.3f}" for name, value in report["matmul_tflops"].items())
@@ -100,7 +99,7 @@ def markdown(report: dict) -> str:
         lines.append(f"| {r['preset']} | {r['size']} | {r['dtype']} | {r['length']} | {r['eager_seconds']:.3f} s | "
                      f"{r['compiled_seconds']:.3f} s | {r['frozen_seconds']:.3f} s | {r['compiled_over_eager']:.3f} "
                      f"| {r['frozen_over_eager']:.3f} | **{r['frozen_over_compiled']:.3f}** |")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main():
@@ -126,9 +125,7 @@ def main():
                     report["rows"].append(row)
                     print(f"{preset} {size} {dtype} {length}: eager {row['eager_seconds']:.3f} s, compiled "
                           f"{row['compiled_seconds']:.3f} s, frozen {row['frozen_seconds']:.3f} s", flush=True)
-    write_file_atomically(args.out / f"{args.name}.json", json.dumps(report, indent=2) + "\n")
-    write_file_atomically(args.out / f"{args.name}.md", markdown(report))
-    print(markdown(report))
+    write_table(report, markdown(report), args.out, args.name)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ Usage: python benchmarks/pack_blocks.py [--head-dims 32 64] [--length 4096] [--d
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -25,12 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from floor import code_version  # the benchmarks' shared commit note
 
 from longbird.attention import cpu_kernel
-from longbird.bench.sweep import alternating_times, cpu_model
-from longbird.files import write_file_atomically
+from longbird.bench.report import write_table
+from longbird.bench.sweep import DTYPES, alternating_times, cpu_model
 from longbird.malloc import keep_freed_memory
 
 ROOT = Path(__file__).resolve().parents[1]
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def calls(dtype: torch.dtype, head_dim: int, length: int, heads: int = 12, block: int = 64) -> dict:
@@ -50,7 +48,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--head-dims", nargs="+", type=int, default=[32, 64])
     parser.add_argument("--length", type=int, default=4096)
-    parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=list(DTYPES))
+    parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--name", default="pack_blocks")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
@@ -73,7 +71,6 @@ def main():
             report["rows"].append(row)
             print(f"{name} d={head_dim}: pack {row['pack_ms']:.2f} ms, copy {row['copy_ms']:.2f} ms, "
                   f"ratio {row['ratio']:.2f}", flush=True)
-    write_file_atomically(args.out / f"{args.name}.json", json.dumps(report, indent=2) + "\n")
     lines = [f"Command: `{report['command']}`  ", f"Code: {report['code']}  ",
              f"CPU: {report['cpu']}, {report['threads']} threads, torch {report['torch']}; kernels: "
              + ", ".join(f"{name} {value}" for name, value in report["instruction_sets"].items())
@@ -83,7 +80,7 @@ def main():
              "|---|---:|---:|---:|---:|"]
     lines += [f"| {r['dtype']} | {r['head_dim']} | {r['pack_ms']:.2f} ms | {r['copy_ms']:.2f} ms | "
               f"**{r['ratio']:.2f}** |" for r in report["rows"]]
-    write_file_atomically(args.out / f"{args.name}.md", "\n".join(lines) + "\n")
+    write_table(report, lines, args.out, args.name)
 
 
 if __name__ == "__main__":
