@@ -5,6 +5,8 @@ given, with the outputs it gets alone."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from longbird.data.batching import MIN_BATCH_FILL, plan_batches
@@ -19,6 +21,8 @@ def test_a_much_shorter_window_is_not_padded_into_a_long_batch():
     assert MIN_BATCH_FILL == 0.75
     # 400 >= 0.75 x 512 joins, 380 does not; ties keep the given order
     assert plan_batches([380, 512, 400, 512], max_windows=8) == [[1, 3, 2], [0]]
+    assert plan_batches([300, 512, 30, 512, 490, 35, 700, 400, 512], max_tokens=1_536) == [
+        [6], [1, 3, 8], [4, 7], [0], [5, 2]]
 
 
 @pytest.mark.parametrize("max_windows, max_tokens", [(1, None), (2, None), (3, 1_000), (None, 1_536), (None, 100)])
@@ -34,6 +38,12 @@ def test_every_window_once_longest_first_within_the_bounds(max_windows, max_toke
         if len(batch) > 1:
             assert max_windows is None or len(batch) <= max_windows
             assert max_tokens is None or len(batch) * longest <= max_tokens
+    # filled as far as the bounds allow: the window opening each batch could not have joined the one before
+    for before, after in itertools.pairwise(batches):
+        longest, joining = lengths[before[0]], lengths[after[0]]
+        assert ((max_windows is not None and len(before) + 1 > max_windows)
+                or (max_tokens is not None and (len(before) + 1) * longest > max_tokens)
+                or joining < MIN_BATCH_FILL * longest)
 
 
 def test_a_batch_holds_at_least_one_window():

@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from conftest import VOCAB, kl_rounding_bound
+from conftest import VOCAB, assert_loss_equals_loop, kl_rounding_bound
 from test_sliding_teacher import TEMPLATE, qa_model
 
 from longbird.heads import IGNORE_INDEX
@@ -113,117 +113,109 @@ def weighted_as_the_gold_loss(kls: dict, answer: int | None) -> float:
     return (kls[answer] + sum(others) / len(others)) / 2 if others else kls[answer]
 
 
+def kl_of(target: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """KL(target || softmax(scores)) in float64, differentiable in `scores`."""
+    log_q = torch.log_softmax(scores.double(), 0)
+    return (target * (target.log() - log_q)).sum()
+
+
 def reference(relative, logits, region_nulls, target, weight):
-    """The soft start loss of one row by loops: per region KL over its null and tokens, the answer region's against
-    the mean of the others (or the mean of all without the answer), plus `weight` of the ranking KL."""
-    regions = sorted({int(n) for n in region_nulls})
+    """The soft start loss of one unpadded row by loops, differentiable in `logits`: per region KL over its null and
+    tokens, the answer region's against the mean of the others (or the mean of all without the answer), plus `weight`
+    of the ranking KL."""
     kls = {}
-    for null in regions:
+    for null in sorted({int(n) for n in region_nulls}):
         members = [i for i, n in enumerate(region_nulls) if n == null]
-        p = torch.softmax(relative[members].double(), 0)
-        q = torch.softmax(logits[members].double(), 0)
-        kls[null] = float((p * (p.log() - q.log())).sum())
+        kls[null] = kl_of(torch.softmax(relative[members].double(), 0), logits[members])
     regional = weighted_as_the_gold_loss(kls, int(region_nulls[target]) if target > 0 else None)
     options = [i for i, n in enumerate(region_nulls) if n != i]
-    student = torch.tensor([float(logits[i] - logits[region_nulls[i]]) for i in options] + [0.0], dtype=torch.double)
-    teacher = torch.tensor([float(relative[i]) for i in options] + [0.0], dtype=torch.double)
-    p, q = torch.softmax(teacher, 0), torch.softmax(student, 0)
-    ranking = float((p * (p.log() - q.log())).sum())
-    return (1 - weight) * regional + weight * ranking
+    zero = torch.zeros(1, dtype=torch.double)
+    student = torch.cat([torch.stack([logits[i] - logits[region_nulls[i]] for i in options]).double(), zero])
+    teacher = torch.cat([relative[options].double(), zero])
+    return (1 - weight) * regional + weight * kl_of(torch.softmax(teacher, 0), student)
+
+
+def padded_pair(first: tuple[int, ...], second: tuple[int, ...], seed: int):
+    """Two cuts with regions of the given sizes in one batch, the shorter padded as the collator pads (region 0, not
+    valid), garbage scores under the padding: (region_nulls lists, nulls (2, l), valid (2, l), relative, logits)."""
+    cuts = [cut_with_nulls(regions=first)[1], cut_with_nulls(regions=second, seed=seed)[1]]
+    length = max(map(len, cuts))
+    nulls = torch.tensor([row + [0] * (length - len(row)) for row in cuts])
+    valid = torch.tensor([[i < len(row) for i in range(length)] for row in cuts])
+    generator = torch.Generator().manual_seed(seed)
+    relative = torch.randn(2, length, generator=generator).masked_fill(nulls == torch.arange(length), 0.0)
+    relative = relative.masked_fill(~valid, float("-inf"))  # CutTeacher.targets: -inf beyond the cut
+    logits = (torch.randn(2, length, generator=generator) + 50.0 * ~valid).requires_grad_()
+    return cuts, nulls, valid, relative, logits
 
 
 @pytest.mark.parametrize("weight", [0.0, 0.5])
 def test_the_soft_start_loss_is_the_per_region_kl_weighted_as_the_gold_loss(weight):
-    ids, region_nulls, _ = cut_with_nulls()
-    length = len(ids)
-    generator = torch.Generator().manual_seed(3)
-    nulls = torch.tensor(region_nulls)
-    is_null = nulls == torch.arange(length)
-    relative = torch.randn(2, length, generator=generator).masked_fill(is_null, 0.0)
-    logits = torch.randn(2, length, generator=generator, requires_grad=True)
+    """Value and gradient against the loop reference, over a batch whose second cut is shorter and padded (garbage
+    student scores under its padding get no gradient and change nothing)."""
+    cuts, nulls, valid, relative, logits = padded_pair((5, 7, 3), (4, 6), seed=3)
     targets = torch.tensor([20, 0])  # one row answered in a later region, one without the answer
-    got = regional_divergence(relative, logits, nulls.expand(2, -1), torch.ones(2, length, dtype=torch.bool), targets,
-                              ranking_weight=weight)
-    expected = sum(reference(relative[r], logits[r].detach(), region_nulls, int(targets[r]), weight)
+    got = regional_divergence(relative, logits, nulls, valid, targets, ranking_weight=weight)
+    expected = sum(reference(relative[r, :len(cuts[r])], logits[r, :len(cuts[r])], cuts[r], int(targets[r]), weight)
                    for r in range(2)) / 2
-    assert abs(float(got.detach()) - expected) < 1e-5
-    got.backward()
-    assert logits.grad.abs().sum() > 0
-    ignored = regional_divergence(relative, logits, nulls.expand(2, -1), torch.ones(2, length, dtype=torch.bool),
-                                  torch.tensor([IGNORE_INDEX, 0]), ranking_weight=weight)
-    expected_one = reference(relative[1], logits[1].detach(), region_nulls, 0, weight)
-    assert abs(float(ignored.detach()) - expected_one) < 1e-5  # a row without a target adds nothing
+    assert_loss_equals_loop(got, expected.float(), logits, valid)
+    ignored = regional_divergence(relative, logits, nulls, valid, torch.tensor([IGNORE_INDEX, 0]),
+                                  ranking_weight=weight)
+    expected_one = reference(relative[1, :len(cuts[1])], logits[1, :len(cuts[1])], cuts[1], 0, weight)
+    assert_loss_equals_loop(ignored, expected_one.float(), logits, valid)  # a row without a target adds nothing
 
 
 def test_within_region_targets_leave_the_nulls_to_the_gold_labels():
     """targets="within-region": per region the KL over its own tokens only (nulls out), no ranking term; a region
-    that is a null alone adds 0 and no NaN to the gradient."""
-    ids, region_nulls, _ = cut_with_nulls(regions=(5, 0, 7))  # the second inserted region is its null alone
-    length = len(ids)
-    nulls = torch.tensor(region_nulls)
-    is_null = nulls == torch.arange(length)
-    generator = torch.Generator().manual_seed(4)
-    relative = torch.randn(2, length, generator=generator).masked_fill(is_null, 0.0)
-    logits = torch.randn(2, length, generator=generator, requires_grad=True)
-    targets = torch.tensor([region_nulls.index(region_nulls[-1]) + 2, 0])
-    got = regional_divergence(relative, logits, nulls.expand(2, -1), torch.ones(2, length, dtype=torch.bool), targets,
-                              ranking_weight=0.5, targets="within-region")
+    that is a null alone adds 0 and no NaN to the gradient; padding gets none."""
+    cuts, nulls, valid, relative, logits = padded_pair((5, 0, 7), (3, 6), seed=4)  # a null alone in the first
+    targets = torch.tensor([cuts[0].index(cuts[0][-1]) + 2, 0])
+    got = regional_divergence(relative, logits, nulls, valid, targets, ranking_weight=0.5, targets="within-region")
     expected = 0.0
-    for row in range(2):
-        regions = sorted(set(region_nulls))
+    for row, region_nulls in enumerate(cuts):
         kls = {}
-        for null in regions:
+        for null in sorted(set(region_nulls)):
             members = [i for i, n in enumerate(region_nulls) if n == null and i != null]
-            if not members:
-                kls[null] = 0.0
-                continue
-            p = torch.softmax(relative[row, members].double(), 0)
-            q = torch.softmax(logits[row, members].detach().double(), 0)
-            kls[null] = float((p * (p.log() - q.log())).sum())
-        expected += weighted_as_the_gold_loss(kls, region_nulls[int(targets[row])] if targets[row] > 0 else None) / 2
-    assert abs(float(got.detach()) - expected) < 1e-5
+            kls[null] = (kl_of(torch.softmax(relative[row, members].double(), 0), logits[row, members]) if members
+                         else torch.zeros((), dtype=torch.double))
+        expected = expected + weighted_as_the_gold_loss(
+            kls, region_nulls[int(targets[row])] if targets[row] > 0 else None) / 2
+    assert_loss_equals_loop(got, expected.float(), logits, valid)
+    got = regional_divergence(relative, logits, nulls, valid, targets, ranking_weight=0.5, targets="within-region")
     got.backward()
-    assert torch.isfinite(logits.grad).all() and logits.grad.abs().sum() > 0
-    assert float(logits.grad[:, is_null].abs().sum()) == 0.0  # no null is taught by the teacher
+    is_null = nulls == torch.arange(nulls.shape[1])
+    assert float(logits.grad[is_null & valid].abs().sum()) == 0.0  # no null is taught by the teacher
     with pytest.raises(ValueError, match="marginal"):
-        regional_divergence(relative, logits, nulls.expand(2, -1), torch.ones(2, length, dtype=torch.bool), targets,
-                            targets="everything")
+        regional_divergence(relative, logits, nulls, valid, targets, targets="everything")
 
 
 def test_marginal_targets_give_each_null_the_teachers_probability_that_the_answer_starts_elsewhere():
     """targets="marginal": the teacher's one window softmax (non-null tokens and its [CLS]); in region r a token keeps
     its probability and the null gets 1 - the region's sum. A teacher sure of one token in one region then gives every
-    other region's null (nearly) all of that region, as the gold labels do."""
-    ids, region_nulls, _ = cut_with_nulls(regions=(5, 7, 3))
-    length = len(ids)
-    nulls = torch.tensor(region_nulls)
-    is_null = nulls == torch.arange(length)
-    generator = torch.Generator().manual_seed(6)
-    relative = torch.randn(2, length, generator=generator).masked_fill(is_null, 0.0)
-    sure = region_nulls.index(region_nulls[-1]) + 1  # a token of the last region
-    relative[1, sure] = 40.0
-    logits = torch.randn(2, length, generator=generator, requires_grad=True)
-    valid = torch.ones(2, length, dtype=torch.bool)
+    other region's null (nearly) all of that region, as the gold labels do. Values and gradients against the loop,
+    over a padded batch."""
+    cuts, nulls, valid, relative, logits = padded_pair((5, 7, 3), (4, 4), seed=6)
+    sure = cuts[0].index(cuts[0][-1]) + 1  # a token of the first cut's last region
+    with torch.no_grad():
+        relative[0, sure] = 40.0
     targets = torch.tensor([sure, 0])
-    got = regional_divergence(relative, logits, nulls.expand(2, -1), valid, targets, targets="marginal")
+    got = regional_divergence(relative, logits, nulls, valid, targets, targets="marginal")
     expected = 0.0
-    window = [i for i in range(length) if not is_null[i] or i == 0]
-    for row in range(2):
-        p_window = torch.softmax(relative[row, window].double(), 0)
-        p_of = dict(zip(window, p_window.tolist()))
+    for row, region_nulls in enumerate(cuts):
+        is_null = [n == i for i, n in enumerate(region_nulls)]
+        window = [i for i in range(len(region_nulls)) if not is_null[i] or i == 0]
+        p_of = dict(zip(window, torch.softmax(relative[row, window].double(), 0).tolist()))
         kls = {}
         for null in sorted(set(region_nulls)):
             tokens = [i for i, n in enumerate(region_nulls) if n == null and i != null]
             elsewhere = sum(p_of[i] for i in window if i not in tokens)  # = 1 - the region's sum, without cancelling
             target = torch.tensor([elsewhere] + [p_of[i] for i in tokens], dtype=torch.double)
-            q = torch.softmax(logits[row, [null, *tokens]].detach().double(), 0)
-            kls[null] = float((target * (target.log() - q.log())).sum())
-            if row == 1 and null != region_nulls[sure]:
+            kls[null] = kl_of(target, logits[row, [null, *tokens]])
+            if row == 0 and null != cuts[0][sure]:
                 assert target[0] > 1 - 1e-9  # the teacher is sure the answer is elsewhere: "not here"
-        expected += weighted_as_the_gold_loss(kls, region_nulls[int(targets[row])] if targets[row] > 0 else None) / 2
-    assert abs(float(got.detach()) - expected) < 1e-5
-    got.backward()
-    assert torch.isfinite(logits.grad).all() and logits.grad.abs().sum() > 0
+        expected = expected + weighted_as_the_gold_loss(
+            kls, region_nulls[int(targets[row])] if targets[row] > 0 else None) / 2
+    assert_loss_equals_loop(got, expected.float(), logits, valid)
 
 
 def test_a_student_with_its_teachers_null_relative_scores_diverges_by_rounding_only():

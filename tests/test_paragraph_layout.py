@@ -152,12 +152,17 @@ def test_a_segment_reads_as_its_window_alone_and_the_question_as_the_mask_says()
     ids = torch.cat(windows)[None]
     positions = torch.cat([torch.arange(len(w)) for w in windows])[None]
     groups = [g for g, w in enumerate(windows) for _ in w]
+    config = model.config
+    before = config.full_attention_max_length, config.max_position_embeddings
     with torch.no_grad(), masked(model, SegmentPlan.of(groups, "replicated")):
+        inside = config.full_attention_max_length, config.max_position_embeddings
         together = model(input_ids=ids, position_ids=positions).start_logits[0]
     with torch.no_grad():
         alone = torch.cat([model(input_ids=w[None]).start_logits[0] for w in windows])
     torch.testing.assert_close(together, alone, atol=1e-6, rtol=1e-5)
-    assert model.config.full_attention_max_length == 64  # the context manager restores the config
+    # lifted inside (sequences may outrun the table of positions), both restored after
+    assert inside[0] > before[0] and inside[1] > before[1]
+    assert (config.full_attention_max_length, config.max_position_embeddings) == before
 
     question, segment = windows[0][:6], windows[1]
     ids = torch.cat([question, segment])[None]
