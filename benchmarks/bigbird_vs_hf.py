@@ -1,8 +1,9 @@
 """longbird kobigbird vs transformers.BigBirdModel: forward latency and peak memory, one process.
 
 Base size (12 layers, 768 hidden, 12 heads), block 64, 3 random blocks, random init, batch 1.
-Usage: python benchmarks/bigbird_vs_hf.py [--lengths 1024 2048 4096 8192] [--dtypes fp32 bf16] [--repeats 2]
-Writes benchmarks/results/bigbird_vs_hf.json and .md (with the command that made them).
+Usage: python benchmarks/bigbird_vs_hf.py [--lengths 1024 2048 4096 8192] [--dtypes fp32 bf16] [--repeats 3]
+       [--name bigbird_vs_hf]
+Writes benchmarks/results/NAME.json and .md (with the command that made them).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ def main(argv=None):
     parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=list(DTYPES))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--name", default="bigbird_vs_hf", help="Writes OUT/NAME.json and OUT/NAME.md")
     args = parser.parse_args(argv)
 
     models = build(max(args.lengths))
@@ -94,8 +96,8 @@ def main(argv=None):
         "results": rows,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    write_file_atomically(args.out / "bigbird_vs_hf.json", json.dumps(report, indent=2) + "\n")
-    write_file_atomically(args.out / "bigbird_vs_hf.md", markdown(report))
+    write_file_atomically(args.out / f"{args.name}.json", json.dumps(report, indent=2) + "\n")
+    write_file_atomically(args.out / f"{args.name}.md", markdown(report))
     print(markdown(report))
 
 
