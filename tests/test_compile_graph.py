@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import longbird
-from conftest import BLOCK, make_batch, make_source
+from conftest import BLOCK, VOCAB, make_batch, make_source
 
 # a kobigbird model whose question block is global as keys only (attention/patterns.py), as E7's long reader
 VARIANTS = {"kobigbird-first-reads-source": ("kobigbird", {"global_blocks": "first-reads-source",
@@ -77,12 +77,74 @@ def test_the_per_row_plan_op_is_marked_unsafe_for_cuda_graph_capture():
 
     import longbird.dispatch  # noqa: F401  (registers the ops)
 
-    for op in (torch.ops.longbird.bigbird_rows.default, torch.ops.longbird.bigbird_rows_backward.default):
+    for op in (torch.ops.longbird.bigbird_rows_token_major.default, torch.ops.longbird.bigbird_rows_backward.default):
         assert torch.Tag.cudagraph_unsafe in op.tags
         node = torch.fx.Graph().call_function(op, ())
         assert is_cudagraph_unsafe_fx_node(node)
 
 
+
+
+def test_the_per_row_plan_op_returns_the_layout_its_fake_promises_and_the_graph_copies_nothing_of_it():
+    """The op hands back the blocked kernels' token-major context ((B, H, l, dv) laid out as (B, l, H, dv)), whose merge
+    of the heads is a view, and its fake kernel says so, so a compiled graph neither copies it into head-major order
+    nor back: `torch.library.opcheck` (fake against real: shapes, strides, schema) and no aten copy of a context-sized
+    tensor in the profile of a compiled forward. The op said contiguous once, which cost two copies per layer."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from longbird import dispatch
+
+    model = _model("kobigbird")
+    input_ids, attention_mask = make_batch(200, batch=2)
+    captured = []
+    original = dispatch._bigbird_rows_op
+
+    def capture(*args):
+        captured.append(args)
+        return original(*args)
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        try:
+            dispatch._bigbird_rows_op = capture
+            torch.compile(model, fullgraph=True, backend="eager")(input_ids=input_ids, attention_mask=attention_mask)
+        finally:
+            dispatch._bigbird_rows_op = original
+    assert len(captured) == model.config.num_hidden_layers
+    args = tuple(x.detach().clone() if isinstance(x, torch.Tensor) else x for x in captured[0])
+    torch.library.opcheck(torch.ops.longbird.bigbird_rows_token_major.default, args,
+                          test_utils=("test_schema", "test_faketensor"))
+    query, value = args[0], args[2]
+    with torch.no_grad():
+        out = torch.ops.longbird.bigbird_rows_token_major.default(*args)
+    batch, heads, length, _ = query.shape
+    assert out.transpose(1, 2).is_contiguous() and out.shape == (batch, heads, length, value.shape[-1])
+
+    # where the fused kernel reads the heads (32 wide: values in whole 16-lane registers) and every row is past the
+    # full-attention length, the blocked kernels write token-major and nothing is copied; elsewhere (heads of 8 above,
+    # SDPA's head-major output) the op copies once into the promised layout
+    from transformers import BertConfig, BertModel
+
+    from longbird.attention import cpu_kernel
+
+    if not (cpu_kernel.available(torch.float32)):
+        pytest.skip("no fused fp32 kernel on this CPU: the blocked path's output is copied into the layout")
+    torch.manual_seed(0)
+    source = BertModel(BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=128, max_position_embeddings=128)).eval()
+    model = longbird.convert(source, max_length=512, block_size=32, num_random_blocks=1).eval()
+    input_ids, attention_mask = make_batch(320, batch=1, padded_rows=0)
+    heads, value = 2, torch.empty(32)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, dynamic=False)
+    with torch.no_grad():
+        compiled(input_ids=input_ids, attention_mask=attention_mask)
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as profiler:
+            compiled(input_ids=input_ids, attention_mask=attention_mask)
+    context = [1, heads, 320, value.shape[-1]]
+    copies = [event for event in profiler.events() if event.name == "aten::copy_" and event.input_shapes
+              and list(event.input_shapes[0]) == context]
+    assert not copies
 
 
 def test_compiled_kobigbird_reuses_its_gather_buffers_without_stale_results():

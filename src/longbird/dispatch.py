@@ -199,10 +199,10 @@ def bigbird(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_mas
 
 @dataclass(frozen=True)
 class PlanInGraph:
-    """A BigBird layer's per-row plan made inside the `longbird::bigbird_rows` op instead of by the encoder: what a
-    torch.compile graph carries, since the plan reads each row's real length from the mask (attention/rows.py), which
-    a graph cannot branch on. The op is opaque to the compiler (one node, no graph break); on a GPU its length read is
-    still a host synchronisation, which CUDA graphs cannot capture."""
+    """A BigBird layer's per-row plan made inside the `longbird::bigbird_rows_token_major` op instead of by the
+    encoder: what a torch.compile graph carries, since the plan reads each row's real length from the mask
+    (attention/rows.py), which a graph cannot branch on. The op is opaque to the compiler (one node, no graph break);
+    on a GPU its length read is still a host synchronisation, which CUDA graphs cannot capture."""
 
     layer: int
     block_size: int
@@ -269,20 +269,39 @@ _CUDAGRAPH_UNSAFE = ({"tags": (torch.Tag.cudagraph_unsafe,)} if hasattr(torch.Ta
                      inspect.signature(torch.library.custom_op).parameters else {})
 
 
-@torch.library.custom_op("longbird::bigbird_rows", mutates_args=(), **_CUDAGRAPH_UNSAFE)
+# The op's name says the layout of what it returns (`_token_major`): Inductor's and AOTAutograd's caches key a graph
+# by the ops it calls, not by their fake kernels, so a graph cached when the op returned another layout would assert
+# on this one's strides. A change of the output's layout takes a new name.
+@torch.library.custom_op("longbird::bigbird_rows_token_major", mutates_args=(), **_CUDAGRAPH_UNSAFE)
 def _bigbird_rows_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor, layer: int,
                      block_size: int, full_max_length: int, num_random_blocks: int, seed: int,
                      random_blocks: str, first_block_reach: int, last_global: bool, chunk_blocks: int) -> torch.Tensor:
     plan = PlanInGraph(layer, block_size, full_max_length, num_random_blocks, seed, random_blocks, first_block_reach,
                        last_global, chunk_blocks)
     with torch.no_grad():
-        return _rows_eagerly(query, key, value, key_mask, plan).contiguous()
+        return _in_token_major_layout(_rows_eagerly(query, key, value, key_mask, plan))
+
+
+def _token_major(query: torch.Tensor, value_dim: int) -> torch.Tensor:
+    """An empty (B, H, l, dv) tensor laid out as (B, l, H, dv): the layout the blocked kernels write, whose merge of
+    the heads back into (B, l, H·dv) is a view. The op's output has this layout (its fake says so), so a compiled
+    graph copies it neither into (B, H, l, dv) order nor back (two copies of the layer's context per layer)."""
+    batch, heads, length, _ = query.shape
+    return query.new_empty((batch, length, heads, value_dim)).transpose(1, 2)
+
+
+def _in_token_major_layout(out: torch.Tensor) -> torch.Tensor:
+    """`out` as `_token_major` lays it out: itself when the kernels wrote it so (the CPU blocked path; a stride of a
+    dimension of size 1 does not matter, as for a single row cut from a longer padded buffer), else copied."""
+    wanted = _token_major(out, out.shape[-1])
+    same = all(size == 1 or ours == theirs for size, ours, theirs in zip(out.shape, out.stride(), wanted.stride()))
+    return out if same else wanted.copy_(out)
 
 
 @_bigbird_rows_op.register_fake
 def _(query, key, value, key_mask, layer, block_size, full_max_length, num_random_blocks, seed, random_blocks,
       first_block_reach, last_global, chunk_blocks):
-    return query.new_empty((*query.shape[:-1], value.shape[-1]))
+    return _token_major(query, value.shape[-1])
 
 
 @torch.library.custom_op("longbird::bigbird_rows_backward", mutates_args=(), **_CUDAGRAPH_UNSAFE)
@@ -328,7 +347,7 @@ ROW_PLANS = ("device", "op")
 def compiled_row_plan() -> str:
     """Where a compiled graph makes BigBird's per-row plan: "device" (`attention.device_rows`: from each row's length
     on the device, no host synchronisation, so a CUDA graph holds the whole forward) or "op" (the
-    `longbird::bigbird_rows` op, which reads the lengths on the host and runs the eager blocked kernels).
+    `longbird::bigbird_rows_token_major` op, which reads the lengths on the host and runs the eager blocked kernels).
     `LONGBIRD_ROW_PLAN` chooses; "op" by default on every device. On CPU there is no synchronisation to avoid and the
     op was faster in inference (e5-small fp32 at 4K, AVX2: compiled at 0.94 of eager's time against 0.97, and 0.90
     against 1.01 in a first pair; docs/benchmarks.md, "BigBird's per-row plan in a compiled graph"). On CUDA the device
