@@ -45,6 +45,7 @@ from .attention.flex import bigbird_flex_attention, usw_flex_attention
 from .attention.littlebird import BiALiBiSlopes, USWLayout
 from .attention.patterns import BigBirdPattern, bigbird_pattern
 from .attention.rows import RowGroup, cut_to_group, place_group, plan_rows
+from .attention.token_major import empty_token_major, in_token_major_layout
 from .attention.tracing import exporting, is_tracing
 
 BACKENDS = ("auto", "blocked", "flex")
@@ -269,7 +270,7 @@ _CUDAGRAPH_UNSAFE = ({"tags": (torch.Tag.cudagraph_unsafe,)} if hasattr(torch.Ta
                      inspect.signature(torch.library.custom_op).parameters else {})
 
 
-# The op's name says the layout of what it returns (`_token_major`): Inductor's and AOTAutograd's caches key a graph
+# The op's name says the layout it returns (`attention.token_major`): Inductor's and AOTAutograd's caches key a graph
 # by the ops it calls, not by their fake kernels, so a graph cached when the op returned another layout would assert
 # on this one's strides. A change of the output's layout takes a new name.
 @torch.library.custom_op("longbird::bigbird_rows_token_major", mutates_args=(), **_CUDAGRAPH_UNSAFE)
@@ -279,29 +280,13 @@ def _bigbird_rows_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     plan = PlanInGraph(layer, block_size, full_max_length, num_random_blocks, seed, random_blocks, first_block_reach,
                        last_global, chunk_blocks)
     with torch.no_grad():
-        return _in_token_major_layout(_rows_eagerly(query, key, value, key_mask, plan))
-
-
-def _token_major(query: torch.Tensor, value_dim: int) -> torch.Tensor:
-    """An empty (B, H, l, dv) tensor laid out as (B, l, H, dv): the layout the blocked kernels write, whose merge of
-    the heads back into (B, l, H·dv) is a view. The op's output has this layout (its fake says so), so a compiled
-    graph copies it neither into (B, H, l, dv) order nor back (two copies of the layer's context per layer)."""
-    batch, heads, length, _ = query.shape
-    return query.new_empty((batch, length, heads, value_dim)).transpose(1, 2)
-
-
-def _in_token_major_layout(out: torch.Tensor) -> torch.Tensor:
-    """`out` as `_token_major` lays it out: itself when the kernels wrote it so (the CPU blocked path; a stride of a
-    dimension of size 1 does not matter, as for a single row cut from a longer padded buffer), else copied."""
-    wanted = _token_major(out, out.shape[-1])
-    same = all(size == 1 or ours == theirs for size, ours, theirs in zip(out.shape, out.stride(), wanted.stride()))
-    return out if same else wanted.copy_(out)
+        return in_token_major_layout(_rows_eagerly(query, key, value, key_mask, plan))
 
 
 @_bigbird_rows_op.register_fake
 def _(query, key, value, key_mask, layer, block_size, full_max_length, num_random_blocks, seed, random_blocks,
       first_block_reach, last_global, chunk_blocks):
-    return _token_major(query, value.shape[-1])
+    return empty_token_major(query, value.shape[-1])
 
 
 @torch.library.custom_op("longbird::bigbird_rows_backward", mutates_args=(), **_CUDAGRAPH_UNSAFE)

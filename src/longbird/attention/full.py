@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from . import cpu_kernel
+from .token_major import empty_token_major
 from .tracing import is_tracing, outside_the_trace
 
 
@@ -83,5 +84,4 @@ def _fused_cpu_attention_op(query: torch.Tensor, key: torch.Tensor, value: torch
 
 @_fused_cpu_attention_op.register_fake
 def _(query, key, value, key_mask):
-    batch, heads, queries, _ = query.shape
-    return query.new_empty(batch, queries, heads, value.shape[-1]).transpose(1, 2)  # the kernel's token-major layout
+    return empty_token_major(query, value.shape[-1])  # the kernel's layout

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from . import cpu_kernel
+from .token_major import empty_token_major
 from .tracing import is_tracing
 from .workspace import concat_into
 
@@ -203,8 +204,7 @@ def _usw_kernel_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
 
 @_usw_kernel_op.register_fake
 def _(query, key, value, pack_key, pack_value, key_mask, positions, head_slopes, b, scale):
-    batch, heads, length, _ = query.shape
-    return query.new_empty(batch, length, heads, value.shape[-1]).transpose(1, 2)  # the kernel's token-major layout
+    return empty_token_major(query, value.shape[-1])  # the kernel's layout
 
 
 @lru_cache(maxsize=64)
