@@ -445,11 +445,10 @@ def _with_wrong_key_blocks(monkeypatch, model, input_ids, attention_mask):
         return original(query, query_offsets, query_rows, key, key_offsets.roll(1, 0), *rest, **kwargs)
 
     monkeypatch.setattr(cpu_kernel, "attend_blocks", wrong)
-    try:
-        return model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-    finally:
-        monkeypatch.setattr(cpu_kernel, "attend_blocks", original)
-        assert len(calls) >= model.config.num_hidden_layers
+    out = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    monkeypatch.setattr(cpu_kernel, "attend_blocks", original)
+    assert len(calls) >= model.config.num_hidden_layers
+    return out
 
 
 @pytest.mark.parametrize("preset, length", [("kobigbird", 100), ("kobigbird", 300), ("littlebird", 300)])

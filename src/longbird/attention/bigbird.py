@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from . import cpu_kernel
 from .full import as_wide_as_value
 from .patterns import BigBirdPattern
+from .token_major import empty_token_major
 from .tracing import outside_the_trace
 from .workspace import scratch_buffer
 
@@ -118,11 +119,10 @@ def _fused_cpu_attention(query, key, value, key_mask, pattern: BigBirdPattern):
     (B, H, l, d_v) output (token-major in memory); same pattern as the SDPA path above. With blocks of a multiple of
     32 rows every key and value block is packed once per call and read in place by each query block that attends to
     it (a middle block's 8 key blocks are other blocks' keys too); otherwise each query block packs its own."""
-    batch, heads, length, dim = query.shape
+    batch, heads, _, dim = query.shape
     block, value_dim = pattern.block_size, value.shape[-1]
     scale = dim ** -0.5
-    # written token-major, (B, l, H, d_v) in memory: the output projection's reshape is then a view, not a copy
-    out = query.new_empty(batch, length, heads, value_dim).transpose(1, 2)
+    out = empty_token_major(query, value_dim)  # the output projection's reshape is then a view, not a copy
     mask = key_mask.to(torch.uint8)
     packed = block % 32 == 0
     units = cpu_kernel.packed_units(query.dtype, dim, value_dim, block) if packed else None

@@ -53,8 +53,7 @@ def _fused_cpu_attention(query, key, value, key_mask):
     (LittleBird's pack attention: s pack queries over the l tokens)."""
     batch, heads, queries, _ = query.shape
     keys = key.shape[2]
-    # token-major, (B, l, H, d_v) in memory: the output projection's reshape is then a view, not a copy
-    out = query.new_empty(batch, queries, heads, value.shape[-1]).transpose(1, 2)
+    out = empty_token_major(query, value.shape[-1])  # the output projection's reshape is then a view, not a copy
     mask = (torch.ones(batch, keys, dtype=torch.uint8) if key_mask is None else key_mask.to(torch.uint8))
     query_rows, key_rows, value_rows, mask_rows, out_rows = _fused_tables(
         batch, heads, keys, query.stride(), key.stride(), value.stride(), out.stride())

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .full import full_attention
+from .token_major import empty_token_major
 from .usw_inference import (
     fused_kernel_applies,
     grouped_usw_inference,
@@ -225,9 +226,9 @@ class _USWAttention(torch.autograd.Function):
         b = layout.block_size
         n = length // b
         s = 0 if pack_key is None else pack_key.shape[2]
-        # (B, l, H, d) in memory: merging the heads for the output projection is then a view, not a second copy
-        # that autograd would keep beside this one (as SDPA's output is laid out).
-        out = value.new_empty(batch, length, heads, dim).transpose(1, 2)
+        # token-major: merging the heads for the output projection is then a view, not a second copy that autograd
+        # would keep beside this one (as SDPA's output is laid out)
+        out = empty_token_major(value, dim)
         for h in _head_chunks(heads, batch * length * (s + 4 * b)):
             blocks = lambda x, h=h: x[:, h].reshape(batch, -1, n, b, x.shape[-1])
             keys, values = _key_groups(blocks(key), blocks(value), _heads_of(pack_key, h), _heads_of(pack_value, h),

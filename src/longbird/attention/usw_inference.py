@@ -187,7 +187,7 @@ def _usw_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pac
     tables = _fused_usw_tables(batch, heads, n, b, front, cpu_kernel.packed_units(query.dtype, dim, value_dim, b),
                                value_dim, keys.stride(), values.stride(), query.stride())
     key_packed, value_packed = cpu_kernel.pack_blocks(keys, tables["key_blocks"], values, tables["value_blocks"], b)
-    out = query.new_empty(batch, length, heads, value_dim).transpose(1, 2)
+    out = empty_token_major(query, value_dim)
     group_slopes = head_slopes[None, :, None].expand(batch, heads, n, 4).reshape(-1, 4)
     return cpu_kernel.attend_blocks(
         query, tables["queries"], b, key_packed, tables["keys"], value_packed, tables["values"], key_mask,
