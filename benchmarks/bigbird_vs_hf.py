@@ -3,7 +3,9 @@
 Base size (12 layers, 768 hidden, 12 heads), block 64, 3 random blocks, random init, batch 1.
 Usage: python benchmarks/bigbird_vs_hf.py [--lengths 1024 2048 4096 8192] [--dtypes fp32 bf16] [--repeats 3]
        [--name bigbird_vs_hf]
-Writes benchmarks/results/NAME.json and .md (with the command that made them).
+Writes benchmarks/results/NAME.json and .md (with the command that made them). Freed tensor memory is kept for reuse
+as the `longbird` command line keeps it (`longbird.malloc`; `LONGBIRD_MALLOC=system` for the C library's defaults),
+for both models alike.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import transformers
 from longbird.bench.models import BASE, build_model
 from longbird.bench.memory import peak_allocated_bytes
 from longbird.files import write_file_atomically
+from longbird.malloc import keep_freed_memory
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -61,6 +64,7 @@ def main(argv=None):
     parser.add_argument("--name", default="bigbird_vs_hf", help="Writes OUT/NAME.json and OUT/NAME.md")
     args = parser.parse_args(argv)
 
+    malloc = keep_freed_memory()  # before any model is built, as the command line does
     models = build(max(args.lengths))
     # Same weights in both, so the bf16-vs-fp32 check compares like with like.
     models["hf-bigbird"].load_state_dict(
@@ -90,6 +94,7 @@ def main(argv=None):
     report = {
         "command": "python " + " ".join(["benchmarks/bigbird_vs_hf.py", *sys.argv[1:]]),
         "torch": torch.__version__, "transformers": transformers.__version__, "threads": torch.get_num_threads(),
+        "malloc": malloc,
         "cpu": next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
                      if l.startswith("model name")), platform.processor()),
         "config": {**BASE, "block_size": 64, "num_random_blocks": 3, "batch": 1, "repeats": args.repeats},
@@ -104,7 +109,8 @@ def main(argv=None):
 def markdown(report) -> str:
     index = {(r["model"], r["dtype"], r["length"]): r for r in report["results"]}
     lines = [f"Command: `{report['command']}`  ",
-             f"torch {report['torch']}, transformers {report['transformers']}, {report['threads']} threads, {report['cpu']}",
+             f"torch {report['torch']}, transformers {report['transformers']}, {report['threads']} threads, {report['cpu']}"
+             + (f"; freed tensor memory (longbird.malloc): {report['malloc']}" if "malloc" in report else ""),
              "", "| dtype | length | longbird s | HF BigBird s | speed-up | longbird peak MiB | HF peak MiB | bf16 cos vs fp32 |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for (model, dtype, length), ours in index.items():
