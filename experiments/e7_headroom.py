@@ -119,7 +119,8 @@ def main() -> None:
             raise SystemExit(f"{name}: its candidates cover {len(kept['documents'])} questions, not the "
                              f"{len(dev)} dev-side ones; read it again with e7_paragraph_layout.py --keep-candidates")
         # deeper than the longest shortlist, so that `its paragraph` finds the gold paragraph's answer further down
-        ranked = rank_answers(kept["windows"], kept["documents"], DEFAULT_SCORING, max(SHORTLISTS) * 5, prior)
+        ranked = rank_answers(kept["windows"], kept["documents"], DEFAULT_SCORING, max(SHORTLISTS) * 5, prior,
+                              distinct="span")
         per_choice[name] = choices(ranked, dev, gold_paragraph, starts_of)
         missing[name] = sum(answer is None
                             for answer in first_in_its_paragraph(ranked, dev, gold_paragraph, starts_of).values())

@@ -3,6 +3,7 @@ silent nonsense, readable and scriptable answers (CRLF offsets, JSON when nothin
 
 from __future__ import annotations
 
+import codecs
 import json
 from pathlib import Path
 
@@ -38,7 +39,8 @@ def test_bad_model_directories_are_named(tiny_qa, tmp_path):
 
 @pytest.mark.parametrize("content, fragment", [
     (b"", "is empty"), (b"  \n", "is empty"), (b"\x00\x01binary\x00", "is a binary file"),
-    (b"\xff\xfe\xfa not utf-8", "is not UTF-8 text"),
+    (b"\xfa\xfb not utf-8", "is not UTF-8 text"),
+    (b"\xff\xfe\xfa odd", "starts as UTF-16 text but is not"),  # a UTF-16 mark, then an odd number of bytes
 ])
 def test_unreadable_data_files_are_named(tiny_qa, tmp_path, content, fragment):
     data = tmp_path / "data.json"
@@ -65,6 +67,60 @@ def test_window_length_above_the_model_fails_before_loading(tiny_qa, tmp_path):
     _fails_in_one_line(["answer", "--model", str(tiny_qa), "--document", str(tmp_path / "not-read.txt"),
                         "--question", "무엇?", "--window-length", "100000"],
                        "--window-length 100000 is above the model's maximum length 256")
+
+
+def test_utf16_and_byte_order_marked_documents_read_as_their_text(tiny_qa, tmp_path):
+    """A document saved as UTF-16 with its mark (Windows' "Unicode" text) reads as its text, and one with a UTF-8 mark
+    as the text without it: the same answer and offsets as the plain UTF-8 file."""
+    text = "<p>T-X 프로그램의 초기 물량은 350대이다.</p>"
+    answers = {}
+    for name, data in (("utf8", text.encode("utf-8")), ("utf8-bom", codecs.BOM_UTF8 + text.encode("utf-8")),
+                       ("utf16", text.encode("utf-16")), ("utf16-be", codecs.BOM_UTF16_BE + text.encode("utf-16-be"))):
+        document = tmp_path / f"{name}.html"
+        document.write_bytes(data)
+        result = runner.invoke(app, ["answer", "--model", str(tiny_qa), "--document", str(document), "--question",
+                                     "초기 물량은?", "--json"])
+        assert result.exit_code == 0, result.output
+        answers[name] = json.loads(result.output)
+    assert all(answers[name] == answers["utf8"] for name in answers), answers
+
+
+def test_a_window_length_below_one_token_is_named_as_such(tiny_qa, tmp_path):
+    for length in ("0", "-5"):
+        _fails_in_one_line(["answer", "--model", str(tiny_qa), "--document", str(tmp_path / "not-read.txt"),
+                            "--question", "무엇?", "--window-length", length],
+                           f"--window-length {length} is not a length", "from 1 to 256")
+
+
+def test_brackets_in_answers_paths_and_errors_are_printed_as_they_are(tiny_qa, tmp_path):
+    """rich reads [b]...[/b] as markup: an answer or a path holding it crashed the command (a closing tag that
+    matches none) or lost its brackets."""
+    document = tmp_path / "[bold]doc[red].txt"
+    text = "닫는 태그는 [/b] 입니다. 굵은 글씨는 [b]x[i]=[bold]y[/b] 이다."
+    document.write_text(text, encoding="utf-8")
+    result = runner.invoke(app, ["answer", "--model", str(tiny_qa), "--document", str(document), "--question",
+                                 "닫는 태그는?"])
+    assert result.exit_code == 0, result.output
+    answer = next(line for line in result.output.splitlines() if line.startswith("answer: "))[len("answer: "):]
+    assert answer in text  # printed as it is in the document, brackets and all
+    assert "[bold]doc[red].txt" in result.output
+    missing = tmp_path / "runs" / "[bold]typo[/]"
+    _fails_in_one_line(["answer", "--model", str(missing), "--document", str(document), "--question", "무엇?"],
+                       str(missing))
+
+
+def test_serve_on_a_taken_port_or_a_bad_host_fails_in_one_line_before_loading(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        # the model directory does not exist: the socket is bound before any model is loaded
+        _fails_in_one_line(["serve", "--model", str(tmp_path / "not-loaded"), "--port", str(port)],
+                           f"cannot listen on 127.0.0.1:{port}", "choose another --port")
+    _fails_in_one_line(["serve", "--model", str(tmp_path / "not-loaded"), "--host", "999.1.1.1"],
+                       "--host '999.1.1.1' is not an address", "use 127.0.0.1")
 
 
 def test_refusals_instead_of_random_heads(tiny_qa, tiny_source, tmp_path):
@@ -99,7 +155,7 @@ def test_answer_offsets_count_crlf_and_json_on_no_answer(tiny_qa, tmp_path):
     nothing = json.loads(result.stdout)
     assert nothing.pop("window_source") == "trained" and nothing.pop("window_length") > 0  # the windows it read
     assert nothing == {"answer": None, "source_text": None, "start": None, "end": None, "score": None,
-                       "probability": None}
+                       "probability": None, "lexical_prior": None}
 
 
 def test_python_answer_function(tiny_qa):
@@ -340,6 +396,18 @@ def test_hints_are_spelled_as_the_options_a_user_types(tiny_source, tmp_path):
         "convert with --set random_blocks=transformers for an export"
     assert cli_spelling("doc_stride (900) must lie in 0..400") == "--doc-stride (900) must lie in 0..400"
     assert cli_spelling("a max_length_of 3") == "a max_length_of 3"  # only whole argument names
+    assert cli_spelling("doc_stride (-1) must lie in 0..400") == "--doc-stride (-1) must lie in 0..400"
+    assert cli_spelling("window_length 100000 must lie in 1..512") == "--window-length 100000 must lie in 1..512"
+    assert cli_spelling("output directory x already exists; pass overwrite=True (--overwrite) to replace it") == \
+        "output directory x already exists; pass --overwrite to replace it"
+    _fails_in_one_line(["convert", str(tiny_source), "--preset", "kobigbird", "--max-length", "32",
+                        "--out", str(tmp_path / "short")], "--max-length (32) is below the source length",
+                       "use --max-length 64 or more")
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "kept.txt").write_text("kept", encoding="utf-8")
+    line = _fails_in_one_line(["convert", str(tiny_source), "--preset", "kobigbird", "--max-length", "256",
+                               "--out", str(tmp_path / "taken")], "already exists; pass --overwrite")
+    assert "=True" not in line and (tmp_path / "taken" / "kept.txt").read_text(encoding="utf-8") == "kept"
 
 
 def test_the_dev_side_warning_fires_only_for_files_scored_on_the_split(tiny_source, tmp_path, caplog):
@@ -384,3 +452,22 @@ def test_export_of_a_model_without_itc_global_blocks_names_the_reconversion(tiny
     _fails_in_one_line(["export", str(model), "--out", str(out)], "only BigBird ITC's global blocks",
                        "--set global_blocks=itc")
     assert not out.exists()
+
+
+def test_export_of_a_fine_tuned_reader_warns_that_the_head_stays_behind_and_a_missing_directory_is_named(
+        tiny_qa, tmp_path, caplog):
+    import logging
+
+    from transformers import BigBirdModel
+
+    out = tmp_path / "encoder"
+    with caplog.at_level(logging.WARNING, logger="longbird"):
+        result = runner.invoke(app, ["export", str(tiny_qa), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "LongBirdForQuestionAnswering" in caplog.text and "encoder only" in caplog.text
+    assert "--format onnx" in caplog.text
+    assert isinstance(BigBirdModel.from_pretrained(out), BigBirdModel)  # the encoder, loadable as such
+    missing = tmp_path / "nope"
+    line = _fails_in_one_line(["export", str(missing), "--out", str(tmp_path / "x")], str(missing),
+                              "not a longbird or transformers model directory")
+    assert "Repo id" not in line

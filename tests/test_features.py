@@ -129,3 +129,40 @@ def test_unreachable_answers_are_reported(tokenizer, caplog):
     with caplog.at_level("WARNING"):
         make_features(tokenizer, "long-answer", "q", long_text, 64, 8, (start, start + 200))
     assert "long-answer" in caplog.text and "fits in no window" in caplog.text
+
+
+@pytest.mark.parametrize("max_length, doc_stride", [(64, 0), (64, 30), (64, 38), (128, 100), (256, 128)])
+def test_the_window_count_is_the_windows_made_and_a_limit_refuses_before_building_them(tokenizer, max_length,
+                                                                                      doc_stride, monkeypatch):
+    """`window_limit.window_count` from the document's token count equals the windows `make_features` builds (and
+    `document_windows` for classification); over a limit `TooManyWindows` is raised before the tokenizer builds any
+    window (the overflowing call never runs), at the limit the windows are built."""
+    from longbird.data.classification import document_windows
+    from longbird.data.window_limit import TooManyWindows, window_count
+
+    for length in (3, 40, 200, 700):
+        text = " ".join(f"단어{i}" for i in range(length))
+        document = plain_document(text)
+        question = "무엇이 가장 먼저 나오는가?"
+        features = make_features(tokenizer, "q", question, document, max_length, doc_stride)
+        room = max_length - _question_tokens(tokenizer, question) - tokenizer.num_special_tokens_to_add(pair=True)
+        tokens = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        assert window_count(tokens, room, doc_stride) == len(features)
+        assert make_features(tokenizer, "q", question, document, max_length, doc_stride,
+                             window_limit=len(features)) == features
+        built = []
+        original = type(tokenizer).__call__
+        monkeypatch.setattr(type(tokenizer), "__call__", lambda self, *a, **k: built.append(
+            k.get("return_overflowing_tokens", False)) or original(self, *a, **k))
+        if len(features) > 1:
+            with pytest.raises(TooManyWindows, match=f"make {len(features):,} windows of {max_length} tokens"):
+                make_features(tokenizer, "q", question, document, max_length, doc_stride,
+                              window_limit=len(features) - 1)
+            assert built and not any(built)  # only the question and the document were counted
+        monkeypatch.undo()
+        single_room = max_length - tokenizer.num_special_tokens_to_add(pair=False)
+        windows = document_windows(tokenizer, text, max_length, doc_stride)
+        assert window_count(tokens, single_room, doc_stride) == len(windows)
+        if len(windows) > 1:
+            with pytest.raises(TooManyWindows):
+                document_windows(tokenizer, text, max_length, doc_stride, window_limit=len(windows) - 1)

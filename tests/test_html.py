@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from longbird.data.html import TAG_TOKENS, add_tag_tokens, plain_document, preprocess_html
+from longbird.data.html import TAG_TOKENS, add_tag_tokens, plain_document, preprocess_html, visible_text
 from longbird.metrics.korquad import normalize_korquad_v2
 
 KORQUAD = Path(__file__).resolve().parents[1] / "data" / "korquad"
@@ -185,3 +185,17 @@ def test_unalignable_markup_falls_back_to_plain_text(monkeypatch, caplog):
     monkeypatch.setattr(html_module, "_preprocess_html", fail)
     document = preprocess_html("<p>x</p>")
     assert document.text == "<p>x</p>" and "fell back to plain text" in caplog.text
+
+
+@pytest.mark.parametrize("fragment, seen", [
+    ("<b>신</b>중현", "신중현"),
+    ("H<sub>2</sub>O", "H2O"),
+    ('록 밴드 <a href="/wiki/시나위">시나위</a>의 리더이면서', "록 밴드 시나위의 리더이면서"),
+    ("<td>1990</td><td>2000</td>", "1990 2000"),  # cells are separate words on the page
+    ("첫 줄<br>둘째 줄", "첫 줄 둘째 줄"),
+    ("<p>문단</p><p>다음</p>", "문단 다음"),
+    ("a &amp; b <script>x()</script>c", "a & b c"),
+    ("  여러   칸\n공백 ", "여러 칸 공백"),
+])
+def test_an_html_answer_reads_as_the_page_shows_it(fragment, seen):
+    assert visible_text(fragment) == seen

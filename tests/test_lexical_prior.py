@@ -102,6 +102,11 @@ def test_the_prior_moves_the_answer_to_the_passage_that_matches_the_question(kor
     prior = LexicalPrior(1.0, 32, special).for_question(features)
     assert moved[0].score == pytest.approx(1.0 + prior(last, late_token), rel=1e-12)
     assert prior(last, late_token) > prior(early, early_token)
+    # each answer carries the prior's part of its score: the rule's value alone is what the pipeline format's
+    # handle_impossible_answer compares with 0
+    assert [a.lexical_prior for a in moved] == [prior(last, late_token), prior(early, early_token)]
+    assert all(a.score - a.lexical_prior == pytest.approx(1.0, rel=1e-12) for a in moved)
+    assert plain.lexical_prior == 0.0
 
 
 def test_the_prior_is_off_at_weight_zero_and_refuses_what_it_cannot_use(korean_tokenizer):
@@ -112,3 +117,29 @@ def test_the_prior_is_off_at_weight_zero_and_refuses_what_it_cannot_use(korean_t
         LexicalPrior.of(korean_tokenizer, -0.1)
     with pytest.raises(ValueError, match="lexical radius is at least 1"):
         LexicalPrior.of(korean_tokenizer, 0.3, 0)
+
+
+def test_top_k_answers_are_distinct_places_unless_distinct_spans_are_asked(korean_tokenizer, article):
+    """Candidates 신중현-like: a span, a span inside it, one overlapping its end, the same span in the next window,
+    and one elsewhere. `distinct="place"` (the readers' default) keeps the best of each place; `"span"` (E7's
+    shortlists) only drops the same span seen twice."""
+    features, documents = windows_of(korean_tokenizer, dict(article))
+    first, second = features[0], features[1]
+    tokens = [i for i, o in enumerate(first.offsets) if o is not None]
+    shared = [i for i in tokens if first.offsets[i][0] >= second.offsets[next(
+        j for j, o in enumerate(second.offsets) if o is not None)][0]]  # tokens the second window holds too
+    a, b = shared[0], shared[3]
+    again = next(j for j, o in enumerate(second.offsets) if o == first.offsets[a])
+    again_end = next(j for j, o in enumerate(second.offsets) if o == first.offsets[b])
+    offsets = {rule: 0.0 for rule in SCORING_RULES}
+    spans = {0: [(5.0, a, b), (4.0, a + 1, b), (3.0, b, b + 2), (1.0, tokens[0], tokens[0])],
+             1: [(4.5, again, again_end)]}
+    windows = [WindowCandidates(feature, spans.get(i, []), dict(offsets), None) for i, feature in enumerate(features)]
+    example = features[0].example_id
+    places = rank_answers(windows, documents, top_k=5)[example]
+    assert [a.score for a in places] == [5.0, 1.0]
+    assert all(x.end <= y.start or y.end <= x.start for x in places for y in places if x is not y)
+    spans_only = rank_answers(windows, documents, top_k=5, distinct="span")[example]
+    assert [a.score for a in spans_only] == [5.0, 4.0, 3.0, 1.0]  # 4.5 is the 5.0 span read in the next window
+    with pytest.raises(ValueError, match="distinct must be 'place' or 'span'"):
+        rank_answers(windows, documents, distinct="text")

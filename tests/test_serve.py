@@ -4,6 +4,7 @@ answered with JSON {"error", "detail"} while the server keeps serving."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 
@@ -56,12 +57,12 @@ def test_the_servers_answer_is_the_command_lines(client, tiny_qa, page, tmp_path
     assert body["model"] == str(tiny_qa)
 
 
-def test_top_k_answers_are_distinct_and_best_first(client, page):
+def test_top_k_answers_are_distinct_places_and_best_first(client, page):
     document, question = page
     answers = client.post("/answer", json={"question": question, "document": document, "top_k": 5}).json()["answers"]
     assert len(answers) == 5
     assert [a["score"] for a in answers] == sorted((a["score"] for a in answers), reverse=True)
-    assert len({(a["start"], a["end"]) for a in answers}) == 5
+    assert all(a["end"] <= b["start"] or b["end"] <= a["start"] for a, b in itertools.combinations(answers, 2))
     first = client.post("/answer", json={"question": question, "document": document}).json()["answers"][0]
     assert answers[0] == first  # the best of five is the single best
 
@@ -77,6 +78,36 @@ def test_the_pipeline_format_of_transformers_is_served_at_root_and_predict(clien
         assert 0 <= answers[0]["score"] <= 1  # the span's probability in its window
     best = client.post("/answer", json={"question": question, "document": document}).json()["answers"][0]
     assert answers[0]["start"] == best["start"] and answers[0]["end"] == best["end"]
+    # errors name the pipeline format's own fields
+    empty = client.post("/predict", json={"inputs": {"question": question, "context": " "}})
+    assert empty.status_code == 422 and empty.json()["detail"].startswith("inputs.context: empty")
+    stride = client.post("/predict", json={"inputs": {"question": question, "context": document},
+                                           "parameters": {"max_seq_len": 64, "doc_stride": 64}})
+    assert stride.status_code == 422 and stride.json()["detail"].startswith("parameters.doc_stride: 64 must be")
+
+
+def test_handle_impossible_answer_compares_the_scoring_rule_without_the_lexical_prior(client, reader, page,
+                                                                                       monkeypatch):
+    """An answer the window's "no answer" beat (the rule's null-relative value below 0) is dropped however much the
+    lexical prior lifts its score: the prior ranks places, it never outweighs "no answer"."""
+    document, question = page
+    finish = reader.finish
+    shift = {}
+
+    def finish_with_prior(request, windows):
+        reading = finish(request, windows)
+        for record in reading.answers:  # as if the prior had lifted a span that the null beat by `shift`
+            record["lexical_prior"] = record["score"] + shift["by"]
+        return reading
+
+    monkeypatch.setattr(reader, "finish", finish_with_prior)
+    request = {"inputs": {"question": question, "context": document},
+               "parameters": {"handle_impossible_answer": True, "top_k": 3}}
+    shift["by"] = 0.5  # the rule alone: -0.5, every score above 0
+    assert client.post("/predict", json=request).json() == [{"answer": "", "score": 0.0, "start": 0, "end": 0}]
+    shift["by"] = -0.5  # the rule alone: +0.5
+    kept = client.post("/predict", json=request).json()
+    assert len(kept) == 3 and all(answer["answer"] for answer in kept)
 
 
 def test_health_info_and_metrics(client, tiny_qa):
@@ -87,8 +118,13 @@ def test_health_info_and_metrics(client, tiny_qa):
     client.post("/answer", json={"question": "q", "document": "short text here"})
     client.post("/answer", json={"question": "", "document": "x"})
     text = client.get("/metrics").text
-    assert 'longbird_requests_total{code="200",route="/answer"}' in text
-    assert 'longbird_requests_total{code="422",route="/answer"}' in text
+    assert 'longbird_requests_total{code="200",method="POST",route="/answer"}' in text
+    assert 'longbird_requests_total{code="422",method="POST",route="/answer"}' in text
+    for path in ("/scan-1", "/scan-2", "/.env"):  # made-up paths share one label: /metrics cannot be grown by them
+        client.get(path)
+    text = client.get("/metrics").text
+    assert 'longbird_requests_total{code="404",method="unmatched",route="unmatched"} 3.0' in text
+    assert "scan-" not in text and ".env" not in text
     assert "longbird_windows_total" in text and "longbird_request_seconds_bucket" in text
     assert "longbird_queue_depth 0.0" in text
 
@@ -104,6 +140,9 @@ def test_health_info_and_metrics(client, tiny_qa):
     ({"question": "q", "document": "text", "window_length": 9999}, 422, "must lie in 1..256"),
     ({"question": "q", "document": "text", "window_length": 64, "doc_stride": 64}, 422, "doc_stride: 64 must be"),
     ({"question": "q", "document": "text", "format": "pdf"}, 422, "format"),
+    ({"question": "q", "document": "text", "top_k": True}, 422, "top_k: Input should be a valid integer"),
+    ({"question": "q", "document": "text", "window_length": "64"}, 422, "window_length: Input should be a valid"),
+    ({"question": "q", "document": "토큰 " * 20_000, "window_length": 64, "doc_stride": 57}, 413, "--max-windows"),
 ])
 def test_bad_requests_are_named_and_the_server_keeps_serving(client, request_body, status, names):
     response = client.post("/answer", json=request_body)
@@ -136,6 +175,13 @@ def test_an_api_key_guards_every_route_but_health(reader):
     assert wrong.status_code == 401 and wrong.headers["www-authenticate"] == "Bearer"
     assert guarded.post("/answer", json=request, headers={"Authorization": "Bearer s3cret"}).status_code == 200
     assert guarded.get("/info").status_code == 401 and guarded.get("/health").status_code == 200
+    for path in ("/metrics",):
+        assert guarded.get(path).status_code == 401
+    for path in ("/predict", "/", "/classify", "/embed"):
+        assert guarded.post(path, json={}).status_code == 401, path
+    # the page and the schema hold no data and a browser cannot send a key when it opens them; the page asks for it
+    page = guarded.get("/")
+    assert page.status_code == 200 and 'id="api_key"' in page.text
 
 
 def test_cors_is_off_unless_an_origin_is_given(reader):
@@ -191,7 +237,10 @@ def test_an_unexpected_failure_is_a_500_without_traceback(reader):
 def test_the_schema_is_served(client):
     paths = client.get("/openapi.json").json()["paths"]
     assert {"/answer", "/", "/predict", "/health", "/info", "/metrics"} <= set(paths)
-    assert client.get("/docs").status_code == 200
+    docs = client.get("/docs")
+    assert docs.status_code == 200 and "cdn." not in docs.text  # nothing from the internet: works offline
+    scripts = [part.split('"')[0] for part in docs.text.split('src="')[1:]]
+    assert scripts and all(client.get(script).status_code == 200 for script in scripts)
 
 
 def test_concurrent_requests_are_batched_and_answered_as_if_alone(reader, page):
@@ -302,7 +351,7 @@ def test_embed_pools_the_encoders_last_states(reader):
     torch.testing.assert_close(torch.tensor(cls["embeddings"][0]),
                                torch.nn.functional.normalize(states[0], dim=-1), atol=1e-5, rtol=1e-5)
     empty = client.post("/embed", json={"inputs": ["text", " "]})
-    assert empty.status_code == 422 and "document: empty" in empty.json()["detail"]
+    assert empty.status_code == 422 and "inputs: empty" in empty.json()["detail"]
 
 
 def test_a_server_wide_window_is_the_default_of_requests_that_name_none(tiny_qa):

@@ -8,6 +8,7 @@ Chromium comes from the system: `.ci/run` installs it (apt, in the background wh
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -19,7 +20,7 @@ import pytest
 
 from longbird.data.korquad import read_korquad_v2
 from longbird.reader import Reader
-from longbird.serve import create_app
+from longbird.serve import ServeSettings, create_app
 from test_qa_cli import PAGES, tiny_qa, tiny_source  # noqa: F401  (fixtures)
 
 INSTALL = "apt-get install --no-install-recommends chromium chromium-driver netbase"
@@ -49,25 +50,33 @@ def normalised(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 
 
-@pytest.fixture(scope="module")
-def server(tiny_qa):
+@contextlib.contextmanager
+def serving(app):
+    """`app` served by uvicorn on a free loopback port: its URL."""
     import uvicorn
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    reader = Reader(tiny_qa)
-    config = uvicorn.Config(create_app(reader), host="127.0.0.1", port=port, log_level="warning")
-    running = uvicorn.Server(config)
+    running = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=running.run, daemon=True)
     thread.start()
     deadline = time.time() + 30
     while not running.started and time.time() < deadline:
         time.sleep(0.05)
     assert running.started, "uvicorn did not start"
-    yield f"http://127.0.0.1:{port}", reader
-    running.should_exit = True
-    thread.join(10)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        running.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_qa):
+    reader = Reader(tiny_qa)
+    with serving(create_app(reader)) as url:
+        yield url, reader
 
 
 @pytest.fixture(scope="module")
@@ -146,3 +155,42 @@ def test_plain_text_is_highlighted_and_errors_are_shown(server, browser):
             break
         time.sleep(0.1)
     assert "document: empty" in status.text  # the server's 422, shown to the person
+
+
+def error_shown(browser) -> str:
+    from selenium.webdriver.common.by import By
+
+    for _ in range(300):
+        status = browser.find_element(By.ID, "status")
+        if "error" in status.get_attribute("class"):
+            return status.text
+        time.sleep(0.1)
+    raise AssertionError(f"no error shown; status: {status.text!r}")
+
+
+def test_a_server_with_an_api_key_asks_for_it_and_answers_once_it_is_given(server, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    _, reader = server
+    text = "첫 문장이다. " * 20 + "신대철의 아버지는 신중현이다. " + "마지막 문장이다. " * 20
+    question = "신대철의 아버지는 누구야?"
+    expected = reader.answer(question, text).answers[0]
+    with serving(create_app(reader, ServeSettings(api_key="s3cret"))) as url:
+        browser.get(url + "/")
+        assert not browser.find_element(By.ID, "api_key").is_displayed()  # a server without a key never asks
+        browser.execute_script("document.getElementById('document').value = arguments[0];", text)
+        browser.find_element(By.ID, "question").send_keys(question)
+        browser.find_element(By.ID, "ask").click()
+        assert "this server needs an API key" in error_shown(browser)
+        key = browser.find_element(By.ID, "api_key")
+        assert key.is_displayed()
+        key.send_keys("wrong")
+        browser.find_element(By.ID, "ask").click()
+        assert "the API key was not accepted" in error_shown(browser)
+        key.clear()
+        key.send_keys("s3cret")
+        browser.find_element(By.ID, "ask").click()
+        WebDriverWait(browser, 60).until(expected_conditions.presence_of_element_located((By.ID, "result-0")))
+        assert browser.find_element(By.CSS_SELECTOR, "#text mark.best").text == expected["answer"]

@@ -109,7 +109,7 @@ def test_load_with_faults_mixed_in_then_a_killed_server_restarts(tiny_qa, page, 
         print(f"\n{CLIENTS} clients x {ROUNDS} rounds: {valid} answers in {wall:.1f} s ({valid / wall:.1f}/s), "
               f"p50 {p50:.2f} s, p95 {p95:.2f} s; {len(results) - valid} bad requests refused")
         metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
-        assert f'longbird_requests_total{{code="200",route="/answer"}} {float(valid)}' in metrics
+        assert f'longbird_requests_total{{code="200",method="POST",route="/answer"}} {float(valid)}' in metrics
 
         # SIGKILL while requests are in flight, then start again on the same port
         with ThreadPoolExecutor(8) as pool:

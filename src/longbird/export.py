@@ -33,8 +33,8 @@ def to_bigbird_config(config: LongBirdConfig) -> BigBirdConfig:
         # transformers' BigBirdModel has absolute positions and BigBird/full attention only: a LittleBird (BiALiBi,
         # sliding window, pack) or TAPE model has no counterpart there, but the traced graph formats carry it as is.
         raise ValueError(f"hf-bigbird export needs absolute positions and bigbird or full attention (the kobigbird and "
-                         f"full presets); this model has position={config.position!r}, "
-                         f"attention={config.attention!r}. Use the model as a longbird directory (Auto classes), or "
+                         f"full presets); this model has {config.position} positions and {config.attention} "
+                         f"attention. Use the model as a longbird directory (Auto classes), or "
                          "export its graph: `longbird export --format onnx`, torch.export or torch.onnx.export "
                          "(docs/export.md)")
     if config.linked_windows:
@@ -108,7 +108,15 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, format: str = "
         raise ValueError(f"unknown export format {format!r}; choose one of {EXPORT_FORMATS}")
     if format == "onnx":
         return export_onnx(model_dir, out, overwrite=overwrite)
+    model_dir = resolve_model_directory(model_dir)  # a missing directory named as such, not as a Hub repo id
     config = LongBirdConfig.from_pretrained(model_dir)
+    head = (config.architectures or ["LongBirdModel"])[0]
+    if head not in ("LongBirdModel", "LongBirdForMaskedLM"):
+        # transformers' BigBird heads differ from longbird's (its QA head has an extra layer and no conditional end)
+        logger.warning("this model's head (%s) has no counterpart among transformers' BigBird classes: the "
+                       "hf-bigbird export holds the encoder only (BigBirdModel), to fine-tune further; for the head, "
+                       "read the longbird directory itself (Auto classes, `answer`, `serve`) or export it with "
+                       "--format onnx", head)
     if config.attention == "bigbird" and config.random_blocks != "transformers":
         logger.warning(
             "this model uses random_blocks=%r: the exported BigBirdModel computes the same up to %d tokens but differs "

@@ -58,6 +58,7 @@ class Answer:
     # P(start) · P(end | start) within the answer's window (its region with regional nulls: the conditional head's two
     # softmaxes); None for 'linear'
     probability: float | None = None
+    lexical_prior: float = 0.0  # the lexical prior's part of `score` (0 without one)
 
 
 def decode_window(feature: QAFeature, start_top_index, end_top_logits, start_logits, top_k: int,
@@ -267,13 +268,17 @@ def merge_windows(windows: list[WindowCandidates], documents: dict[str, Processe
 
 def rank_answers(windows: list[WindowCandidates], documents: dict[str, ProcessedDocument],
                  scoring: str = DEFAULT_SCORING, top_k: int = 1,
-                 lexical: LexicalPrior | None = None) -> dict[str, list[Answer]]:
+                 lexical: LexicalPrior | None = None, distinct: str = "place") -> dict[str, list[Answer]]:
     """The `top_k` best distinct answers per example id over all of its windows under `scoring`, best first (equal
-    scores: the earlier window first). A span that maps to only tags or spaces, or to a place in the document an
-    answer above already took (overlapping windows see the same span twice), gives way to the next candidate.
+    scores: the earlier window first). A span that maps to only tags or spaces gives way to the next candidate, and
+    so does one that is not distinct from an answer above: with `distinct="place"` (what a person reading the list
+    wants) one that overlaps it ("신중현", then "중현" and "현" are one place), with `distinct="span"` only the same
+    span again (overlapping windows see it twice; E7's shortlists of a reader's candidates, e7_headroom.py).
     `lexical`: a lexical prior (lexical_prior.py) added to every span's score, the question's passage match."""
     if scoring not in SCORING_RULES:
         raise ValueError(f"unknown scoring rule {scoring!r}; use one of {', '.join(SCORING_RULES)}")
+    if distinct not in ("place", "span"):
+        raise ValueError(f"distinct must be 'place' or 'span'; got {distinct!r}")
     if top_k < 1:
         raise ValueError(f"top_k must be at least 1; got {top_k}")
     priors = {}
@@ -286,25 +291,28 @@ def rank_answers(windows: list[WindowCandidates], documents: dict[str, Processed
     for order, window in enumerate(windows):
         prior = priors.get(window.feature.example_id)
         for raw, start, end in window.spans:
-            score = raw + window.offset(scoring, start) + (prior(window.feature, start) if prior else 0.0)
-            candidates.setdefault(window.feature.example_id, []).append((score, -order, window, raw, start, end))
+            bonus = prior(window.feature, start) if prior else 0.0
+            score = raw + window.offset(scoring, start) + bonus
+            candidates.setdefault(window.feature.example_id, []).append((score, -order, window, raw, start, end,
+                                                                         bonus))
     ranked: dict[str, list[Answer]] = {}
     for example, found in candidates.items():
         document, answers = documents[example], []
-        for score, _, window, raw, start, end in sorted(found, key=lambda c: (c[0], c[1]), reverse=True):
+        for score, _, window, raw, start, end, bonus in sorted(found, key=lambda c: (c[0], c[1]), reverse=True):
             feature = window.feature
             span = document.to_source_span(*_without_edge_spaces(document.text, feature.offsets[start][0],
                                                                  feature.offsets[end][1]))
             if span is None or not document.source[span[0]:span[1]].strip():  # only tags or spaces: next candidate
                 continue
-            if any((answer.start, answer.end) == span for answer in answers):
+            if any((answer.start, answer.end) == span if distinct == "span"
+                   else answer.start < span[1] and span[0] < answer.end for answer in answers):
                 continue
             # raw = start logit + log P(end | start); adding -logsumexp(start logits) gives log P(start)P(end | start)
             # (with regional nulls: P(start) within the span's region)
             probability = (None if window.log_start_normaliser is None else float(torch.exp(torch.tensor(
                 raw + window.offset("log-probability", start)))))
             answers.append(Answer(document.source[span[0]:span[1]], span[0], span[1], score, feature.window_index,
-                                  probability))
+                                  probability, bonus))
             if len(answers) == top_k:
                 break
         if answers:
@@ -348,13 +356,14 @@ def question_token_limit(config, window_length: int, tokens_before_question: int
 
 def row_features(model, tokenizer, rows: Sequence[dict], max_length: int, doc_stride: int | None = None,
                  max_windows: int | None = None, max_question_tokens: int = MAX_QUESTION_TOKENS,
-                 ) -> tuple[list[QAFeature], dict[str, ProcessedDocument]]:
-    """The windows of dataset rows (KorQuAD reader schema) and each example id's processed document."""
+                 window_limit: int | None = None) -> tuple[list[QAFeature], dict[str, ProcessedDocument]]:
+    """The windows of dataset rows (KorQuAD reader schema) and each example id's processed document;
+    `window_limit`: data.features.TooManyWindows for a row with more windows."""
     cache: dict[tuple[str, bool], ProcessedDocument] = {}
     features = features_for_rows(tokenizer, rows, max_length, doc_stride, max_windows, with_labels=False,
                                  token_types=model.config.type_vocab_size >= 2,
                                  documents=cache, max_question_tokens=max_question_tokens,
-                                 null_regions=NullRegions.of(model.config, tokenizer))
+                                 null_regions=NullRegions.of(model.config, tokenizer), window_limit=window_limit)
     return features, {row["id"]: cache[(row["context"], row["is_html"])] for row in rows}
 
 
@@ -389,8 +398,10 @@ def answer_record(answer: Answer | None, is_html: bool) -> dict:
     `source_text` (the raw span), `start`/`end` (character offsets into the document as given), `score` and
     `probability` (see `Answer`). Every field is None when no span was found."""
     if answer is None:
-        return {"answer": None, "source_text": None, "start": None, "end": None, "score": None, "probability": None}
+        return {"answer": None, "source_text": None, "start": None, "end": None, "score": None, "probability": None,
+                "lexical_prior": None}
     from .data.html import visible_text
 
     return {"answer": visible_text(answer.text) if is_html else answer.text, "source_text": answer.text,
-            "start": answer.start, "end": answer.end, "score": answer.score, "probability": answer.probability}
+            "start": answer.start, "end": answer.end, "score": answer.score, "probability": answer.probability,
+            "lexical_prior": answer.lexical_prior}

@@ -21,7 +21,7 @@ from .compilation import batch_multiple, encoder_is_compiled
 from .data.batching import PaddedBatches
 from .data.classification import document_windows
 from .data.features import QAFeature, question_token_count
-from .data.html import ProcessedDocument
+from .data.html import ProcessedDocument, looks_like_html
 from .data.windows import PairTemplate
 from .heads import LongBirdForQuestionAnswering, LongBirdForSequenceClassification
 from .lexical_prior import DEFAULT_RADIUS, DEFAULT_WEIGHT, LexicalPrior
@@ -208,9 +208,11 @@ class Reader:
 
     def prepare(self, question: str, document: str, *, is_html: bool | None = None, top_k: int = 1,
                 max_answer_tokens: int | None = None, window_length: int | None = None,
-                doc_stride: int | None = None, max_question_tokens: int | None = None) -> Request:
+                doc_stride: int | None = None, max_question_tokens: int | None = None,
+                window_limit: int | None = None) -> Request:
         """Everything of `answer` before the model runs: the checks and the windows (a server batches the windows of
-        several requests, then `finish`es each)."""
+        several requests, then `finish`es each). `window_limit`: data.window_limit.TooManyWindows, before any window
+        is built, for a document that makes more windows."""
         self._require("qa", "answering")
         check_question(question)
         if not document or not document.strip():
@@ -225,11 +227,11 @@ class Reader:
                              f"token, so at most {cap} question tokens fit there; give {cap} or fewer")
         max_question_tokens = max_question_tokens or self.question_limit(window_length)
         if is_html is None:
-            is_html = document.lstrip()[:1] == "<"
+            is_html = looks_like_html(document)
         row = {"id": "question", "question": question, "context": document, "is_html": is_html}
         with self._tokenizing:
             features, documents = row_features(self.model, self.tokenizer, [row], window_length, doc_stride,
-                                               max_question_tokens=max_question_tokens)
+                                               max_question_tokens=max_question_tokens, window_limit=window_limit)
             question_tokens = question_token_count(self.tokenizer, question)
         cut = ({"tokens": question_tokens, "read": max_question_tokens} if question_tokens > max_question_tokens
                else None)
@@ -243,15 +245,17 @@ class Reader:
         return Reading([answer_record(a, request.is_html) for a in answers], len(request.features), request.tokens,
                        request.window_length, request.window_source, request.question_cut)
 
-    def classify(self, document: str, window_length: int | None = None, stride: int = 128) -> dict:
+    def classify(self, document: str, window_length: int | None = None, stride: int = 128,
+                 window_limit: int | None = None) -> dict:
         """Class probabilities of `document` (best first) from the mean of its windows' logits, as `evaluate --task
-        classification` scores it; `windows` read and their `tokens` (special tokens included)."""
+        classification` scores it; `windows` read and their `tokens` (special tokens included); `window_limit` as in
+        `prepare`."""
         self._require("classification", "classification")
         if not document or not document.strip():
             raise ValueError("the document is empty; give the text to classify")
         window_length = self._length(window_length)
         with self._tokenizing:
-            windows = document_windows(self.tokenizer, document, window_length, stride)
+            windows = document_windows(self.tokenizer, document, window_length, stride, window_limit)
         with self._precision(), torch.no_grad():
             logits = self._forward(windows, lambda out: out.logits.float()).mean(0)
         probabilities = torch.softmax(logits, -1).tolist()

@@ -8,6 +8,7 @@ import re
 
 import click
 import typer
+from rich.markup import escape
 from typer.core import TyperGroup
 
 from .bench import bench
@@ -32,7 +33,8 @@ class _OneLineErrors(TyperGroup):
         except Exception as error:
             if ctx.params.get("debug"):
                 raise
-            error_console.print(f"[red]error:[/] {one_line(error)}", highlight=False, markup=True, soft_wrap=True)
+            error_console.print(f"[red]error:[/] {escape(one_line(error))}", highlight=False, markup=True,
+                                soft_wrap=True)
             raise typer.Exit(1) from None
 
 
@@ -43,7 +45,12 @@ CLI_SPELLINGS = (
      r"--set \1=\2"),
     (re.compile(r"\bmax_length=(\d+)"), r"--max-length \1"),
     (re.compile(r"\bmax_length \((\d+)\)"), r"--max-length (\1)"),
-    (re.compile(r"\bdoc_stride \((\d+)\)"), r"--doc-stride (\1)"),
+    (re.compile(r"\bmax_length >= (\d+)"), r"--max-length \1 or more"),
+    # convert's --max-length is the converted config's max_position_embeddings
+    (re.compile(r"\bmax_position_embeddings \((\d+)\)"), r"--max-length (\1)"),
+    (re.compile(r"\bdoc_stride \((-?\d+)\)"), r"--doc-stride (\1)"),
+    (re.compile(r"\bwindow_length (-?\d+) must"), r"--window-length \1 must"),
+    (re.compile(r"\bpass overwrite=True \(--overwrite\)"), "pass --overwrite"),
     (re.compile(r"^the question is empty\b"), "--question is empty"),  # longbird.answer's own check
 )
 

@@ -64,7 +64,7 @@ def bench(ctx: typer.Context,
     # out positionally: write_report names it out_dir
     paths = write_report(report, out, command=command, stem=stem)
     console.print(markdown(report=report | {"command": command}, command=command))
-    console.print("wrote " + ", ".join(str(path) for path in paths))
+    console.print("wrote " + ", ".join(str(path) for path in paths), markup=False)
 
 
 def _sweep(settings, out: Path, stem: str, overwrite: bool) -> dict:

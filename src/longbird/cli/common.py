@@ -7,6 +7,7 @@ import dataclasses
 import json
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 console = Console()
@@ -14,14 +15,15 @@ error_console = Console(stderr=True)
 
 
 def print_metrics(title: str, metrics: dict) -> None:
-    table = Table(title=title, show_header=False)
+    table = Table(title=escape(title), show_header=False)
     for key, value in metrics.items():
         if isinstance(value, (int, float, str)):
-            table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+            table.add_row(escape(key), f"{value:.4g}" if isinstance(value, float) else escape(str(value)))
     resume = metrics.get("resume")
     if resume and resume["steps_trained_by_this_run"]:  # train_loss is then the loss of the resumed steps only
         first, last = resume["steps_trained_by_this_run"]
-        table.add_row("resumed", f"from {resume['from_checkpoint']}: train_loss covers steps {first}-{last} only")
+        table.add_row("resumed", f"from {escape(str(resume['from_checkpoint']))}: train_loss covers steps "
+                                 f"{first}-{last} only")
     console.print(table)
 
 
@@ -47,7 +49,7 @@ def warn_if_bf16_is_slow(device: str, bf16: bool) -> None:
 
     slow = slow_bf16_warning(device) if bf16 else None
     if slow:
-        error_console.print(f"[yellow]warning:[/] {slow}", highlight=False)
+        error_console.print(f"[yellow]warning:[/] {escape(slow)}", highlight=False)
 
 
 def autocast(device: str, bf16: bool):

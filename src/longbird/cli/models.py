@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from .common import console, parse_options
@@ -22,13 +23,13 @@ def convert(source: Source = None, preset: Preset = "kobigbird",
     from ..checkpoints import convert_to_directory
 
     source = source or "minilm"
-    with console.status(f"converting {source} ({preset}, {max_length} tokens) and saving to {out}"):
+    with console.status(escape(f"converting {source} ({preset}, {max_length} tokens) and saving to {out}")):
         model, has_tokenizer = convert_to_directory(source=source, out=out, preset=preset, max_length=max_length,
                                                     overwrite=overwrite, **parse_options(set_))
     if not has_tokenizer:
         console.print("[yellow]no tokenizer found beside the source; saved the model only[/]")
     config = model.config
-    console.print(f"[green]saved[/] {type(model).__name__} to {out}: attention={config.attention}, "
+    console.print(f"[green]saved[/] {type(model).__name__} to {escape(str(out))}: attention={config.attention}, "
                   f"position={config.position}/{config.position_extension}, "
                   f"max_length={config.max_position_embeddings}, "
                   f"source L={config.source_max_positions}")
@@ -44,17 +45,18 @@ def export(model_dir: Annotated[Path, typer.Argument(help="A saved longbird mode
     from ..export import ONNX_RECORD
     from ..export import export as export_model
 
-    with console.status(f"exporting {model_dir} as {format}"):
+    with console.status(escape(f"exporting {model_dir} as {format}")):
         export_model(model_dir=model_dir, out=out, format=format, overwrite=overwrite)
     if format == "onnx":
         record = json.loads((Path(out) / ONNX_RECORD).read_text(encoding="utf-8"))
         lengths = record["lengths"]
-        console.print(f"[green]wrote[/] {out}/model.onnx: inputs {', '.join(record['inputs'])} of any batch size and "
+        console.print(f"[green]wrote[/] {escape(str(out))}/model.onnx: inputs {', '.join(record['inputs'])} of any "
+                      "batch size and "
                       f"{lengths['shortest']}-{lengths['longest']} tokens"
                       + (f" in multiples of {lengths['multiple']}" if lengths["multiple"] > 1 else "")
                       + " (pad with attention_mask 0); outputs " + ", ".join(record["outputs"]))
         return
-    console.print(f"[green]wrote[/] {format} checkpoint to {out}")
+    console.print(f"[green]wrote[/] {escape(format)} checkpoint to {escape(str(out))}")
 
 
 def env():

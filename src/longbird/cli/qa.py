@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from .common import (
     autocast,
@@ -220,7 +221,7 @@ def answer(
     with console.status("loading the model"):
         qa_model, tokenizer = load_on_device(model_path=model, task_class=LongBirdForQuestionAnswering, device=device,
                                              compile=compile, bf16=bf16)
-    with console.status(f"reading {document.name} ({len(text):,} characters)"), autocast(device, bf16):
+    with console.status(escape(f"reading {document.name} ({len(text):,} characters)")), autocast(device, bf16):
         record = answer_document(model=qa_model, document=text, question=question, tokenizer=tokenizer,
                                  is_html=_is_html(document), window_length=window_length, doc_stride=doc_stride,
                                  max_answer_tokens=max_answer_tokens, scoring=scoring, model_dir=model,
@@ -249,7 +250,10 @@ def _check_window_length(model: Path, window_length: int | None) -> None:
 
     config = json.loads((resolve_model_directory(model) / "config.json").read_text(encoding="utf-8"))
     limit = config.get("max_position_embeddings")
-    if limit and not 1 <= window_length <= limit:
+    if window_length < 1:
+        raise ValueError(f"--window-length {window_length} is not a length; use a number of tokens from 1 to "
+                         f"{limit or 'the model maximum'}")
+    if limit and window_length > limit:
         raise ValueError(f"--window-length {window_length} is above the model's maximum length {limit}; use at most "
                          f"{limit}")
 
@@ -267,11 +271,11 @@ def _print_answer(record: dict, document: Path, min_probability: float, as_json:
     elif record["answer"] is None:
         console.print("[yellow]no answer span found[/]")
     else:
-        console.print(f"[bold]answer:[/] {record['answer']}", highlight=False)
+        console.print(f"[bold]answer:[/] {escape(record['answer'])}", highlight=False)
         if _is_html(document) and record["source_text"] != record["answer"]:
             console.print(f"source span: {record['source_text']}", highlight=False, markup=False)
         probability = "" if record["probability"] is None else f", probability {record['probability']:.2f}"
-        console.print(f"characters {record['start']}..{record['end']} of {document.name}{probability} "
+        console.print(f"characters {record['start']}..{record['end']} of {escape(document.name)}{probability} "
                       f"(score {record['score']:.2f})", highlight=False)
     if not as_json:
         console.print(f"read in {record['window_length']}-token windows ({WINDOW_SOURCES[record['window_source']]})",

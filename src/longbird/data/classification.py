@@ -14,6 +14,7 @@ from datasets import Dataset
 
 from ..data.korquad import MalformedRecordError
 from .reading import read_text_file
+from .window_limit import check_window_limit
 
 
 def read_classification(path: str | Path, text_field: str = "text", label_field: str = "label") -> Dataset:
@@ -47,11 +48,15 @@ def label_vocabulary(labels) -> list[str]:
     return sorted({str(label) for label in labels})
 
 
-def document_windows(tokenizer, text: str, max_length: int, stride: int = 128) -> list[dict]:
-    """Model inputs for the windows of one document (`stride` tokens shared by neighbours)."""
+def document_windows(tokenizer, text: str, max_length: int, stride: int = 128,
+                     window_limit: int | None = None) -> list[dict]:
+    """Model inputs for the windows of one document (`stride` tokens shared by neighbours); `window_limit`:
+    window_limit.TooManyWindows, before any is built, for a document that makes more."""
     room = max_length - tokenizer.num_special_tokens_to_add(pair=False)
     if not 0 <= stride < room:
         raise ValueError(f"stride ({stride}) must lie in 0..{room - 1} for windows of {max_length} tokens")
+    if window_limit is not None:
+        check_window_limit(tokenizer, text, max_length, room, stride, window_limit)
     encoded = tokenizer(text, truncation=True, max_length=max_length, stride=stride, return_overflowing_tokens=True)
     windows = []
     for index in range(len(encoded["input_ids"])):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from .html import ProcessedDocument, plain_document, preprocess_html
 from .null_regions import NullRegions
+from .window_limit import check_window_limit
 
 logger = logging.getLogger(__name__)
 MAX_QUESTION_TOKENS = 64
@@ -100,16 +101,21 @@ def make_features(
     max_question_tokens: int = MAX_QUESTION_TOKENS,
     token_types: bool = False,
     null_regions: NullRegions | None = None,
+    window_limit: int | None = None,
 ) -> list[QAFeature]:
     """Windows over `document` for one question. `answer_span` is a (start, end) range of the *source*
     text (e.g. a KorQuAD answer); it labels the windows that contain it. `max_windows=1` is truncation.
     `token_types`: always give token type ids (question 0, document 1), for models with two token types.
     `null_regions`: insert regional nulls (data/null_regions.py); the windows are cut shorter so that each still
-    fits `max_length` tokens with its nulls."""
+    fits `max_length` tokens with its nulls. `window_limit`: raise TooManyWindows, before building any, where the
+    document makes more windows than that."""
     if null_regions is not None:
         max_length = null_regions.room(max_length)
     question, question_tokens = _question_prefix(tokenizer, question, max_question_tokens)
     stride = resolve_doc_stride(tokenizer, max_length, doc_stride, question_tokens)
+    if window_limit is not None:
+        room = max_length - question_tokens - tokenizer.num_special_tokens_to_add(pair=True)
+        check_window_limit(tokenizer, document.text, max_length, room, stride, window_limit)
     encoded = tokenizer(question, document.text, truncation="only_second", max_length=max_length, stride=stride,
                         return_overflowing_tokens=True, return_offsets_mapping=True)
     target = document.from_source_span(*answer_span) if answer_span is not None else None
@@ -159,7 +165,8 @@ def features_for_rows(tokenizer, rows, max_length: int, doc_stride: int | None =
                       max_windows: int | None = None, with_labels: bool = True,
                       documents: dict | None = None, token_types: bool = False,
                       max_question_tokens: int = MAX_QUESTION_TOKENS,
-                      null_regions: NullRegions | None = None) -> list[QAFeature]:
+                      null_regions: NullRegions | None = None,
+                      window_limit: int | None = None) -> list[QAFeature]:
     """Features for dataset rows (`read_korquad_v2` / `read_korquad_v1_articles` schema); the first gold answer
     labels the windows that hold it. `documents` caches processed contexts by (context, is_html); each
     document is processed once however many questions it has. `token_types` and `max_question_tokens` as in
@@ -176,5 +183,6 @@ def features_for_rows(tokenizer, rows, max_length: int, doc_stride: int | None =
             span = (start, start + len(row["answers"]["text"][0]))
         features.extend(make_features(tokenizer, row["id"], row["question"], documents[key], max_length,
                                       doc_stride, span, max_windows, token_types=token_types,
-                                      max_question_tokens=max_question_tokens, null_regions=null_regions))
+                                      max_question_tokens=max_question_tokens, null_regions=null_regions,
+                                      window_limit=window_limit))
     return features

@@ -322,10 +322,32 @@ def add_tag_tokens(tokenizer, model=None) -> list[str]:
     return list(added)
 
 
+def looks_like_html(document: str) -> bool:
+    """Whether a document whose format was not given is HTML: it starts with '<' after whitespace and a byte-order
+    mark (U+FEFF, which `str.strip` keeps)."""
+    return document.lstrip().lstrip("\ufeff").lstrip()[:1] == "<"
+
+
 def visible_text(fragment: str) -> str:
     """What a reader sees of an HTML fragment (an answer span of a page): tags dropped, entities decoded, whitespace
-    collapsed."""
+    collapsed. Inline tags join their text as the page shows it (`<b>신</b>중현` is 신중현, `H<sub>2</sub>O` is H2O);
+    the tags that separate words on the page (the structural and block tags the reader's text marks) leave a space."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", MarkupResemblesLocatorWarning)
-        text = BeautifulSoup(fragment, "lxml").get_text(" ")
-    return " ".join(text.split())
+        soup = BeautifulSoup(fragment, "lxml")
+    pieces: list[str] = []
+
+    def walk(node) -> None:
+        for child in node.children:
+            if isinstance(child, (Comment, Doctype, Declaration, ProcessingInstruction)):
+                continue
+            if isinstance(child, NavigableString):
+                pieces.append(str(child))
+            elif isinstance(child, Tag) and child.name not in DROPPED_TAGS:
+                separates = child.name in TAG_TOKENS or child.name in BLOCK_TAGS
+                pieces.append(" " if separates else "")
+                walk(child)
+                pieces.append(" " if separates else "")
+
+    walk(soup)
+    return " ".join("".join(pieces).split())

@@ -3,6 +3,7 @@ the wrong one of the QA formats), instead of UnicodeDecodeError / StopIteration 
 
 from __future__ import annotations
 
+import codecs
 import json
 from pathlib import Path
 
@@ -10,13 +11,21 @@ QA_FORMAT_HINT = "use --format korquad2 (KorQuAD 2.x pages), korquad1 / squad (p
 
 
 def read_text_file(path: str | Path, what: str = "file") -> str:
-    """The file's text (UTF-8); one-line errors for a missing, empty or binary file."""
+    """The file's text: UTF-8, or UTF-16 with its byte-order mark (a UTF-8 mark is dropped, as editors do not show
+    it); one-line errors for a missing, empty or binary file."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{what} {path} does not exist")
     if path.is_dir():
         raise IsADirectoryError(f"{what} {path} is a directory; give a file")
     data = path.read_bytes()
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):  # Windows editors' "Unicode" text
+        try:
+            data = data.decode("utf-16").encode("utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{what} {path} starts as UTF-16 text but is not (invalid byte at offset "
+                             f"{error.start}); re-save it as UTF-8") from None
+    data = data.removeprefix(codecs.BOM_UTF8)
     if not data.strip():
         raise ValueError(f"{what} {path} is empty")
     if b"\x00" in data[:8192]:

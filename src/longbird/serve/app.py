@@ -23,9 +23,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.exceptions import HTTPException
 
+from ..data.window_limit import TooManyWindows
 from ..reader import Reader
 from .batching import WindowBatcher
 from .schemas import (
@@ -45,6 +47,9 @@ logger = logging.getLogger(__name__)
 PAGE = Path(__file__).with_name("static") / "index.html"
 ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 413, 415, 422, 503)}
 BEARER = HTTPBearer(auto_error=False)
+# the pipeline format's names of what /answer calls question, document, window_length and doc_stride
+PIPELINE_FIELDS = {"question": "inputs.question", "document": "inputs.context",
+                   "window_length": "parameters.max_seq_len", "doc_stride": "parameters.doc_stride"}
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)]
 
 
@@ -56,6 +61,9 @@ class ServeSettings:
     max_question_chars: int = 1_000
     max_queue: int = 32  # requests admitted at once; beyond: 503 with Retry-After
     max_batch_tokens: int = 16_384  # padded tokens per model pass over the windows of concurrent requests
+    # windows one request may make (its document at its doc_stride/stride); beyond: 413 before any window is built.
+    # A document of max_document_chars at the default stride (half a window) makes about 2,500 windows of 512 tokens.
+    max_windows: int = 4_096
     retry_after_seconds: int = 1
     api_key: str | None = None  # Bearer token required on every route but /health when set
     cors_origins: list[str] = field(default_factory=list)  # CORS is off unless origins are given
@@ -76,9 +84,11 @@ class Metrics:
 
     def __init__(self):
         self.registry = CollectorRegistry()
-        self.requests = Counter("longbird_requests", "Requests by route and status code", ["route", "code"],
-                                registry=self.registry)
-        self.latency = Histogram("longbird_request_seconds", "Request latency by route", ["route"],
+        # route: a path of this app's routes, or "unmatched" (a label per path a client makes up would grow without
+        # bound); method: GET / (the page) and POST / (the pipeline format) are two routes of one path
+        self.requests = Counter("longbird_requests", "Requests by route, method and status code",
+                                ["route", "method", "code"], registry=self.registry)
+        self.latency = Histogram("longbird_request_seconds", "Request latency by route", ["route", "method"],
                                  registry=self.registry, buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
         self.queue = Gauge("longbird_queue_depth", "Requests admitted and not yet answered", registry=self.registry)
         self.windows = Counter("longbird_windows", "Windows read", registry=self.registry)
@@ -99,7 +109,8 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
     from .. import __version__
 
     settings = settings or ServeSettings()
-    app = FastAPI(title="longbird", version=__version__, description="Long-document question answering")
+    # the schema pages' scripts and styles from the package: /docs works without internet
+    app = FastAPIOffline(title="longbird", version=__version__, description="Long-document question answering")
     metrics, admission = Metrics(), threading.Lock()
     state = {"admitted": 0}
     batcher = WindowBatcher(reader, settings.max_batch_tokens)
@@ -119,18 +130,27 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
             raise ServeError(401, "unauthorised", "send the API key as 'Authorization: Bearer KEY'",
                              {"WWW-Authenticate": "Bearer"})
 
+    routes: set[tuple[str, str]] = set()  # (method, path) of this app's routes, filled at the first request
+
+    def route_label(request: Request) -> tuple[str, str]:
+        if not routes:
+            routes.update((method, route.path) for route in app.routes for method in getattr(route, "methods", ()))
+        if (request.method, request.url.path) in routes:
+            return request.url.path, request.method
+        return "unmatched", "unmatched"
+
     @app.middleware("http")
     async def observe(request: Request, call_next):
         started = time.perf_counter()
-        route = request.url.path
+        route, method = route_label(request)
         if request.method == "POST":
             problem = _body_problem(request, settings)
             if problem is not None:
-                metrics.requests.labels(route, str(problem.status_code)).inc()
+                metrics.requests.labels(route, method, str(problem.status_code)).inc()
                 return problem
         response = await call_next(request)
-        metrics.requests.labels(route, str(response.status_code)).inc()
-        metrics.latency.labels(route).observe(time.perf_counter() - started)
+        metrics.requests.labels(route, method, str(response.status_code)).inc()
+        metrics.latency.labels(route, method).observe(time.perf_counter() - started)
         return response
 
     @app.exception_handler(ServeError)
@@ -171,6 +191,8 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
                 return batcher.call(alone)
             request = prepare()
             return reader.finish(request, batcher.read(request))
+        except TooManyWindows as error:
+            raise ServeError(413, "too large", f"{error} (this server's --max-windows)") from None
         except ValueError as error:
             raise ServeError(422, "invalid request", str(error)) from None
         finally:
@@ -178,27 +200,34 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
                 state["admitted"] -= 1
                 metrics.queue.set(state["admitted"])
 
-    def check_text(name: str, value: str, limit: int, status: int) -> None:
+    def check_text(name: str, value: str, limit: int, status: int, field: str | None = None) -> None:
+        """`name`: question or document (its limit's option); `field`: the request field that holds it."""
+        field = field or name
         if not value.strip():
-            raise ServeError(422, "invalid request", f"{name}: empty or only whitespace; send the {name} text")
+            raise ServeError(422, "invalid request", f"{field}: empty or only whitespace; send the {name} text")
         if len(value) > limit:
-            raise ServeError(status, "too large", f"{name}: {len(value):,} characters; this server reads at most "
+            raise ServeError(status, "too large", f"{field}: {len(value):,} characters; this server reads at most "
                                                   f"{limit:,} (its --max-{name}-chars)")
 
-    def answer(question, document, is_html, top_k, max_answer_tokens, window_length, doc_stride):
+    def answer(question, document, is_html, top_k, max_answer_tokens, window_length, doc_stride, fields=None):
+        """`fields`: the request's names of question, document, window_length and doc_stride where they differ (the
+        pipeline format's inputs.context, parameters.max_seq_len), for error messages."""
+        fields = {"question": "question", "document": "document", "window_length": "window_length",
+                  "doc_stride": "doc_stride"} | (fields or {})
         if reader.task != "qa":
             raise ServeError(422, "invalid request", f"this server holds a {reader.task} model: it cannot answer "
                                                      "questions; use /classify or /embed")
-        check_text("question", question, settings.max_question_chars, 422)
-        check_text("document", document, settings.max_document_chars, 413)
+        check_text("question", question, settings.max_question_chars, 422, fields["question"])
+        check_text("document", document, settings.max_document_chars, 413, fields["document"])
         if doc_stride is not None:
-            window, _, _ = _windows(reader, window_length)
+            window, _, _ = _windows(reader, window_length, fields["window_length"])
             if doc_stride >= window:
-                raise ServeError(422, "invalid request", f"doc_stride: {doc_stride} must be below the window "
-                                                         f"({window} tokens); send a smaller doc_stride")
+                raise ServeError(422, "invalid request", f"{fields['doc_stride']}: {doc_stride} must be below the "
+                                                         f"window ({window} tokens); send a smaller "
+                                                         f"{fields['doc_stride']}")
         reading = read(lambda: reader.prepare(question, document, is_html=is_html, top_k=top_k,
                                               max_answer_tokens=max_answer_tokens, window_length=window_length,
-                                              doc_stride=doc_stride))
+                                              doc_stride=doc_stride, window_limit=settings.max_windows))
         metrics.windows.inc(reading.windows)
         metrics.tokens.inc(reading.tokens)
         return reading
@@ -219,9 +248,11 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
         """transformers' removed question-answering pipeline, for its existing clients."""
         p = request.parameters
         reading = answer(request.inputs.question, request.inputs.context, None, p.top_k, p.max_answer_len,
-                         p.max_seq_len, p.doc_stride)
-        found = [a for a in reading.answers if not (p.handle_impossible_answer and a["score"] < 0)]
-        if not found and p.handle_impossible_answer:  # the window's "no answer" beat every span (null-relative < 0)
+                         p.max_seq_len, p.doc_stride, PIPELINE_FIELDS)
+        # the scoring rule's value without the lexical prior: below 0 the window's "no answer" beat the span
+        found = [a for a in reading.answers
+                 if not (p.handle_impossible_answer and a["score"] - a["lexical_prior"] < 0)]
+        if not found and p.handle_impossible_answer:
             return [PipelineAnswer(answer="", score=0.0, start=0, end=0)]
         return [PipelineAnswer(answer=a["answer"], score=a["probability"] if a["probability"] is not None
                                else a["score"], start=a["start"], end=a["end"]) for a in found]
@@ -244,7 +275,8 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
         """Label probabilities of a document (a classification model; windows averaged as `evaluate` does)."""
         started = time.perf_counter()
         check_text("document", request.document, settings.max_document_chars, 413)
-        result = exclusive(lambda: reader.classify(request.document, request.window_length, request.stride))
+        result = exclusive(lambda: reader.classify(request.document, request.window_length, request.stride,
+                                                   settings.max_windows))
         metrics.windows.inc(result["windows"])
         return ClassifyResponse(**result, model=str(reader.model_dir) if reader.model_dir else None,
                                 elapsed_ms=1000 * (time.perf_counter() - started))
@@ -255,7 +287,7 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
         started = time.perf_counter()
         texts = [request.inputs] if isinstance(request.inputs, str) else request.inputs
         for text in texts:
-            check_text("document", text, settings.max_document_chars, 413)
+            check_text("document", text, settings.max_document_chars, 413, "inputs")
         result = exclusive(lambda: reader.embed(texts, request.pooling, request.window_length, request.normalize))
         metrics.tokens.inc(result["tokens"])
         return EmbedResponse(**result, model=str(reader.model_dir) if reader.model_dir else None,
@@ -268,7 +300,8 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
     @app.get("/info", response_model=Info, dependencies=[Depends(authorised)])
     def info() -> Info:
         limits = {"max_document_chars": settings.max_document_chars,
-                  "max_question_chars": settings.max_question_chars, "max_queue": settings.max_queue}
+                  "max_question_chars": settings.max_question_chars, "max_queue": settings.max_queue,
+                  "max_windows": settings.max_windows}
         return Info(**reader.info(), version=__version__, limits=limits)
 
     @app.get("/metrics", dependencies=[Depends(authorised)])
@@ -278,11 +311,11 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
     return app
 
 
-def _windows(reader: Reader, window_length):
+def _windows(reader: Reader, window_length, field: str = "window_length"):
     try:
         return reader.windows_for(window_length)
     except ValueError as error:
-        raise ServeError(422, "invalid request", f"window_length: {error}") from None
+        raise ServeError(422, "invalid request", f"{field}: {error}") from None
 
 
 def _body_problem(request: Request, settings: ServeSettings) -> JSONResponse | None:

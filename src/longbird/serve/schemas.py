@@ -9,7 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: a JSON true is not a top_k of 1, nor "3" a window length
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class AnswerRequest(Strict):
@@ -28,6 +29,7 @@ class AnswerRecord(BaseModel):
     start: int = Field(description="Character offset of the span in the document as sent")
     end: int
     score: float = Field(description="The cross-window scoring rule's value plus the lexical prior; higher wins")
+    lexical_prior: float = Field(description="The lexical prior's part of score (0 when it is off)")
     probability: float | None = Field(
         description="P(start) P(end | start) within the span's window (its region with regional nulls)")
 

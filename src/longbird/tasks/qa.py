@@ -12,7 +12,7 @@ from datasets import Dataset
 from transformers import set_seed
 
 from ..checkpoints import check_tokenizer, load_on_device, load_task_model
-from ..data.html import add_tag_tokens
+from ..data.html import add_tag_tokens, looks_like_html
 from ..data.korquad import read_korquad_v1_articles, read_korquad_v2, read_squad_paragraphs, split_by_title
 from ..data.layout_cuts import LayoutCuts
 from ..data.null_regions import NullRegions
@@ -311,7 +311,7 @@ def answer(model, document: str, question: str, *, tokenizer=None, is_html: bool
         reader = Reader.of(model, tokenizer, model_dir, scoring=scoring, lexical_weight=lexical_weight,
                            lexical_radius=lexical_radius)
     if is_html is None:
-        is_html = document.lstrip()[:1] == "<"
+        is_html = looks_like_html(document)
     reading = reader.answer(question, document, is_html=is_html, max_answer_tokens=max_answer_tokens,
                             window_length=window_length, doc_stride=doc_stride,
                             max_question_tokens=max_question_tokens)
