@@ -109,6 +109,19 @@ def test_brackets_in_answers_paths_and_errors_are_printed_as_they_are(tiny_qa, t
                        str(missing))
 
 
+def test_an_answer_holding_markup_is_printed_as_it_is(capsys):
+    """The answer line itself (the tiny reader above may pick a span without brackets): `[/b]` closing no tag made rich
+    raise MarkupError, `[bold]` vanished."""
+    from longbird.cli.qa import _print_answer
+
+    for text in ("닫는 태그는 [/b]", "x[i]=[bold]y"):
+        record = {"answer": text, "source_text": text, "start": 0, "end": len(text), "score": 1.0,
+                  "probability": 0.5, "window_length": 512, "window_source": "trained"}
+        _print_answer(record, document=Path("[bold]page[red].txt"), min_probability=0.0, as_json=False)
+        out = capsys.readouterr().out
+        assert f"answer: {text}" in out and "[bold]page[red].txt" in out
+
+
 def test_serve_on_a_taken_port_or_a_bad_host_fails_in_one_line_before_loading(tmp_path):
     import socket
 
@@ -337,7 +350,7 @@ def test_a_question_longer_than_the_reader_reads_is_warned_about(tiny_qa, tmp_pa
     holds fewer); a 5,000-character question used to be cut without a word. The CLI warns on stderr (stdout stays
     JSON) and the record says how many tokens were read."""
     from longbird.data.features import MAX_QUESTION_TOKENS, question_token_count
-    from longbird.qa import question_token_cap
+    from longbird.data.features import question_token_cap
     from transformers import AutoConfig, AutoTokenizer
 
     document = tmp_path / "doc.txt"

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from longbird.data.html import TAG_TOKENS, add_tag_tokens, plain_document, preprocess_html, visible_text
+from longbird.data.html import TAG_TOKENS, add_tag_tokens, plain_document, preprocess_html
 from longbird.metrics.korquad import normalize_korquad_v2
 
 KORQUAD = Path(__file__).resolve().parents[1] / "data" / "korquad"
@@ -188,14 +188,31 @@ def test_unalignable_markup_falls_back_to_plain_text(monkeypatch, caplog):
 
 
 @pytest.mark.parametrize("fragment, seen", [
-    ("<b>신</b>중현", "신중현"),
-    ("H<sub>2</sub>O", "H2O"),
-    ('록 밴드 <a href="/wiki/시나위">시나위</a>의 리더이면서', "록 밴드 시나위의 리더이면서"),
-    ("<td>1990</td><td>2000</td>", "1990 2000"),  # cells are separate words on the page
-    ("첫 줄<br>둘째 줄", "첫 줄 둘째 줄"),
+    ("<p><b>신</b>중현</p>", "신중현"),
+    ("<p>H<sub>2</sub>O</p>", "H2O"),
+    ('<p>록 밴드 <a href="/wiki/시나위">시나위</a>의 리더이면서</p>', "록 밴드 시나위의 리더이면서"),
+    ("<table><tr><td>1990</td><td>2000</td></tr></table>", "1990 2000"),  # cells: separate words on the page
+    ("<div>첫 줄<br>둘째 줄</div>", "첫 줄 둘째 줄"),
     ("<p>문단</p><p>다음</p>", "문단 다음"),
-    ("a &amp; b <script>x()</script>c", "a & b c"),
-    ("  여러   칸\n공백 ", "여러 칸 공백"),
+    ("<p>a &amp; b <script>x()</script>c</p>", "a & b c"),
+    ('<p>신<span class="noprint">[편집]</span>중현</p>', "신중현"),  # boilerplate the reader never read
+    ("<p>  여러   칸\n공백 </p>", "여러 칸 공백"),
 ])
-def test_an_html_answer_reads_as_the_page_shows_it(fragment, seen):
-    assert visible_text(fragment) == seen
+def test_an_html_answer_reads_as_the_reader_read_the_page(fragment, seen):
+    document = preprocess_html(f"<html><body>{fragment}</body></html>")
+    assert document.readable(0, len(document.text)) == seen
+
+
+def test_an_answer_record_of_a_page_is_its_readable_span():
+    from longbird.qa import Answer, answer_record
+
+    page = '<html><body><p>록 밴드 <a href="/wiki/x">시나위</a>의 리더</p></body></html>'
+    document = preprocess_html(page)
+    start = document.text.index("시나위")
+    end = document.text.index("리더") + 2
+    low, high = document.to_source_span(start, end)
+    answer = Answer(page[low:high], low, high, 1.0, readable=document.readable(start, end))
+    record = answer_record(answer, is_html=True)
+    assert record["answer"] == "시나위의 리더" and record["source_text"] == '시나위</a>의 리더'
+    assert answer_record(Answer("<b>x</b>y", 0, 9, 1.0), is_html=True)["answer"] == "x y"  # no reading: tags dropped
+    assert answer_record(Answer("a  b", 0, 4, 1.0, readable="a b"), is_html=False)["answer"] == "a  b"  # plain: as is

@@ -182,6 +182,10 @@ def test_malformed_classification_records_are_named(tmp_path):
         read_classification(path)
     with pytest.raises(MalformedRecordError, match="no 'category' field"):
         read_classification(path, label_field="category")
+    wide = tmp_path / "wide.jsonl"  # UTF-16 reads as text elsewhere; the dataset loaders take UTF-8 only
+    wide.write_text('{"text": "좋은 문서", "label": "a"}\n', encoding="utf-16")
+    with pytest.raises(ValueError, match="wide.jsonl is UTF-16 text; re-save it as UTF-8"):
+        read_classification(wide)
 
 
 def test_answer_on_an_explicit_device_equals_the_default(tiny_qa, tmp_path):

@@ -10,7 +10,7 @@ from conftest import VOCAB
 from transformers import BertConfig, BertModel
 
 import longbird
-from longbird.qa import question_token_cap, question_token_limit
+from longbird.data.features import question_token_cap, question_token_limit
 
 
 def one_layer(attention: str, length: int = 256, block: int = 8):

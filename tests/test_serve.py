@@ -63,6 +63,8 @@ def test_top_k_answers_are_distinct_places_and_best_first(client, page):
     assert len(answers) == 5
     assert [a["score"] for a in answers] == sorted((a["score"] for a in answers), reverse=True)
     assert all(a["end"] <= b["start"] or b["end"] <= a["start"] for a, b in itertools.combinations(answers, 2))
+    as_float = client.post("/answer", json={"question": question, "document": document, "top_k": 5.0})
+    assert as_float.json()["answers"] == answers  # 5.0, as a client computing it in floating point sends it
     first = client.post("/answer", json={"question": question, "document": document}).json()["answers"][0]
     assert answers[0] == first  # the best of five is the single best
 
@@ -122,8 +124,12 @@ def test_health_info_and_metrics(client, tiny_qa):
     assert 'longbird_requests_total{code="422",method="POST",route="/answer"}' in text
     for path in ("/scan-1", "/scan-2", "/.env"):  # made-up paths share one label: /metrics cannot be grown by them
         client.get(path)
+    client.request("BREW", "/answer")
+    client.get("/static-offline-docs/swagger-ui.css")  # a file of the schema pages: its mount's label
     text = client.get("/metrics").text
-    assert 'longbird_requests_total{code="404",method="unmatched",route="unmatched"} 3.0' in text
+    assert 'longbird_requests_total{code="404",method="GET",route="unmatched"} 3.0' in text
+    assert 'method="other",route="/answer"' in text and "BREW" not in text
+    assert 'longbird_requests_total{code="200",method="GET",route="/static-offline-docs"} 1.0' in text
     assert "scan-" not in text and ".env" not in text
     assert "longbird_windows_total" in text and "longbird_request_seconds_bucket" in text
     assert "longbird_queue_depth 0.0" in text
@@ -140,9 +146,10 @@ def test_health_info_and_metrics(client, tiny_qa):
     ({"question": "q", "document": "text", "window_length": 9999}, 422, "must lie in 1..256"),
     ({"question": "q", "document": "text", "window_length": 64, "doc_stride": 64}, 422, "doc_stride: 64 must be"),
     ({"question": "q", "document": "text", "format": "pdf"}, 422, "format"),
-    ({"question": "q", "document": "text", "top_k": True}, 422, "top_k: Input should be a valid integer"),
-    ({"question": "q", "document": "text", "window_length": "64"}, 422, "window_length: Input should be a valid"),
-    ({"question": "q", "document": "토큰 " * 20_000, "window_length": 64, "doc_stride": 57}, 413, "--max-windows"),
+    ({"question": "q", "document": "text", "top_k": True}, 422, "top_k: Value error, must be a JSON number"),
+    ({"question": "q", "document": "text", "window_length": "64"}, 422, "window_length: Value error, must be a JSON"),
+    ({"question": "q", "document": "text", "top_k": 2.5}, 422, "top_k: Input should be a valid integer"),
+    ({"question": "q", "document": "토큰 " * 20_000, "window_length": 64, "doc_stride": 57}, 413, "--max-request-windows"),
 ])
 def test_bad_requests_are_named_and_the_server_keeps_serving(client, request_body, status, names):
     response = client.post("/answer", json=request_body)
@@ -306,7 +313,7 @@ def tiny_classifier(tiny_source, tmp_path_factory):
     return folder / "model", [json.loads(line)["text"] for line in data.read_text().splitlines()]
 
 
-def test_classify_gives_the_probabilities_evaluate_scores_with(tiny_classifier, reader):
+def test_classify_gives_the_probabilities_evaluate_scores_with(tiny_classifier, reader, monkeypatch):
     import torch
 
     from longbird.reader import document_windows, predict_documents
@@ -322,6 +329,17 @@ def test_classify_gives_the_probabilities_evaluate_scores_with(tiny_classifier, 
         expected, key=lambda label: -expected[label])
     for item in body["labels"]:
         assert item["probability"] == pytest.approx(expected[item["label"]], abs=1e-6)
+    import longbird.reader
+
+    monkeypatch.setattr(longbird.reader, "FORWARD_TOKENS", 300)  # one window per forward: the same probabilities
+    batched = client.post("/classify", json={"document": long_text, "stride": 32}).json()
+    assert [(i["label"], pytest.approx(i["probability"], abs=1e-6)) for i in batched["labels"]] == [
+        (i["label"], i["probability"]) for i in body["labels"]]
+    monkeypatch.undo()
+    capped = TestClient(create_app(classifier, ServeSettings(max_request_windows=body["windows"] - 1)))
+    refused = capped.post("/classify", json={"document": long_text, "stride": 32})
+    assert refused.status_code == 413 and "--max-request-windows" in refused.json()["detail"]
+    assert capped.post("/classify", json={"document": long_text, "stride": 0}).status_code == 200  # fewer windows
     windows = document_windows(classifier.tokenizer, long_text, 256, 32)
     assert body["windows"] == len(windows) and body["tokens"] == sum(len(w["input_ids"]) for w in windows)
     read, classify = [], classifier.classify
@@ -352,6 +370,21 @@ def test_embed_pools_the_encoders_last_states(reader):
                                torch.nn.functional.normalize(states[0], dim=-1), atol=1e-5, rtol=1e-5)
     empty = client.post("/embed", json={"inputs": ["text", " "]})
     assert empty.status_code == 422 and "inputs: empty" in empty.json()["detail"]
+    # the texts' windows together: three 2-window texts pass a limit of 6 and not of 5
+    two_windows = "신대철의 아버지는 신중현이다. " * 3
+    assert len(reader.embed([two_windows], window_length=16)["embeddings"]) == 1
+    windows = reader.embed([two_windows], window_length=16, window_limit=100)
+    assert windows == reader.embed([two_windows], window_length=16)
+    from longbird.data.classification import document_windows
+
+    per_text = len(document_windows(reader.tokenizer, two_windows, 16, 4))
+    assert per_text >= 2
+    texts = {"inputs": [two_windows] * 3, "window_length": 16}
+    within = TestClient(create_app(reader, ServeSettings(max_request_windows=3 * per_text))).post("/embed", json=texts)
+    assert within.status_code == 200
+    over = TestClient(create_app(reader, ServeSettings(max_request_windows=3 * per_text - 1))).post("/embed",
+                                                                                                    json=texts)
+    assert over.status_code == 413 and "--max-request-windows" in over.json()["detail"]
 
 
 def test_a_server_wide_window_is_the_default_of_requests_that_name_none(tiny_qa):

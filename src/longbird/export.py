@@ -110,6 +110,8 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, format: str = "
         return export_onnx(model_dir, out, overwrite=overwrite)
     model_dir = resolve_model_directory(model_dir)  # a missing directory named as such, not as a Hub repo id
     config = LongBirdConfig.from_pretrained(model_dir)
+    model_class = LongBirdForMaskedLM if config.has_lm_head else LongBirdModel
+    exported = to_bigbird(model_class.from_pretrained(model_dir))
     head = (config.architectures or ["LongBirdModel"])[0]
     if head not in ("LongBirdModel", "LongBirdForMaskedLM"):
         # transformers' BigBird heads differ from longbird's (its QA head has an extra layer and no conditional end)
@@ -124,8 +126,6 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, format: str = "
             "convert with random_blocks='transformers' for an export that computes what longbird computes",
             config.random_blocks, config.full_attention_threshold,
             (5 + 2 * config.num_random_blocks) * config.block_size)
-    model_class = LongBirdForMaskedLM if config.has_lm_head else LongBirdModel
-    exported = to_bigbird(model_class.from_pretrained(model_dir))
     tokenizer = _load_tokenizer(Path(model_dir))
     if tokenizer is not None:
         # The tokenizer's special ids, not BigBirdConfig's defaults (sep 66, bos 1, eos 2: BigBird's own vocabulary).

@@ -59,6 +59,7 @@ class Answer:
     # softmaxes); None for 'linear'
     probability: float | None = None
     lexical_prior: float = 0.0  # the lexical prior's part of `score` (0 without one)
+    readable: str | None = None  # the span as the reader read it (`ProcessedDocument.readable`): an HTML answer's text
 
 
 def decode_window(feature: QAFeature, start_top_index, end_top_logits, start_logits, top_k: int,
@@ -300,8 +301,8 @@ def rank_answers(windows: list[WindowCandidates], documents: dict[str, Processed
         document, answers = documents[example], []
         for score, _, window, raw, start, end, bonus in sorted(found, key=lambda c: (c[0], c[1]), reverse=True):
             feature = window.feature
-            span = document.to_source_span(*_without_edge_spaces(document.text, feature.offsets[start][0],
-                                                                 feature.offsets[end][1]))
+            processed = _without_edge_spaces(document.text, feature.offsets[start][0], feature.offsets[end][1])
+            span = document.to_source_span(*processed)
             if span is None or not document.source[span[0]:span[1]].strip():  # only tags or spaces: next candidate
                 continue
             if any((answer.start, answer.end) == span if distinct == "span"
@@ -312,7 +313,7 @@ def rank_answers(windows: list[WindowCandidates], documents: dict[str, Processed
             probability = (None if window.log_start_normaliser is None else float(torch.exp(torch.tensor(
                 raw + window.offset("log-probability", start)))))
             answers.append(Answer(document.source[span[0]:span[1]], span[0], span[1], score, feature.window_index,
-                                  probability, bonus))
+                                  probability, bonus, document.readable(*processed)))
             if len(answers) == top_k:
                 break
         if answers:
@@ -332,33 +333,11 @@ def predict_features(model, features: list[QAFeature], documents: dict[str, Proc
     return merge_windows(windows, documents, scoring, lexical)
 
 
-def question_token_cap(config, window_length: int, tokens_before_question: int = 1) -> int | None:
-    """The most question tokens a window of `window_length` can read with a model of `config`; None when no
-    attention pattern limits it (full attention).
-
-    The question must be seen by every document token and see every one of them. Full attention does that at any
-    length; the sparse patterns do it only for their global tokens, and the question lies in the first block, which is
-    global in both (BigBird ITC: query and key block 0; LittleBird: the global first block). A question token past the
-    first block would be a plain local token, read only by its neighbours. So when the window is sparse the question
-    must fit the first block with what precedes it (`[CLS]`): `block_size - tokens_before_question` tokens (63 at
-    block 64; the longest KorQuAD 1.0 question is 59 multilingual-e5-small tokens, so none is cut there)."""
-    sparse = (config.attention == "littlebird"
-              or (config.attention == "bigbird" and window_length > config.full_attention_threshold))
-    return config.block_size - tokens_before_question if sparse else None
-
-
-def question_token_limit(config, window_length: int, tokens_before_question: int = 1) -> int:
-    """The question tokens read by default: `MAX_QUESTION_TOKENS`, or fewer where a sparse window's first block
-    holds fewer (`question_token_cap`)."""
-    cap = question_token_cap(config, window_length, tokens_before_question)
-    return MAX_QUESTION_TOKENS if cap is None else min(MAX_QUESTION_TOKENS, cap)
-
-
 def row_features(model, tokenizer, rows: Sequence[dict], max_length: int, doc_stride: int | None = None,
                  max_windows: int | None = None, max_question_tokens: int = MAX_QUESTION_TOKENS,
                  window_limit: int | None = None) -> tuple[list[QAFeature], dict[str, ProcessedDocument]]:
     """The windows of dataset rows (KorQuAD reader schema) and each example id's processed document;
-    `window_limit`: data.features.TooManyWindows for a row with more windows."""
+    `window_limit`: data.window_limit.TooManyWindows for a row with more windows."""
     cache: dict[tuple[str, bool], ProcessedDocument] = {}
     features = features_for_rows(tokenizer, rows, max_length, doc_stride, max_windows, with_labels=False,
                                  token_types=model.config.type_vocab_size >= 2,
@@ -402,6 +381,10 @@ def answer_record(answer: Answer | None, is_html: bool) -> dict:
                 "lexical_prior": None}
     from .data.html import visible_text
 
-    return {"answer": visible_text(answer.text) if is_html else answer.text, "source_text": answer.text,
+    if not is_html:
+        readable = answer.text
+    else:  # as the reader read the page; an answer made without its document: the span's text, tags dropped
+        readable = answer.readable if answer.readable is not None else visible_text(answer.text)
+    return {"answer": readable, "source_text": answer.text,
             "start": answer.start, "end": answer.end, "score": answer.score, "probability": answer.probability,
             "lexical_prior": answer.lexical_prior}

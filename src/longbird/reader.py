@@ -20,8 +20,9 @@ from .checkpoints import check_tokenizer, load_on_device
 from .compilation import batch_multiple, encoder_is_compiled
 from .data.batching import PaddedBatches
 from .data.classification import document_windows
-from .data.features import QAFeature, question_token_count
+from .data.features import QAFeature, question_token_cap, question_token_count, question_token_limit
 from .data.html import ProcessedDocument, looks_like_html
+from .data.window_limit import check_window_limit
 from .data.windows import PairTemplate
 from .heads import LongBirdForQuestionAnswering, LongBirdForSequenceClassification
 from .lexical_prior import DEFAULT_RADIUS, DEFAULT_WEIGHT, LexicalPrior
@@ -31,13 +32,14 @@ from .qa import (
     DEFAULT_SCORING,
     WindowCandidates,
     answer_record,
-    question_token_cap,
-    question_token_limit,
     rank_answers,
     row_features,
     score_windows,
 )
 from .sources import resolve_model_directory
+
+# padded tokens per forward of `Reader.classify` and `Reader.embed` (the server's default --max-batch-tokens)
+FORWARD_TOKENS = 16_384
 
 
 def reading_windows(model, model_dir, window_length: int | None, doc_stride: int | None) -> tuple[int, int | None, str]:
@@ -264,20 +266,24 @@ class Reader:
                 "tokens": sum(len(window["input_ids"]) for window in windows)}
 
     def embed(self, texts: list[str], pooling: str = "mean", window_length: int | None = None,
-              normalize: bool = False) -> dict:
+              normalize: bool = False, window_limit: int | None = None) -> dict:
         """One vector per text from the encoder's last hidden states: "mean" averages every real token of every
         window of the text (windows of `window_length`, 128 tokens shared); "cls" is the first token of the first
-        window. `normalize` scales each vector to unit length."""
+        window. `normalize` scales each vector to unit length. `window_limit`: TooManyWindows, before any window of
+        the text that passes it is built, where all the texts make more windows than that."""
         if pooling not in ("mean", "cls"):
             raise ValueError(f"pooling must be 'mean' or 'cls'; got {pooling!r}")
         if not texts or any(not text or not text.strip() for text in texts):
             raise ValueError("every text to embed must be non-empty")
         window_length = self._length(window_length)
         encoder = getattr(self.model, "longbird", self.model)
-        vectors, tokens = [], 0
+        vectors, tokens, stride = [], 0, min(128, window_length // 4)
+        room, left = window_length - self.tokenizer.num_special_tokens_to_add(pair=False), window_limit
         for text in texts:
             with self._tokenizing:
-                windows = document_windows(self.tokenizer, text, window_length, min(128, window_length // 4))
+                if left is not None:  # the texts' windows together, counted before each text's are built
+                    left -= check_window_limit(self.tokenizer, text, window_length, room, stride, left)
+                windows = document_windows(self.tokenizer, text, window_length, stride)
             tokens += sum(len(w["input_ids"]) for w in windows)
             with self._precision(), torch.no_grad():
                 if pooling == "cls":
@@ -330,15 +336,25 @@ class Reader:
         return window_length
 
     def _forward(self, windows: list[dict], pick, module=None, pooled: bool = False) -> torch.Tensor:
-        """`pick(outputs)` of `module` (default: the model) over `windows` as one padded batch; with `pooled`, the
-        mean over every real token of all the windows of `pick`'s (B, l, h) states."""
+        """`pick(outputs)` of `module` (default: the model) over `windows`, in padded batches of at most
+        `FORWARD_TOKENS` (a document of thousands of windows in one batch would not fit in memory; each row reads
+        alike in any batch); with `pooled`, the mean over every real token of all the windows of `pick`'s (B, l, h)
+        states."""
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        batch = {k: v.to(self.model.device) for k, v in PaddedBatches(pad, batch_multiple(self.model))(windows).items()}
-        picked = pick((module or self.model)(**batch))
-        if not pooled:
-            return picked.cpu()
-        mask = batch["attention_mask"].to(picked.dtype)[..., None]
-        return ((picked * mask).sum((0, 1)) / mask.sum()).cpu()
+        collate = PaddedBatches(pad, batch_multiple(self.model))
+        longest = max(len(window["input_ids"]) for window in windows)
+        per_batch = max(1, FORWARD_TOKENS // longest)
+        picks, total, count = [], None, None
+        for first in range(0, len(windows), per_batch):
+            batch = {k: v.to(self.model.device) for k, v in collate(windows[first:first + per_batch]).items()}
+            picked = pick((module or self.model)(**batch))
+            if not pooled:
+                picks.append(picked.cpu())
+                continue
+            mask = batch["attention_mask"].to(picked.dtype)[..., None]
+            total = (picked * mask).sum((0, 1)) + (0 if total is None else total)
+            count = mask.sum() + (0 if count is None else count)
+        return torch.cat(picks) if not pooled else (total / count).cpu()
 
     def _precision(self):
         return bf16_autocast(self.model.device.type, self.bf16)

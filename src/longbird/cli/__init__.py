@@ -46,8 +46,9 @@ CLI_SPELLINGS = (
     (re.compile(r"\bmax_length=(\d+)"), r"--max-length \1"),
     (re.compile(r"\bmax_length \((\d+)\)"), r"--max-length (\1)"),
     (re.compile(r"\bmax_length >= (\d+)"), r"--max-length \1 or more"),
-    # convert's --max-length is the converted config's max_position_embeddings
-    (re.compile(r"\bmax_position_embeddings \((\d+)\)"), r"--max-length (\1)"),
+    # convert's --max-length is the converted config's max_position_embeddings (config.py's check, nowhere else)
+    (re.compile(r"\bmax_position_embeddings \((\d+)\) is below the source length"),
+     r"--max-length (\1) is below the source length"),
     (re.compile(r"\bdoc_stride \((-?\d+)\)"), r"--doc-stride (\1)"),
     (re.compile(r"\bwindow_length (-?\d+) must"), r"--window-length \1 must"),
     (re.compile(r"\bpass overwrite=True \(--overwrite\)"), "pass --overwrite"),

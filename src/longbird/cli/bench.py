@@ -63,7 +63,7 @@ def bench(ctx: typer.Context,
     command = " ".join([*chosen, command])
     # out positionally: write_report names it out_dir
     paths = write_report(report, out, command=command, stem=stem)
-    console.print(markdown(report=report | {"command": command}, command=command))
+    console.print(markdown(report=report | {"command": command}, command=command), markup=False)
     console.print("wrote " + ", ".join(str(path) for path in paths), markup=False)
 
 

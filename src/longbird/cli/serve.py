@@ -1,5 +1,6 @@
 """`longbird serve`: the HTTP server (longbird.serve) over one QA model loaded once."""
 
+import errno
 import socket
 from pathlib import Path
 from typing import Annotated
@@ -22,8 +23,8 @@ MaxDocumentChars = Annotated[int, typer.Option(min=1, help="Longest document in 
 MaxQuestionChars = Annotated[int, typer.Option(min=1, help="Longest question in characters (422 beyond)")]
 MaxBatchTokens = Annotated[int, typer.Option(min=1, help="Padded tokens per model pass over the windows of "
                                                          "concurrent requests")]
-MaxWindows = Annotated[int, typer.Option(min=1, help="Windows one request may make (its document at its stride; 413 "
-                                                     "beyond, checked before any is built)")]
+MaxRequestWindows = Annotated[int, typer.Option(min=1, help="Windows one request may make (its document at its "
+                                                            "stride; 413 beyond, checked before any is built)")]
 MaxQueue = Annotated[int, typer.Option(min=1, help="Requests admitted at once; beyond: 503 with Retry-After")]
 ApiKey = Annotated[str | None, typer.Option(envvar="LONGBIRD_API_KEY", help="Require 'Authorization: Bearer KEY' "
                                                                          "(or set LONGBIRD_API_KEY)")]
@@ -34,7 +35,7 @@ CorsOrigin = Annotated[list[str] | None, typer.Option(help="Allow browser calls 
 def serve(model: ServedModel, host: Host = "127.0.0.1", port: Port = 8000, device: Device = "auto",
           bf16: Bf16 = False, threads: Threads = None, window_length: ServeWindow = None,
           max_document_chars: MaxDocumentChars = 1_000_000, max_question_chars: MaxQuestionChars = 1_000,
-          max_queue: MaxQueue = 32, max_windows: MaxWindows = 4_096,
+          max_queue: MaxQueue = 32, max_request_windows: MaxRequestWindows = 4_096,
           max_batch_tokens: MaxBatchTokens = 16_384, api_key: ApiKey = None, cors_origin: CorsOrigin = None,
           compile: Compile = False, lexical_weight: LexicalWeight = LEXICAL_WEIGHT,
           lexical_radius: LexicalRadius = LEXICAL_RADIUS):
@@ -46,32 +47,43 @@ def serve(model: ServedModel, host: Host = "127.0.0.1", port: Port = 8000, devic
     from ..reader import Reader
     from ..serve import ServeSettings, create_app
 
-    listening = bound_socket(host, port)  # before the model loads: a taken port fails in a second, in one line
+    listening = bound_sockets(host, port)  # before the model loads: a taken port fails in a second, in one line
     if threads is not None:
         torch.set_num_threads(threads)
     reader = Reader(model, resolve_device(device), bf16=bf16, window_length=window_length, compile=compile,
                     lexical_weight=lexical_weight, lexical_radius=lexical_radius)
     settings = ServeSettings(max_document_chars=max_document_chars, max_question_chars=max_question_chars,
-                             max_queue=max_queue, max_batch_tokens=max_batch_tokens, max_windows=max_windows,
-                             api_key=api_key, cors_origins=list(cors_origin or []))
+                             max_queue=max_queue, max_batch_tokens=max_batch_tokens,
+                             max_request_windows=max_request_windows, api_key=api_key,
+                             cors_origins=list(cors_origin or []))
     console.print(f"serving {model} on http://{host}:{port} (schema: http://{host}:{port}/docs)", markup=False)
     server = uvicorn.Server(uvicorn.Config(create_app(reader, settings), host=host, port=port, log_level="info"))
-    server.run(sockets=[listening])
+    server.run(sockets=listening)
 
 
-def bound_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to (host, port) for uvicorn to listen on; ValueError naming the fix where it cannot be."""
+def bound_sockets(host: str, port: int) -> list[socket.socket]:
+    """TCP sockets bound to every address of `host` (as uvicorn binds them: `localhost` is often ::1 and 127.0.0.1,
+    an empty host every interface), for uvicorn to listen on; ValueError naming the fix where one cannot be bound."""
     try:
-        family, kind, protocol, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        addresses = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (socket.gaierror, UnicodeError) as error:
         raise ValueError(f"--host {host!r} is not an address this machine can listen on ({error}); use 127.0.0.1 "
                          f"(this machine only) or 0.0.0.0 (every interface)") from None
-    listening = socket.socket(family, kind, protocol)
-    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: a restart reuses the port
-    try:
-        listening.bind(address)
-    except OSError as error:
-        listening.close()
-        raise ValueError(f"cannot listen on {host}:{port}: {error.strerror}; choose another --port, or stop what "
-                         f"listens there") from None
-    return listening
+    bound: list[socket.socket] = []
+    for family, kind, protocol, _, address in dict.fromkeys(addresses):
+        listening = socket.socket(family, kind, protocol)
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: a restart reuses the port
+        if family == socket.AF_INET6:  # as asyncio does: IPv6 sockets take IPv6 only, IPv4 has its own
+            listening.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        try:
+            listening.bind(address)
+        except OSError as error:
+            for other in (*bound, listening):
+                other.close()
+            if error.errno == errno.EADDRNOTAVAIL:
+                raise ValueError(f"--host {host} is not an address of this machine ({error.strerror}); use "
+                                 f"127.0.0.1 (this machine only) or 0.0.0.0 (every interface)") from None
+            raise ValueError(f"cannot listen on {host}:{port}: {error.strerror}; choose another --port, or stop what "
+                             f"listens there") from None
+        bound.append(listening)
+    return bound

@@ -8,6 +8,7 @@ most documents are a single window, which is the point of a long model.
 
 from __future__ import annotations
 
+import codecs
 from pathlib import Path
 
 from datasets import Dataset
@@ -23,6 +24,8 @@ def read_classification(path: str | Path, text_field: str = "text", label_field:
     if path.suffix not in (".jsonl", ".json", ".csv", ".tsv"):
         raise ValueError(f"unsupported classification file {path.name}: use .jsonl, .json, .csv or .tsv")
     read_text_file(path, "classification data file")  # missing, empty, binary or non-UTF-8: named here
+    if path.read_bytes()[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE):  # the loaders below read UTF-8 only
+        raise ValueError(f"classification data file {path} is UTF-16 text; re-save it as UTF-8")
     try:
         if path.suffix in (".jsonl", ".json"):
             dataset = Dataset.from_json(str(path))

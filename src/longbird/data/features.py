@@ -64,6 +64,28 @@ def question_token_count(tokenizer, question: str) -> int:
     return len(tokenizer(question, add_special_tokens=False)["input_ids"])
 
 
+def question_token_cap(config, window_length: int, tokens_before_question: int = 1) -> int | None:
+    """The most question tokens a window of `window_length` can read with a model of `config`; None when no
+    attention pattern limits it (full attention).
+
+    The question must be seen by every document token and see every one of them. Full attention does that at any
+    length; the sparse patterns do it only for their global tokens, and the question lies in the first block, which is
+    global in both (BigBird ITC: query and key block 0; LittleBird: the global first block). A question token past the
+    first block would be a plain local token, read only by its neighbours. So when the window is sparse the question
+    must fit the first block with what precedes it (`[CLS]`): `block_size - tokens_before_question` tokens (63 at
+    block 64; the longest KorQuAD 1.0 question is 59 multilingual-e5-small tokens, so none is cut there)."""
+    sparse = (config.attention == "littlebird"
+              or (config.attention == "bigbird" and window_length > config.full_attention_threshold))
+    return config.block_size - tokens_before_question if sparse else None
+
+
+def question_token_limit(config, window_length: int, tokens_before_question: int = 1) -> int:
+    """The question tokens read by default: `MAX_QUESTION_TOKENS`, or fewer where a sparse window's first block
+    holds fewer (`question_token_cap`)."""
+    cap = question_token_cap(config, window_length, tokens_before_question)
+    return MAX_QUESTION_TOKENS if cap is None else min(MAX_QUESTION_TOKENS, cap)
+
+
 def _question_prefix(tokenizer, question: str, max_question_tokens: int) -> tuple[str, int]:
     """(question cut to at most `max_question_tokens` tokens, its token count)."""
     offsets = tokenizer(question, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
@@ -109,13 +131,14 @@ def make_features(
     `null_regions`: insert regional nulls (data/null_regions.py); the windows are cut shorter so that each still
     fits `max_length` tokens with its nulls. `window_limit`: raise TooManyWindows, before building any, where the
     document makes more windows than that."""
+    window = max_length  # as asked, for messages
     if null_regions is not None:
         max_length = null_regions.room(max_length)
     question, question_tokens = _question_prefix(tokenizer, question, max_question_tokens)
     stride = resolve_doc_stride(tokenizer, max_length, doc_stride, question_tokens)
     if window_limit is not None:
         room = max_length - question_tokens - tokenizer.num_special_tokens_to_add(pair=True)
-        check_window_limit(tokenizer, document.text, max_length, room, stride, window_limit)
+        check_window_limit(tokenizer, document.text, window, room, stride, window_limit)
     encoded = tokenizer(question, document.text, truncation="only_second", max_length=max_length, stride=stride,
                         return_overflowing_tokens=True, return_offsets_mapping=True)
     target = document.from_source_span(*answer_span) if answer_span is not None else None

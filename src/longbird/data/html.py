@@ -90,6 +90,14 @@ class ProcessedDocument:
         span = self.to_source_span(start, end)
         return "" if span is None else self.source[span[0]:span[1]]
 
+    def readable(self, start: int, end: int) -> str:
+        """What a person reads of processed characters [start, end), as the page shows them: the characters that come
+        from the source (entities decoded, text of boilerplate never there), every character that does not (a
+        separator at a block or cell, a tag token such as [td]) a space, whitespace collapsed. Inline tags add
+        nothing: `<b>신</b>중현` reads 신중현."""
+        pieces = (self.text[i] if self.starts[i] < self.ends[i] else " " for i in range(start, end))
+        return " ".join("".join(pieces).split())
+
     def from_source_span(self, start: int, end: int) -> tuple[int, int] | None:
         """Processed range [a, b) of the characters whose source range overlaps [start, end), or None."""
         lo = bisect.bisect_right(self._real_ends, start)  # first real char ending after `start`
@@ -329,25 +337,10 @@ def looks_like_html(document: str) -> bool:
 
 
 def visible_text(fragment: str) -> str:
-    """What a reader sees of an HTML fragment (an answer span of a page): tags dropped, entities decoded, whitespace
-    collapsed. Inline tags join their text as the page shows it (`<b>신</b>중현` is 신중현, `H<sub>2</sub>O` is H2O);
-    the tags that separate words on the page (the structural and block tags the reader's text marks) leave a space."""
+    """What a reader sees of an HTML fragment out of its page (the default distill corpus's pages, an answer whose
+    processed reading is not at hand): tags dropped, entities decoded, whitespace collapsed, a space at every tag.
+    An answer read in a page takes `ProcessedDocument.readable` instead, the page's own separators."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", MarkupResemblesLocatorWarning)
-        soup = BeautifulSoup(fragment, "lxml")
-    pieces: list[str] = []
-
-    def walk(node) -> None:
-        for child in node.children:
-            if isinstance(child, (Comment, Doctype, Declaration, ProcessingInstruction)):
-                continue
-            if isinstance(child, NavigableString):
-                pieces.append(str(child))
-            elif isinstance(child, Tag) and child.name not in DROPPED_TAGS:
-                separates = child.name in TAG_TOKENS or child.name in BLOCK_TAGS
-                pieces.append(" " if separates else "")
-                walk(child)
-                pieces.append(" " if separates else "")
-
-    walk(soup)
-    return " ".join("".join(pieces).split())
+        text = BeautifulSoup(fragment, "lxml").get_text(" ")
+    return " ".join(text.split())

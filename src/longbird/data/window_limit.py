@@ -22,13 +22,14 @@ def window_count(tokens: int, room: int, stride: int) -> int:
     return 1 if tokens <= room else 1 + -(-(tokens - room) // (room - stride))
 
 
-def check_window_limit(tokenizer, text: str, max_length: int, room: int, stride: int, window_limit: int) -> None:
-    """Raise TooManyWindows when `text` makes more than `window_limit` windows of `max_length` tokens, each holding
-    `room` tokens of it, neighbours sharing `stride`."""
+def check_window_limit(tokenizer, text: str, max_length: int, room: int, stride: int, window_limit: int) -> int:
+    """The windows `text` makes (`max_length` tokens each, holding `room` tokens of it, neighbours sharing `stride`);
+    TooManyWindows when they are more than `window_limit`."""
     tokens = len(tokenizer(text, add_special_tokens=False)["input_ids"])
     windows = window_count(tokens, room, stride)
     if windows > window_limit:
         raise TooManyWindows(f"the document's {tokens:,} tokens make {windows:,} windows of {max_length} tokens at a "
                              f"stride of {stride} (each window moves on by {room - stride} tokens), more than the "
-                             f"{window_limit:,} this reader reads for one request; send a smaller doc_stride or a "
-                             f"shorter document")
+                             f"{window_limit:,} this reader reads for one request; send a smaller stride, longer "
+                             f"windows or a shorter document")
+    return windows

@@ -47,6 +47,7 @@ logger = logging.getLogger(__name__)
 PAGE = Path(__file__).with_name("static") / "index.html"
 ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 413, 415, 422, 503)}
 BEARER = HTTPBearer(auto_error=False)
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
 # the pipeline format's names of what /answer calls question, document, window_length and doc_stride
 PIPELINE_FIELDS = {"question": "inputs.question", "document": "inputs.context",
                    "window_length": "parameters.max_seq_len", "doc_stride": "parameters.doc_stride"}
@@ -63,7 +64,7 @@ class ServeSettings:
     max_batch_tokens: int = 16_384  # padded tokens per model pass over the windows of concurrent requests
     # windows one request may make (its document at its doc_stride/stride); beyond: 413 before any window is built.
     # A document of max_document_chars at the default stride (half a window) makes about 2,500 windows of 512 tokens.
-    max_windows: int = 4_096
+    max_request_windows: int = 4_096
     retry_after_seconds: int = 1
     api_key: str | None = None  # Bearer token required on every route but /health when set
     cors_origins: list[str] = field(default_factory=list)  # CORS is off unless origins are given
@@ -85,7 +86,7 @@ class Metrics:
     def __init__(self):
         self.registry = CollectorRegistry()
         # route: a path of this app's routes, or "unmatched" (a label per path a client makes up would grow without
-        # bound); method: GET / (the page) and POST / (the pipeline format) are two routes of one path
+        # bound); method: GET / (the page) and POST / (the pipeline format) are two routes of one path (`route_label`)
         self.requests = Counter("longbird_requests", "Requests by route, method and status code",
                                 ["route", "method", "code"], registry=self.registry)
         self.latency = Histogram("longbird_request_seconds", "Request latency by route", ["route", "method"],
@@ -130,14 +131,18 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
             raise ServeError(401, "unauthorised", "send the API key as 'Authorization: Bearer KEY'",
                              {"WWW-Authenticate": "Bearer"})
 
-    routes: set[tuple[str, str]] = set()  # (method, path) of this app's routes, filled at the first request
+    paths: dict[str, str] = {}  # the paths of this app's routes and mounts (filled at the first request): their label
 
     def route_label(request: Request) -> tuple[str, str]:
-        if not routes:
-            routes.update((method, route.path) for route in app.routes for method in getattr(route, "methods", ()))
-        if (request.method, request.url.path) in routes:
-            return request.url.path, request.method
-        return "unmatched", "unmatched"
+        """(route, method) of a request: a route's path, a mount's prefix (the schema pages' files), or "unmatched";
+        the method if HTTP names it, else "other" (neither label may grow with what clients make up)."""
+        if not paths:
+            paths.update((route.path, route.path) for route in app.routes)
+        path, method = request.url.path, request.method if request.method in HTTP_METHODS else "other"
+        if path in paths:
+            return path, method
+        mount = next((prefix for prefix in paths if prefix != "/" and path.startswith(prefix + "/")), None)
+        return (mount or "unmatched"), method
 
     @app.middleware("http")
     async def observe(request: Request, call_next):
@@ -192,7 +197,7 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
             request = prepare()
             return reader.finish(request, batcher.read(request))
         except TooManyWindows as error:
-            raise ServeError(413, "too large", f"{error} (this server's --max-windows)") from None
+            raise ServeError(413, "too large", f"{error} (this server's --max-request-windows)") from None
         except ValueError as error:
             raise ServeError(422, "invalid request", str(error)) from None
         finally:
@@ -227,7 +232,7 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
                                                          f"{fields['doc_stride']}")
         reading = read(lambda: reader.prepare(question, document, is_html=is_html, top_k=top_k,
                                               max_answer_tokens=max_answer_tokens, window_length=window_length,
-                                              doc_stride=doc_stride, window_limit=settings.max_windows))
+                                              doc_stride=doc_stride, window_limit=settings.max_request_windows))
         metrics.windows.inc(reading.windows)
         metrics.tokens.inc(reading.tokens)
         return reading
@@ -276,7 +281,7 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
         started = time.perf_counter()
         check_text("document", request.document, settings.max_document_chars, 413)
         result = exclusive(lambda: reader.classify(request.document, request.window_length, request.stride,
-                                                   settings.max_windows))
+                                                   settings.max_request_windows))
         metrics.windows.inc(result["windows"])
         return ClassifyResponse(**result, model=str(reader.model_dir) if reader.model_dir else None,
                                 elapsed_ms=1000 * (time.perf_counter() - started))
@@ -288,7 +293,8 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
         texts = [request.inputs] if isinstance(request.inputs, str) else request.inputs
         for text in texts:
             check_text("document", text, settings.max_document_chars, 413, "inputs")
-        result = exclusive(lambda: reader.embed(texts, request.pooling, request.window_length, request.normalize))
+        result = exclusive(lambda: reader.embed(texts, request.pooling, request.window_length, request.normalize,
+                                                settings.max_request_windows))
         metrics.tokens.inc(result["tokens"])
         return EmbedResponse(**result, model=str(reader.model_dir) if reader.model_dir else None,
                              elapsed_ms=1000 * (time.perf_counter() - started))
@@ -301,7 +307,7 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
     def info() -> Info:
         limits = {"max_document_chars": settings.max_document_chars,
                   "max_question_chars": settings.max_question_chars, "max_queue": settings.max_queue,
-                  "max_windows": settings.max_windows}
+                  "max_request_windows": settings.max_request_windows}
         return Info(**reader.info(), version=__version__, limits=limits)
 
     @app.get("/metrics", dependencies=[Depends(authorised)])

@@ -3,24 +3,35 @@ these, and unknown fields are refused (`extra="forbid"`), so a misspelt option i
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 
 class Strict(BaseModel):
-    # strict: a JSON true is not a top_k of 1, nor "3" a window length
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid")
+
+
+def _a_json_number(value):
+    """A count must be sent as a JSON number: `true` is not a top_k of 1, nor "64" a window length (pydantic's lax
+    mode would take both); 2.0 stays 2, as a client computing it in floating point sends it."""
+    if isinstance(value, (bool, str)):
+        raise ValueError("must be a JSON number (not true/false or a string)")
+    return value
+
+
+Count = Annotated[int, BeforeValidator(_a_json_number)]
 
 
 class AnswerRequest(Strict):
     question: str = Field(description="The question, in the document's language")
     document: str = Field(description="The document: plain text or an HTML page, as a string (never a path)")
     format: Literal["text", "html", "auto"] = Field("auto", description="auto: HTML when it starts with '<'")
-    top_k: int = Field(1, ge=1, le=20, description="How many distinct answers to return, best first")
-    max_answer_tokens: int | None = Field(None, ge=1, description="Longest span in tokens (default: the model's)")
-    window_length: int | None = Field(None, ge=1, description="Window in tokens (default: the trained window)")
-    doc_stride: int | None = Field(None, ge=0, description="Tokens shared by neighbouring windows")
+    top_k: Count = Field(1, ge=1, le=20, description="At most how many answers to return, best first, each a "
+                                                     "distinct place in the document")
+    max_answer_tokens: Count | None = Field(None, ge=1, description="Longest span in tokens (default: the model's)")
+    window_length: Count | None = Field(None, ge=1, description="Window in tokens (default: the trained window)")
+    doc_stride: Count | None = Field(None, ge=0, description="Tokens shared by neighbouring windows")
 
 
 class AnswerRecord(BaseModel):
@@ -50,10 +61,10 @@ class PipelineInputs(Strict):
 
 
 class PipelineParameters(Strict):
-    top_k: int = Field(1, ge=1, le=20)
-    doc_stride: int | None = Field(None, ge=0)
-    max_answer_len: int | None = Field(None, ge=1, description="Longest answer in tokens")
-    max_seq_len: int | None = Field(None, ge=1, description="Window length in tokens")
+    top_k: Count = Field(1, ge=1, le=20)
+    doc_stride: Count | None = Field(None, ge=0)
+    max_answer_len: Count | None = Field(None, ge=1, description="Longest answer in tokens")
+    max_seq_len: Count | None = Field(None, ge=1, description="Window length in tokens")
     handle_impossible_answer: bool = Field(False, description="Return an empty answer when none is found")
 
 
@@ -96,8 +107,8 @@ class Info(BaseModel):
 
 class ClassifyRequest(Strict):
     document: str = Field(description="The text to classify")
-    window_length: int | None = Field(None, ge=1, description="Window in tokens (default: the model length)")
-    stride: int = Field(128, ge=0, description="Tokens shared by neighbouring windows")
+    window_length: Count | None = Field(None, ge=1, description="Window in tokens (default: the model length)")
+    stride: Count = Field(128, ge=0, description="Tokens shared by neighbouring windows")
 
 
 class LabelProbability(BaseModel):
@@ -118,7 +129,7 @@ class EmbedRequest(Strict):
     pooling: Literal["mean", "cls"] = Field("mean", description="mean: every real token of every window; cls: the "
                                                                 "first token of the first window")
     normalize: bool = Field(False, description="Scale each vector to unit length")
-    window_length: int | None = Field(None, ge=1)
+    window_length: Count | None = Field(None, ge=1)
 
 
 class EmbedResponse(BaseModel):

@@ -12,6 +12,7 @@ from datasets import Dataset
 from transformers import set_seed
 
 from ..checkpoints import check_tokenizer, load_on_device, load_task_model
+from ..data.features import question_token_limit
 from ..data.html import add_tag_tokens, looks_like_html
 from ..data.korquad import read_korquad_v1_articles, read_korquad_v2, read_squad_paragraphs, split_by_title
 from ..data.layout_cuts import LayoutCuts
@@ -22,7 +23,7 @@ from ..heads import LongBirdForQuestionAnswering
 from ..lexical_prior import DEFAULT_RADIUS, DEFAULT_WEIGHT
 from ..metrics.korquad import korquad_v1, korquad_v2, squad_v1
 from ..precision import bf16_autocast
-from ..qa import DEFAULT_SCORING, predict_rows, question_token_limit
+from ..qa import DEFAULT_SCORING, predict_rows
 from ..reader import Reader, check_question, reading_windows, trained_windows
 from ..runs import (
     check_output,
@@ -84,8 +85,8 @@ def require_trained_apart(model_dir, held_titles, root: Path | None = None) -> s
     return titles
 
 def question_limit(model, tokenizer, window_length: int) -> int:
-    """The most question tokens `model` reads in windows of `window_length` (`qa.question_token_limit`: a sparse
-    window keeps the whole question in the global first block)."""
+    """The most question tokens `model` reads in windows of `window_length` (`data.features.question_token_limit`: a
+    sparse window keeps the whole question in the global first block)."""
     return question_token_limit(model.config, window_length, len(PairTemplate.of(tokenizer).prefix))
 
 def sample_questions(rows: Dataset, n: int | None, seed: int = 0) -> Dataset:
