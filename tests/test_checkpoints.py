@@ -200,3 +200,31 @@ def test_save_total_limit_below_one_is_refused_in_one_line(command, tmp_path):
     assert result.exit_code == 1 and len(lines) == 1, result.output
     assert lines[0].startswith("error: --save-total-limit must be at least 1") and lines[0].endswith("got 0")
     assert not out.exists()
+
+
+def test_a_checkpoint_of_another_run_is_refused_and_a_fresh_run_never_mixes_with_one(tiny_source, tmp_path):
+    """A fresh run into an output whose checkpoint directory holds an earlier run's checkpoints saved its own among
+    them, and a later --resume took the newest, whatever run it came from; --resume with other settings went on on a
+    mixed schedule while the summary recorded the new settings. Both are refused in one line, nothing written."""
+    out = tmp_path / "qa"
+    assert runner.invoke(app, _finetune(tiny_source, out)).exit_code == 0
+    saved = sorted(p.name for p in _checkpoints(out).iterdir())
+    weights = (out / "model.safetensors").read_bytes()
+    result = runner.invoke(app, _finetune(tiny_source, out, "--overwrite"))
+    assert result.exit_code == 1 and "holds checkpoints of an earlier run" in result.output, result.output
+    assert "checkpoint-6" in result.output and "--resume continues that run" in result.output
+    other = [a if a != "1e-3" else "5e-4" for a in _finetune(tiny_source, out, "--overwrite", "--resume")]
+    result = runner.invoke(app, other)
+    assert result.exit_code == 1, result.output
+    assert "was saved by a run with other settings (learning_rate 0.001 -> 0.0005)" in result.output
+    longer = [a if a != str(MAX_STEPS) else str(MAX_STEPS + 2) for a in _finetune(tiny_source, out, "--overwrite",
+                                                                                    "--resume")]
+    result = runner.invoke(app, longer)
+    assert result.exit_code == 1 and f"max_steps {MAX_STEPS} -> {MAX_STEPS + 2}" in result.output, result.output
+    wider = [a if a != "256" else "512" for a in _finetune(tiny_source, out, "--overwrite", "--resume")]
+    result = runner.invoke(app, wider)
+    assert result.exit_code == 1 and "max_position_embeddings 256 -> 512" in result.output, result.output
+    assert sorted(p.name for p in _checkpoints(out).iterdir()) == saved  # nothing saved among them
+    assert (out / "model.safetensors").read_bytes() == weights
+    same = runner.invoke(app, _finetune(tiny_source, out, "--overwrite", "--resume"))
+    assert same.exit_code == 0, same.output  # the same settings resume (here: at its last step, nothing left to do)

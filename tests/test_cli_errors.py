@@ -484,3 +484,47 @@ def test_export_of_a_fine_tuned_reader_warns_that_the_head_stays_behind_and_a_mi
     line = _fails_in_one_line(["export", str(missing), "--out", str(tmp_path / "x")], str(missing),
                               "not a longbird or transformers model directory")
     assert "Repo id" not in line
+
+
+def test_an_output_that_is_or_holds_the_model_read_is_refused_and_the_model_kept(tiny_qa, tiny_source, tmp_path):
+    """`evaluate --model M --out M --overwrite` replaced M by its metrics (the weights gone); every command that reads
+    a directory now refuses to write over it, inside it or around it, before the work."""
+    import shutil
+
+    model = tmp_path / "reader"
+    shutil.copytree(tiny_qa, model)
+    kept = sorted(path.name for path in model.iterdir())
+    for args in (["evaluate", "--model", str(model), "--data", str(PAGES[0]), "--out", str(model), "--overwrite"],
+                 ["evaluate", "--model", str(model), "--data", str(PAGES[0]), "--out", str(model / "eval")],
+                 ["export", str(model), "--out", str(model), "--overwrite"],
+                 ["convert", str(model), "--preset", "kobigbird", "--max-length", "256", "--out", str(tmp_path),
+                  "--overwrite"],
+                 ["finetune-qa", "--model", str(model), "--train", str(PAGES[0]), "--out", str(model),
+                  "--overwrite", "--max-steps", "1"]):
+        _fails_in_one_line(args, "which is being read", "choose another --out")
+        assert sorted(path.name for path in model.iterdir()) == kept, args
+
+
+@pytest.mark.parametrize("command", [["finetune-qa", "--train", str(PAGES[0])],
+                                     ["finetune-cls", "--train", "{cls}"]])
+def test_a_training_window_longer_than_the_model_is_refused_before_the_data_is_read(tiny_source, tmp_path, command):
+    """It failed at the first step, or (short paragraphs) trained and recorded a window no `evaluate` could read."""
+    data = tmp_path / "docs.jsonl"
+    data.write_text('{"text": "좋은 문서", "label": "a"}\n{"text": "나쁜 문서", "label": "b"}\n', encoding="utf-8")
+    out = tmp_path / "run"
+    _fails_in_one_line([command[0], "--model", str(tiny_source), "--max-length", "256", "--window-length", "512",
+                        *[str(data) if a == "{cls}" else a for a in command[1:]], "--out", str(out)],
+                       "--window-length 512 does not fit the model, which reads at most 256 tokens",
+                       "--max-length of at least 512")
+    assert not out.exists()
+
+
+def test_a_model_directory_without_a_tokenizer_is_named_as_such(tmp_path):
+    """`longbird.convert(...).save_pretrained(dir)` writes no tokenizer: transformers then guessed at a missing
+    sentencepiece."""
+    import longbird
+
+    model = tmp_path / "no-tokenizer"
+    longbird.convert("minilm", preset="kobigbird", max_length=1024).save_pretrained(model)
+    _fails_in_one_line(["finetune-qa", "--model", str(model), "--train", str(PAGES[0]), "--out", str(tmp_path / "o")],
+                       f"{model} has a model but no tokenizer", "tokenizer.save_pretrained")

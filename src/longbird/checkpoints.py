@@ -19,7 +19,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from .config import LongBirdConfig
 from .conversion import convert
-from .files import write_directory_atomically
+from .files import check_not_read, write_directory_atomically
 from .precision import store_encoder_linears_in
 from .sources import resolve_model_directory, resolve_source
 from .training.processes import is_main_process
@@ -31,6 +31,7 @@ def convert_to_directory(source, out: str | Path, *, preset: str = "kobigbird", 
     Returns (model, whether a tokenizer was found beside the source). A longbird directory (a fine-tuned reader too)
     is reconverted instead (`reconvert_directory`)."""
     source = resolve_source(source)
+    check_not_read(out, (source,))  # converting a directory onto itself would delete the source
     if (source / "config.json").is_file() and \
             json.loads((source / "config.json").read_text(encoding="utf-8")).get("model_type") == "longbird":
         return reconvert_directory(source, out, preset=preset, max_length=max_length, overwrite=overwrite,
@@ -135,7 +136,7 @@ def load_task_model(model_path: str | Path | None, task_class, preset: str = "ko
                     **overrides: Any):
     """(model, tokenizer) for a task: a longbird directory is loaded, anything else is converted."""
     path = resolve_model_directory(model_path)
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tokenizer = saved_tokenizer(path)
     if is_tape_peft(path):  # a PEFT directory holds what was trained and where its base is
         model = load_tape_peft(path, task_class)
         return model, _fit_tokenizer(tokenizer, model)
@@ -293,3 +294,32 @@ def _first_added_row(base: dict) -> int:
     rows = AutoConfig.from_pretrained(directory, local_files_only=True).vocab_size
     # Fine-tuning always reads the base's tokenizer (load_task_model), so it is there.
     return min(rows, len(AutoTokenizer.from_pretrained(directory, local_files_only=True)))
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "sentencepiece.bpe.model", "spiece.model",
+                   "vocab.json")
+
+
+def saved_tokenizer(path: Path):
+    """The tokenizer saved in a model directory; a directory without one (`model.save_pretrained(dir)` alone, a
+    Trainer `save_model` without a processing class) is named as such, not as transformers' guess at a missing
+    sentencepiece."""
+    if path.is_dir() and not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise ValueError(f"{path} has a model but no tokenizer: save the source's tokenizer beside it "
+                         f"(`tokenizer.save_pretrained('{path}')`), or write the directory with `longbird convert`, "
+                         "which copies it")
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def training_window(model, window_length: int | None) -> int:
+    """The window a training run reads: `window_length`, or the model's length; refused before any data is prepared
+    when the model cannot read it (it failed at the first step, or trained on short windows and recorded a window no
+    later `evaluate` could read)."""
+    limit = model.config.max_position_embeddings
+    if window_length is None:
+        return limit
+    if not 1 <= window_length <= limit:
+        raise ValueError(f"--window-length {window_length} does not fit the model, which reads at most {limit} tokens: "
+                         f"give --window-length {limit} or less, or convert with a --max-length of at least "
+                         f"{window_length}")
+    return window_length

@@ -14,7 +14,7 @@ from transformers import BigBirdConfig, BigBirdForMaskedLM, BigBirdModel
 
 from .checkpoints import is_tape_peft, load_task_model, saved_model_class
 from .config import LongBirdConfig
-from .files import write_directory_atomically
+from .files import check_not_read, write_directory_atomically
 from .heads import LongBirdForMaskedLM
 from .modeling import LongBirdModel, LongBirdPreTrainedModel
 from .sources import resolve_model_directory
@@ -106,6 +106,7 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, format: str = "
     """Load a saved longbird model from `model_dir` and write a `format` checkpoint (plus tokenizer) to `out`."""
     if format not in EXPORT_FORMATS:
         raise ValueError(f"unknown export format {format!r}; choose one of {EXPORT_FORMATS}")
+    check_not_read(out, (model_dir,))
     if format == "onnx":
         return export_onnx(model_dir, out, overwrite=overwrite)
     model_dir = resolve_model_directory(model_dir)  # a missing directory named as such, not as a Hub repo id

@@ -12,6 +12,20 @@ from pathlib import Path
 OUTPUT_MARKER = ".longbird-output"
 
 
+def check_not_read(out, reads) -> None:
+    """ValueError when the output directory `out` is, holds or lies inside one of `reads` (the directories a run or a
+    conversion reads): replacing it would delete what is being read (`evaluate --model M --out M --overwrite` left
+    M without its weights)."""
+    target = Path(out).resolve()
+    for read in reads:
+        if read is None or not Path(read).exists():
+            continue  # a named embedded source, or a path whose absence the loading names
+        source = Path(read).resolve()
+        if target == source or source.is_relative_to(target) or target.is_relative_to(source):
+            raise ValueError(f"--out {out} is, holds or lies in {read}, which is being read: replacing it would "
+                             "delete what is read; choose another --out")
+
+
 def write_directory_atomically(out: str | os.PathLike, write: Callable[[Path], None], overwrite: bool = False) -> Path:
     """Call `write(tmp_dir)` on a sibling temporary directory, then rename it to `out`. An existing `out` is replaced
     only with `overwrite` and only if longbird wrote it (it holds OUTPUT_MARKER)."""

@@ -12,15 +12,20 @@ from pathlib import Path
 from datasets import Dataset
 
 from .checkpoints import base_record, save_tape_peft
-from .files import write_directory_atomically
+from .files import check_not_read, write_directory_atomically
 from .training.finetune import FinetuneSettings
 from .training.processes import is_main_process
 
 
-def check_output(out, overwrite: bool) -> None:
-    """Fail before the work, not after it, when the output directory may not be written."""
-    if out is not None and Path(out).exists() and not overwrite:
+def check_output(out, overwrite: bool, reads=()) -> None:
+    """Fail before the work, not after it, when the output directory may not be written: it exists (without
+    --overwrite), or it is, holds or lies inside a directory the run reads (`reads`: the model, the teacher), which
+    --overwrite would replace while the run reads it."""
+    if out is None:
+        return
+    if Path(out).exists() and not overwrite:
         raise FileExistsError(f"output directory {out} already exists; pass --overwrite to replace it")
+    check_not_read(out, reads)
 
 def write_outputs(out, overwrite: bool, predictions, metrics: dict) -> None:
     def write(directory: Path) -> None:

@@ -10,7 +10,7 @@ import torch
 from datasets import Dataset
 from transformers import set_seed
 
-from ..checkpoints import check_tokenizer, load_on_device, load_task_model
+from ..checkpoints import check_tokenizer, load_on_device, load_task_model, training_window
 from ..data.classification import document_windows, label_vocabulary, read_classification
 from ..heads import LongBirdForSequenceClassification
 from ..metrics.classification import accuracy, macro_f1
@@ -40,7 +40,7 @@ def finetune_cls(model_path, train_data, out: str | Path, *, preset: str = "kobi
     """Fine-tune a document classifier; every window of a document is a training item with its label."""
     settings = settings or FinetuneSettings()
     out = Path(out)
-    check_output(out, overwrite)
+    check_output(out, overwrite, reads=(model_path,))
     rows = _classification_rows(train_data, text_field, label_field)
     labels = label_vocabulary(rows["label"])
     if len(labels) < 2:
@@ -50,7 +50,7 @@ def finetune_cls(model_path, train_data, out: str | Path, *, preset: str = "kobi
                                        num_labels=len(labels), id2label=dict(enumerate(labels)),
                                        label2id={label: i for i, label in enumerate(labels)})
     check_tokenizer(model, tokenizer)
-    window_length = window_length or model.config.max_position_embeddings
+    window_length = training_window(model, window_length)
     items = [{**window, "labels": labels.index(str(row["label"]))}
              for row in rows for window in document_windows(tokenizer, row["text"], window_length, stride)]
     metrics = train(model, tokenizer, items, out.parent / f".{out.name}.work", settings,
@@ -71,7 +71,7 @@ def evaluate_cls(model_path, data, *, window_length: int | None = None, stride: 
     """Accuracy and macro-F1 of a saved classifier; with `out`, writes predictions.json (per document: index, gold
     label, predicted label, class probabilities) and metrics.json. `bf16`: read under bf16 autocast with the
     encoder's Linear weights stored in bf16 (`precision.store_encoder_linears_in`)."""
-    check_output(out, overwrite)
+    check_output(out, overwrite, reads=(model_path,))
     rows = _classification_rows(data, text_field, label_field)
     model, tokenizer = load_on_device(model_path, LongBirdForSequenceClassification, device, bf16=bf16)
     check_tokenizer(model, tokenizer)

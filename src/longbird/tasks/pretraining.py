@@ -39,7 +39,7 @@ def distill(teacher_source, output_dir: str | Path, *, student_path=None, preset
     settings = settings or FinetuneSettings()
     output_dir = Path(output_dir)
     model_dir = output_dir / "model"
-    check_output(model_dir, overwrite)
+    check_output(model_dir, overwrite, reads=(teacher_source,))
     teacher_dir = resolve_model_directory(teacher_source)
     teacher = load_teacher(teacher_dir)
     set_seed(settings.seed)
@@ -119,7 +119,7 @@ def pretrain(model_path, output_dir: str | Path, *, corpus=None, length: int = 5
     settings = settings or FinetuneSettings()
     output_dir = Path(output_dir)
     model_dir = output_dir / "model"
-    check_output(model_dir, overwrite)
+    check_output(model_dir, overwrite, reads=(model_path,))
     set_seed(settings.seed)
     model, tokenizer = load_task_model(model_path, LongBirdForSpanSelection, preset, max_length, **overrides)
     if gradient_checkpointing:

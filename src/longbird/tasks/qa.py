@@ -11,7 +11,7 @@ from pathlib import Path
 from datasets import Dataset
 from transformers import set_seed
 
-from ..checkpoints import check_tokenizer, load_on_device, load_task_model
+from ..checkpoints import check_tokenizer, load_on_device, load_task_model, training_window
 from ..data.features import question_token_limit
 from ..data.html import add_tag_tokens, looks_like_html
 from ..data.korquad import read_korquad_v1_articles, read_korquad_v2, read_squad_paragraphs, split_by_title
@@ -136,7 +136,7 @@ def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "
         raise ValueError(f"--linked-negatives {linked_negatives} chooses the windows of a linked group: give "
                          "--linked-windows N too, or leave --linked-negatives out")
     out = Path(out)
-    check_output(out, overwrite)
+    check_output(out, overwrite, reads=(model_path, teacher))
     rows = train_data if isinstance(train_data, Dataset) else read_qa_data(train_data, data_format, split)[0]
     # The by-article split is the protocol of the KorQuAD 1.0 / SQuAD files (`evaluate --split dev`); a handful of
     # KorQuAD 2.x pages is not scored that way, so the warning would only be noise there.
@@ -155,7 +155,7 @@ def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "
     model, tokenizer = load_task_model(model_path, LongBirdForQuestionAnswering, preset, max_length, **overrides)
     add_tag_tokens(tokenizer, model)  # always, so the model can read HTML pages later (`longbird answer`)
     check_tokenizer(model, tokenizer)
-    window_length = window_length or model.config.max_position_embeddings
+    window_length = training_window(model, window_length)
     if linked_groups is not None and not model.config.linked_windows:
         raise ValueError(f"--linked-windows {linked_groups} trains linked windows, and {model_path} has no links: "
                          "convert the reader with --set linked_windows=true first")
@@ -240,7 +240,7 @@ def evaluate_qa(model_path, data, *, data_format: str = "korquad2", window_lengt
     (`qa.SCORING_RULES`); `compile`: the encoder compiled with torch.compile (compilation.py); `bf16`: read under
     bf16 autocast with the encoder's Linear weights stored in bf16 (`precision.store_encoder_linears_in`);
     `lexical_weight` (0: off) and `lexical_radius`: the lexical prior across places (lexical_prior.py)."""
-    check_output(out, overwrite)
+    check_output(out, overwrite, reads=(model_path,))
     rows, skipped = (data, 0) if isinstance(data, Dataset) else read_qa_data(data, data_format, split)
     rows = sample_questions(rows, max_examples)
     model, tokenizer = load_on_device(model_path, LongBirdForQuestionAnswering, device, compile=compile, bf16=bf16)

@@ -212,7 +212,6 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
     keep = settings.save_steps > 0 or settings.resume
     if keep and checkpoint_dir is None:
         raise ValueError("checkpoints need a checkpoint directory")
-    resume = prepare_checkpoints(checkpoint_dir, settings.resume, settings.max_steps) if keep else None
     model.get_input_embeddings().weight.requires_grad_(settings.train_word_embeddings)
     if settings.peft == "tape":
         from .peft import tape_peft
@@ -253,6 +252,8 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
         dataloader_num_workers=0,
         torch_compile=settings.compile,
     )
+    resume = (prepare_checkpoints(checkpoint_dir, settings.resume, settings.max_steps, arguments, model.config)
+              if keep else None)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     budget = training_budget(settings.cpu_minutes, settings.wall_minutes)
     trainer = (trainer_class or LongBirdTrainer)(

@@ -23,6 +23,13 @@ logger = logging.getLogger("longbird.training.finetune")  # the logger these mes
 CHECKPOINT_NAME = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 LEFTOVER_NAME = re.compile(rf"^\.{PREFIX_CHECKPOINT_DIR}-(\d+)\.(partial|replaced)$")
 TRAINER_STATE = "trainer_state.json"  # Trainer writes it last: a checkpoint without it is incomplete
+# What makes a resumed run the run it continues: a checkpoint saved with other values would go on on another schedule,
+# batch or seed while the summary records the new settings as if they covered every step.
+RUN_ARGUMENTS = ("per_device_train_batch_size", "gradient_accumulation_steps", "learning_rate", "lr_scheduler_type",
+                 "warmup_steps", "weight_decay", "max_steps", "num_train_epochs", "seed", "train_sampling_strategy",
+                 "bf16", "fp16")
+RUN_CONFIG = ("model_type", "attention", "position", "hidden_size", "num_hidden_layers", "max_position_embeddings",
+              "vocab_size", "block_size")
 
 
 def publish_checkpoint(written: Path, target: Path) -> None:
@@ -43,12 +50,17 @@ def _step_of(path: Path) -> int:
     return int(CHECKPOINT_NAME.match(path.name).group(1))
 
 
-def prepare_checkpoints(checkpoint_dir: str | Path, resume: bool, max_steps: int = -1) -> dict | None:
+def prepare_checkpoints(checkpoint_dir: str | Path, resume: bool, max_steps: int = -1, arguments=None,
+                        config=None) -> dict | None:
     """Before a run that keeps checkpoints in `checkpoint_dir`: remove the hidden leftovers of saves that were killed
     (each reported), and with `resume` choose the last complete checkpoint, skipping (and reporting) any
     `checkpoint-N` without trainer_state.json (what a kill mid-save left before saves were atomic). Says in one line
     where it resumes. Returns the resume record for the run's summary (None without `resume`); its "checkpoint" is
-    the directory to pass to Trainer. `max_steps` (-1: from the checkpoint) is only for the report."""
+    the directory to pass to Trainer. `max_steps` (-1: from the checkpoint) is only for the report. A run without
+    `resume` is refused where complete checkpoints of an earlier run are there (a fresh run would save its own among
+    them, and a later --resume would pick whichever is newest); with `resume`, the chosen checkpoint must have been
+    saved with the same `arguments` (TrainingArguments, `RUN_ARGUMENTS`) and a model of the same `config`
+    (`RUN_CONFIG`)."""
     checkpoint_dir = Path(checkpoint_dir)
     entries = sorted(checkpoint_dir.iterdir()) if checkpoint_dir.is_dir() else []
     skipped = []
@@ -60,10 +72,14 @@ def prepare_checkpoints(checkpoint_dir: str | Path, resume: bool, max_steps: int
             if is_main_process():  # the others see the same directory; one process removes
                 shutil.rmtree(path, ignore_errors=True)
                 logger.warning("skipping incomplete %s", skipped[-1])
-    if not resume:
-        return None
     candidates = sorted((p for p in entries if CHECKPOINT_NAME.match(p.name) and p.is_dir()), key=_step_of)
     complete = [p for p in candidates if (p / TRAINER_STATE).is_file()]
+    if not resume:
+        if complete:
+            names = ", ".join(path.name for path in complete)
+            raise FileExistsError(f"{checkpoint_dir} holds checkpoints of an earlier run ({names}): --resume "
+                                  "continues that run; for a fresh one remove that directory or choose another --out")
+        return None
     for path in candidates:
         if path not in complete:
             skipped.append(f"{path.name} (no {TRAINER_STATE})")
@@ -74,12 +90,39 @@ def prepare_checkpoints(checkpoint_dir: str | Path, resume: bool, max_steps: int
             f"no checkpoint under {checkpoint_dir}"
         raise FileNotFoundError(f"--resume: {found}; start without --resume")
     chosen = complete[-1]
+    check_same_run(chosen, arguments, config)
     state = json.loads((chosen / TRAINER_STATE).read_text(encoding="utf-8"))
     step = int(state["global_step"])
     total = max_steps if max_steps > 0 else state.get("max_steps")
     if is_main_process():
         logger.warning("resuming from %s, step %d of %s", chosen.name, step, total)
     return {"checkpoint": str(chosen), "from_step": step, "skipped": skipped}
+
+
+def check_same_run(checkpoint: Path, arguments=None, config=None) -> None:
+    """ValueError naming every difference between the run being resumed and the one that saved `checkpoint`: its
+    TrainingArguments (`training_args.bin`, `RUN_ARGUMENTS`) and its model's config (`config.json`, `RUN_CONFIG`)."""
+    import torch
+
+    differences = []
+    saved_arguments = checkpoint / "training_args.bin"
+    if arguments is not None and saved_arguments.is_file():
+        saved = torch.load(saved_arguments, weights_only=False)  # written by Trainer in this run's directory
+        differences += [f"{name} {_plain(getattr(saved, name, None))} -> {_plain(getattr(arguments, name, None))}"
+                        for name in RUN_ARGUMENTS
+                        if _plain(getattr(saved, name, None)) != _plain(getattr(arguments, name, None))]
+    saved_config = checkpoint / "config.json"
+    if config is not None and saved_config.is_file():
+        saved = json.loads(saved_config.read_text(encoding="utf-8"))
+        differences += [f"{name} {saved.get(name)} -> {getattr(config, name, None)}" for name in RUN_CONFIG
+                        if name in saved and saved[name] != getattr(config, name, None)]
+    if differences:
+        raise ValueError(f"--resume: {checkpoint} was saved by a run with other settings ({'; '.join(differences)}); "
+                         f"resume with the options that run was started with, or start a fresh run into another --out")
+
+
+def _plain(value):
+    return getattr(value, "value", value)  # enums (lr_scheduler_type, train_sampling_strategy) by their value
 
 
 def resume_summary(resume: dict, final_step: int) -> dict:
