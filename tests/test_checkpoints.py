@@ -228,3 +228,22 @@ def test_a_checkpoint_of_another_run_is_refused_and_a_fresh_run_never_mixes_with
     assert (out / "model.safetensors").read_bytes() == weights
     same = runner.invoke(app, _finetune(tiny_source, out, "--overwrite", "--resume"))
     assert same.exit_code == 0, same.output  # the same settings resume (here: at its last step, nothing left to do)
+
+
+def test_a_checkpoint_is_read_at_the_window_its_run_trains_at(tiny_source, tmp_path):
+    """Checkpoints had no window record, so `evaluate`/`answer`/`serve` read them at the model's full length (256 here
+    against the 64 trained; 4096 against 512 for `make qa-model`'s checkpoints)."""
+    from longbird.reader import trained_windows
+
+    out = tmp_path / "qa"
+    assert runner.invoke(app, _finetune(tiny_source, out)).exit_code == 0
+    for checkpoint in sorted(_checkpoints(out).iterdir()):
+        assert trained_windows(checkpoint) == trained_windows(out) == (64, _summary(out)["doc_stride"])
+        record = json.loads((checkpoint / "longbird_finetune.json").read_text())
+        assert record["checkpoint_step"] == int(checkpoint.name.split("-")[1])
+    evaluated = tmp_path / "eval"
+    result = runner.invoke(app, ["evaluate", "--model", str(_checkpoints(out) / f"checkpoint-{SAVE_STEPS}"), "--data",
+                                 str(PAGES[0]), "--out", str(evaluated)])
+    assert result.exit_code == 0, result.output
+    metrics = json.loads((evaluated / "metrics.json").read_text())
+    assert (metrics["window_length"], metrics["window_source"]) == (64, "trained")

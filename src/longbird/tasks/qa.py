@@ -183,6 +183,7 @@ def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "
                                          cuts=cut_windows is not None, start_targets=teacher_targets))
     metrics = train(model, tokenizer, items, out.parent / f".{out.name}.work", settings,
                     checkpoint_dir=out.parent / f"{out.name}.checkpoints", collator=collator,
+                    checkpoint_record={"task": "qa", "window_length": window_length, "doc_stride": doc_stride},
                     **distillation.pop("trainer", {}))
 
     summary = {"task": "qa", "data": data_record(train_data), "format": data_format, "split": split,

@@ -105,7 +105,7 @@ class FinetuneSettings:
         # Trainer reads any max_steps <= 0 as "train --epochs", so a typo such as --max-steps -5 would silently train
         # a whole epoch: -1 (the default) is the only "not set".
         if self.max_steps == 0 or self.max_steps < -1:
-            raise ValueError(f"--max-steps must be at least 1; got {self.max_steps} (leave it out to train --epochs)")
+            raise ValueError(f"--max-steps must be at least 1; got {self.max_steps} (leave it out for the command's default: --epochs where it has them)")
         checks = (("--learning-rate", self.learning_rate, self.learning_rate > 0, "a positive number such as 5e-5"),
                   ("--epochs", self.epochs, self.epochs > 0, "a positive number of passes over the data"),
                   ("--batch-size", self.batch_size, self.batch_size >= 1, "at least 1"),
@@ -196,7 +196,7 @@ def check_training_device(settings: FinetuneSettings) -> None:
 
 def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: FinetuneSettings,
           checkpoint_dir: str | Path | None = None, collator=None, trainer_class=None,
-          trainer_kwargs: dict | None = None) -> dict:
+          trainer_kwargs: dict | None = None, checkpoint_record: dict | None = None) -> dict:
     """Fine-tune `model` on prepared items with Trainer (scratch space: `out_dir`/trainer, removed after). With
     `settings.save_steps`, checkpoints (model, tokenizer, optimiser, scheduler and RNG states) go to `checkpoint_dir`
     and stay (the newest `settings.save_total_limit` of them, if set), each renamed into place when complete;
@@ -261,7 +261,7 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
         data_collator=collator or PaddedBatches(pad), slope_learning_rate=settings.slope_learning_rate,
         tape_learning_rate=settings.tape_learning_rate, link_learning_rate=settings.link_learning_rate,
         padding_insertion=make_padding_insertion(model, tokenizer, settings), budget=budget,
-        **(trainer_kwargs or {}))
+        checkpoint_record=checkpoint_record, **(trainer_kwargs or {}))
     finished = False
     try:
         # the checkpoint chosen above, not Trainer's `True` (the highest-numbered one, complete or not)
@@ -271,6 +271,7 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
         if checkpoint_dir is not None:  # Ctrl-C: keep the model as it is and say where
             saved = Path(checkpoint_dir) / f"interrupted-step-{trainer.state.global_step}"
             trainer.save_model(str(saved))
+            trainer.write_checkpoint_record(saved)
             logger.warning("interrupted at step %d: the model so far is in %s%s", trainer.state.global_step, saved,
                            "; --resume continues from the last periodic checkpoint" if keep else "")
         raise

@@ -8,6 +8,7 @@ dataset's own lengths; checkpoints written whole or not at all; and a quiet prog
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from contextlib import contextmanager
@@ -42,8 +43,11 @@ class LongBirdTrainer(Trainer):
 
     def __init__(self, *args, slope_learning_rate: float | None = None, tape_learning_rate: float | None = None,
                  padding_insertion: PaddingInsertion | None = None, budget: TrainingBudget | None = None,
-                 link_learning_rate: float | None = None, **kwargs):
+                 link_learning_rate: float | None = None, checkpoint_record: dict | None = None, **kwargs):
         super().__init__(*args, **kwargs)
+        # written into every checkpoint as longbird_finetune.json, so that `evaluate`/`answer`/`serve` read a
+        # checkpoint at the window it is being trained at, not at the model's full length
+        self.checkpoint_record = checkpoint_record
         self.slope_learning_rate = slope_learning_rate
         self.tape_learning_rate = tape_learning_rate
         self.link_learning_rate = link_learning_rate
@@ -131,10 +135,17 @@ class LongBirdTrainer(Trainer):
             self._checkpoint_staging = None
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
+            self.write_checkpoint_record(staging / name)
             publish_checkpoint(staging / name, run_dir / name)
             staging.rmdir()
             rotate_checkpoints(output_dir=str(run_dir), save_total_limit=self.args.save_total_limit,
                                best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
+
+    def write_checkpoint_record(self, directory: Path) -> None:
+        if self.checkpoint_record is not None:
+            record = {**self.checkpoint_record, "checkpoint_step": self.state.global_step,
+                      "note": "a checkpoint of an unfinished run: the run's own record is written with its model"}
+            (Path(directory) / "longbird_finetune.json").write_text(json.dumps(record, indent=2), encoding="utf-8")
 
     @contextmanager
     def _evaluation_collator(self):
