@@ -105,7 +105,8 @@ class FinetuneSettings:
         # Trainer reads any max_steps <= 0 as "train --epochs", so a typo such as --max-steps -5 would silently train
         # a whole epoch: -1 (the default) is the only "not set".
         if self.max_steps == 0 or self.max_steps < -1:
-            raise ValueError(f"--max-steps must be at least 1; got {self.max_steps} (leave it out for the command's default: --epochs where it has them)")
+            raise ValueError(f"--max-steps must be at least 1; got {self.max_steps} (leave it out for the command's "
+                             "default: --epochs where it has them)")
         checks = (("--learning-rate", self.learning_rate, self.learning_rate > 0, "a positive number such as 5e-5"),
                   ("--epochs", self.epochs, self.epochs > 0, "a positive number of passes over the data"),
                   ("--batch-size", self.batch_size, self.batch_size >= 1, "at least 1"),
