@@ -241,6 +241,9 @@ def test_a_checkpoint_is_read_at_the_window_its_run_trains_at(tiny_source, tmp_p
         assert trained_windows(checkpoint) == trained_windows(out) == (64, _summary(out)["doc_stride"])
         record = json.loads((checkpoint / "longbird_finetune.json").read_text())
         assert record["checkpoint_step"] == int(checkpoint.name.split("-")[1])
+        umask = os.umask(0)
+        os.umask(umask)
+        assert (checkpoint / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask  # not safetensors' 0600
     evaluated = tmp_path / "eval"
     result = runner.invoke(app, ["evaluate", "--model", str(_checkpoints(out) / f"checkpoint-{SAVE_STEPS}"), "--data",
                                  str(PAGES[0]), "--out", str(evaluated)])

@@ -182,6 +182,10 @@ def test_malformed_classification_records_are_named(tmp_path):
         read_classification(path)
     with pytest.raises(MalformedRecordError, match="no 'category' field"):
         read_classification(path, label_field="category")
+    from longbird.data.classification import label_vocabulary
+
+    assert label_vocabulary([1, 10, 2, 0]) == ["0", "1", "2", "10"]  # class id i is label i (as strings: 10 < 2)
+    assert label_vocabulary(["b", "a", "10", "2"]) == ["10", "2", "a", "b"]  # names: alphabetical
     wide = tmp_path / "wide.jsonl"  # UTF-16 reads as text elsewhere; the dataset loaders take UTF-8 only
     wide.write_text('{"text": "좋은 문서", "label": "a"}\n', encoding="utf-16")
     with pytest.raises(ValueError, match="wide.jsonl is UTF-16 text; re-save it as UTF-8"):

@@ -41,8 +41,7 @@ def write_directory_atomically(out: str | os.PathLike, write: Callable[[Path], N
         staging.chmod(_default_mode(0o777))  # mkdtemp makes 0700; the result should look like any new directory
         write(staging)
         (staging / OUTPUT_MARKER).write_text("written by longbird; `--overwrite` may replace this directory\n")
-        for path in staging.rglob("*"):  # some writers (safetensors) create 0600 files; outputs are ordinary files
-            path.chmod(_default_mode(0o777 if path.is_dir() else 0o666))
+        ordinary_permissions(staging)
         if out.exists():
             backup = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
             os.replace(out, backup / out.name)
@@ -65,6 +64,13 @@ def write_file_atomically(path: str | os.PathLike, text: str) -> Path:
     os.chmod(tmp, _default_mode(0o666))  # mkstemp makes 0600
     os.replace(tmp, path)
     return path
+
+
+def ordinary_permissions(directory: Path) -> None:
+    """Every file and directory under `directory` with the permissions a new one gets here (the umask's): some writers
+    (safetensors) create 0600 files, and outputs are ordinary files."""
+    for path in Path(directory).rglob("*"):
+        path.chmod(_default_mode(0o777 if path.is_dir() else 0o666))
 
 
 def save_figure_atomically(figure, path: str | os.PathLike, dpi: int = 110) -> Path:

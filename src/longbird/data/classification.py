@@ -48,7 +48,12 @@ def read_classification(path: str | Path, text_field: str = "text", label_field:
 
 
 def label_vocabulary(labels) -> list[str]:
-    return sorted({str(label) for label in labels})
+    """The labels as strings, in order: integer labels by their value (class id i is label i where the labels are
+    0..n-1; sorted as strings "10" came before "2"), any others alphabetically."""
+    names = {str(label) for label in labels}
+    if all(name.lstrip("-").isdigit() for name in names):
+        return sorted(names, key=int)
+    return sorted(names)
 
 
 def document_windows(tokenizer, text: str, max_length: int, stride: int = 128,

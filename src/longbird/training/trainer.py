@@ -19,6 +19,7 @@ from transformers import ProgressCallback, Trainer
 from transformers.trainer_pt_utils import LengthGroupedSampler
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
+from ..files import ordinary_permissions
 from ..linked_windows import GATES
 from ..window_selector import SELECTOR
 from .budget import TrainingBudget, budgeted_linear_factor
@@ -136,6 +137,7 @@ class LongBirdTrainer(Trainer):
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
             self.write_checkpoint_record(staging / name)
+            ordinary_permissions(staging / name)  # safetensors writes its weights 0600
             publish_checkpoint(staging / name, run_dir / name)
             staging.rmdir()
             rotate_checkpoints(output_dir=str(run_dir), save_total_limit=self.args.save_total_limit,
