@@ -528,3 +528,11 @@ def test_a_model_directory_without_a_tokenizer_is_named_as_such(tmp_path):
     longbird.convert("minilm", preset="kobigbird", max_length=1024).save_pretrained(model)
     _fails_in_one_line(["finetune-qa", "--model", str(model), "--train", str(PAGES[0]), "--out", str(tmp_path / "o")],
                        f"{model} has a model but no tokenizer", "tokenizer.save_pretrained")
+
+
+def test_a_set_value_of_the_wrong_kind_is_named(tiny_source, tmp_path):
+    _fails_in_one_line(["convert", str(tiny_source), "--set", "num_random_blocks=abc", "--out", str(tmp_path / "c")],
+                       "--set num_random_blocks=abc: num_random_blocks takes a whole number (its default is 3)")
+    _fails_in_one_line(["convert", str(tiny_source), "--set", "linked_windows=1", "--out", str(tmp_path / "c")],
+                       "linked_windows takes true or false")
+    assert not (tmp_path / "c").exists()

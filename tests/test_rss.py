@@ -184,3 +184,16 @@ def test_question_token_row_is_the_mean_embedding_and_the_table_never_shrinks(sp
     torch.testing.assert_close(table[:pieces], before[:pieces], rtol=0, atol=0)
     torch.testing.assert_close(table[pieces + 1:], before[pieces + 1:], rtol=0, atol=0)  # other spare rows untouched
     assert add_question_token(tokenizer, model) == question and model.get_input_embeddings().weight.shape == table.shape
+
+
+def test_pretrain_on_a_one_document_corpus_says_that_nothing_is_held_out(tiny_source, tmp_path, caplog):
+    import logging
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TEXT * 6)
+    with caplog.at_level(logging.WARNING, logger="longbird"):
+        result = runner.invoke(app, ["pretrain", "--model", str(tiny_source), "--preset", "littlebird", "--max-length",
+                                     "256", "--corpus", str(corpus), "--length", "128", "--max-steps", "1",
+                                     "--batch-size", "2", "--output-dir", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    assert "nothing of the corpus is held out" in caplog.text and "no held-out RSS accuracy" in caplog.text

@@ -71,7 +71,31 @@ def parse_options(options: list[str]) -> dict:
             parsed[key] = json.loads(value)
         except json.JSONDecodeError:
             parsed[key] = value  # plain strings such as taper_schedule=power
+    _check_option_types(parsed)
     return parsed
+
+
+def _check_option_types(parsed: dict) -> None:
+    """A --set value of the wrong kind for a config field with a number or a switch as its default, named here
+    (`num_random_blocks=abc` failed deep in the config with "'<' not supported between 'str' and 'int'")."""
+    from ..config import LongBirdConfig
+
+    defaults = LongBirdConfig()
+    for key, value in parsed.items():
+        default = getattr(defaults, key, None)
+        if value is None:
+            continue  # null: the config says whether the field may be unset
+        if isinstance(default, bool):
+            fits, kind = isinstance(value, bool), "true or false"
+        elif isinstance(default, int):
+            fits, kind = isinstance(value, int) and not isinstance(value, bool), "a whole number"
+        elif isinstance(default, float):
+            fits, kind = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+        else:
+            continue
+        if not fits:
+            raise ValueError(f"--set {key}={json.dumps(value) if not isinstance(value, str) else value}: {key} takes "
+                             f"{kind} (its default is {json.dumps(default)})")
 
 
 def training_settings(options: dict, **fixed):

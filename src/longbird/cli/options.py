@@ -83,7 +83,7 @@ GradientAccumulationSteps = Annotated[int, typer.Option(help="Batches summed per
 GradientCheckpointing = Annotated[bool, typer.Option(help="Recompute layers in backward")]
 
 # Reading QA windows
-MaxWindows = Annotated[int | None, typer.Option(help="Use only the first N windows (1 = truncation)")]
+MaxWindows = Annotated[int | None, typer.Option(min=1, help="Use only the first N windows (1 = truncation)")]
 Split = Annotated[str | None, typer.Option(help="train or dev: one side of the fixed by-article split")]
 MaxAnswerTokens = Annotated[int | None, typer.Option(min=1, help=MAX_ANSWER_HELP)]
 # A default-style option, not an alias: tests/test_qa_cli.py reads its default and help from the signature.

@@ -60,7 +60,7 @@ FeatureStride = Annotated[int | None, typer.Option(help="Tokens shared by neighb
                                                         "window, at most half the room the question leaves)")]
 NegativeFraction = Annotated[float, typer.Option(help="Keep this fraction of windows without the answer (default: "
                                                       "all; E4 keeps 0.1)")]
-SeededExamples = Annotated[int | None, typer.Option(help="Use N questions drawn with --seed")]
+SeededExamples = Annotated[int | None, typer.Option(min=1, help="Use N questions drawn with --seed")]
 QAHead = Annotated[str | None, typer.Option(help="conditional (start, then end given start; the default for new "
                                                  "heads) or linear; a saved head is kept unless given")]
 SavedAnswerTokens = Annotated[int | None, typer.Option(
@@ -114,7 +114,7 @@ QAFormat = Annotated[str, typer.Option("--format", help=FORMAT_HELP + " (qa only
 QAReadWindow = Annotated[int | None, typer.Option(help=READ_WINDOW_HELP + " (qa)")]
 QAReadStride = Annotated[int | None, typer.Option(help="Tokens shared by neighbouring windows (qa default: the "
                                                        "trained stride)")]
-FirstExamples = Annotated[int | None, typer.Option(help="Use N questions drawn with seed 0")]
+FirstExamples = Annotated[int | None, typer.Option(min=1, help="Use N questions drawn with seed 0")]
 
 QAModel = Annotated[Path, typer.Option(help="Fine-tuned longbird QA directory")]
 Document = Annotated[Path, typer.Option(help="Document: .html/.htm (preprocessed) or plain text")]

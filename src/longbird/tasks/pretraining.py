@@ -3,6 +3,7 @@ on long inputs with Recurring Span Selection (§3.4 step 3, §4.1), and RSS accu
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,8 @@ from ..runs import check_output, corpus_record, training_record, write_trained_m
 from ..sources import resolve_model_directory
 from ..training.finetune import FinetuneSettings, train
 from ..training.processes import world_size
+
+logger = logging.getLogger(__name__)
 
 
 def distill(teacher_source, output_dir: str | Path, *, student_path=None, preset: str = "littlebird",
@@ -130,6 +133,9 @@ def pretrain(model_path, output_dir: str | Path, *, corpus=None, length: int = 5
     training, held = corpus_split(corpus, held_out)
     train_items = rss_examples(training, tokenizer, length, settings.seed)
     held_items = rss_examples(held, tokenizer, length, settings.seed) if held else []
+    if held_out > 0 and not held_items:
+        logger.warning("nothing of the corpus is held out (%d document(s): a corpus of one document is all training), "
+                       "so no held-out RSS accuracy is reported; give two or more documents", len(training))
     before = rss_accuracy(model, held_items) if held_items else None
     metrics = train(model.train(), tokenizer, train_items, output_dir / ".work", settings,
                     checkpoint_dir=output_dir / "checkpoints",
