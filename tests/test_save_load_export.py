@@ -158,3 +158,26 @@ def test_export_of_the_seeded_plan_warns_in_one_line(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="longbird.export"):
         _exported_pair(tmp_path / "t", "transformers")
     assert not [record for record in caplog.records if record.name == "longbird.export"]
+
+
+def test_attention_maps_are_refused_by_name_not_returned_as_none():
+    """`output_attentions=True` returned attentions=None without a word: the kernels never form the attention matrix.
+    Every class refuses it; off, nothing changes. (transformers itself refuses `config.output_attentions = True` for
+    this model's attention implementation.)"""
+    import pytest
+    import torch
+    from transformers import BertConfig, BertModel
+
+    import longbird
+    from longbird.heads import LongBirdForQuestionAnswering, LongBirdForSequenceClassification
+
+    torch.manual_seed(0)
+    source = BertModel(BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                  intermediate_size=64, max_position_embeddings=64))
+    encoder = longbird.convert(source, max_length=128, block_size=8).eval()
+    ids = torch.randint(5, 99, (1, 20))
+    for model in (encoder, LongBirdForQuestionAnswering(encoder.config), LongBirdForSequenceClassification(
+            encoder.config)):
+        with pytest.raises(ValueError, match="longbird returns no attention maps"):
+            model(input_ids=ids, output_attentions=True)
+        model(input_ids=ids, output_attentions=False)

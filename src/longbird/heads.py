@@ -19,7 +19,7 @@ from transformers.modeling_outputs import (
 from .config import LongBirdConfig
 from .data.null_regions import NullRegions, is_null
 from .linked_windows import cross_window_ranking_loss
-from .modeling import LongBirdModel, LongBirdPreTrainedModel
+from .modeling import LongBirdModel, LongBirdPreTrainedModel, refuse_attention_maps
 from .window_selector import WindowSelector, window_selector_loss
 
 
@@ -56,6 +56,7 @@ class LongBirdForMaskedLM(LongBirdPreTrainedModel):
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, labels=None, output_hidden_states=None, return_dict=None, **kwargs):
+        refuse_attention_maps(self.config, kwargs.get("output_attentions"))
         outputs = self.longbird(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                                 output_hidden_states=output_hidden_states)
         logits = self.lm_head(outputs.last_hidden_state)
@@ -79,6 +80,7 @@ class LongBirdForSequenceClassification(LongBirdPreTrainedModel):
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, labels=None, output_hidden_states=None, return_dict=None, **kwargs):
+        refuse_attention_maps(self.config, kwargs.get("output_attentions"))
         outputs = self.longbird(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                                 output_hidden_states=output_hidden_states)
         pooled = outputs.pooler_output if outputs.pooler_output is not None else outputs.last_hidden_state[:, 0]
@@ -272,6 +274,7 @@ class LongBirdForQuestionAnswering(LongBirdPreTrainedModel):
         conditional head computes the k best starts' ends only up to `end_width` tokens from each start
         (`ConditionalEndHead`; decoding with `max_answer_tokens` passes it), the others masked; the teacher-forced
         ends of training are always computed over the whole input."""
+        refuse_attention_maps(self.config, kwargs.get("output_attentions"))
         outputs = self.longbird(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                                 output_hidden_states=output_hidden_states, document_ids=document_ids)
         hidden = outputs.last_hidden_state
@@ -355,6 +358,7 @@ class LongBirdForSpanSelection(LongBirdPreTrainedModel):
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, question_positions=None, start_positions=None, end_positions=None,
                 output_hidden_states=None, return_dict=None, **kwargs):
+        refuse_attention_maps(self.config, kwargs.get("output_attentions"))
         if question_positions is None:
             raise ValueError("LongBirdForSpanSelection needs question_positions (B, Q): where the [QUESTION] "
                              "tokens are")

@@ -279,8 +279,10 @@ class LongBirdModel(LongBirdPreTrainedModel):
         output_hidden_states=None,
         return_dict=None,
         document_ids=None,
+        output_attentions=None,
         **kwargs,
     ):
+        refuse_attention_maps(self.config, output_attentions)
         batch, length = self._check_inputs(input_ids, inputs_embeds, token_type_ids, position_ids)
         device = input_ids.device if input_ids is not None else inputs_embeds.device
         if attention_mask is None:
@@ -304,6 +306,13 @@ class LongBirdModel(LongBirdPreTrainedModel):
             hidden_states=tuple(all_hidden) if all_hidden is not None else None,
         )
         return output if return_dict is not False else output.to_tuple()
+
+
+def refuse_attention_maps(config, output_attentions=None) -> None:
+    """`output_attentions` (the call's or the config's) was dropped silently (attentions=None): refused by name."""
+    if output_attentions or getattr(config, "output_attentions", False):
+        raise ValueError("longbird returns no attention maps: its block-sparse and sliding-window kernels never form "
+                         "the length × length matrix; leave output_attentions off")
 
 
 class LongBirdPooler(nn.Module):
