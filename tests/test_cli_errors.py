@@ -536,3 +536,14 @@ def test_a_set_value_of_the_wrong_kind_is_named(tiny_source, tmp_path):
     _fails_in_one_line(["convert", str(tiny_source), "--set", "linked_windows=1", "--out", str(tmp_path / "c")],
                        "linked_windows takes true or false")
     assert not (tmp_path / "c").exists()
+
+
+def test_export_of_a_directory_without_weights_names_what_is_missing(tiny_qa, tmp_path):
+    import shutil
+
+    partial = tmp_path / "config-only"
+    partial.mkdir()
+    shutil.copy(tiny_qa / "config.json", partial / "config.json")
+    _fails_in_one_line(["export", str(partial), "--out", str(tmp_path / "x")], f"{partial} has a config.json but no "
+                       "weights", "model.safetensors")
+    assert not (tmp_path / "x").exists()

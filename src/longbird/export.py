@@ -28,6 +28,11 @@ LINKED_EXPORT = ("this model has linked windows (linked_windows=true), whose row
                  "--set qa_selector_weight=0 to export the unlinked reader")
 
 
+# what save_pretrained writes the weights as (whole, or sharded with an index)
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+
+
 def to_bigbird_config(config: LongBirdConfig) -> BigBirdConfig:
     if config.position != "absolute" or config.attention not in ("bigbird", "full"):
         # transformers' BigBirdModel has absolute positions and BigBird/full attention only: a LittleBird (BiALiBi,
@@ -110,6 +115,9 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, format: str = "
     if format == "onnx":
         return export_onnx(model_dir, out, overwrite=overwrite)
     model_dir = resolve_model_directory(model_dir)  # a missing directory named as such, not as a Hub repo id
+    if not any((model_dir / name).is_file() for name in WEIGHT_FILES):
+        raise FileNotFoundError(f"{model_dir} has a config.json but no weights (none of {', '.join(WEIGHT_FILES)}); "
+                                "give the whole directory save_pretrained or `longbird convert` wrote")
     config = LongBirdConfig.from_pretrained(model_dir)
     model_class = LongBirdForMaskedLM if config.has_lm_head else LongBirdModel
     exported = to_bigbird(model_class.from_pretrained(model_dir))
