@@ -22,7 +22,6 @@ from .data.batching import PaddedBatches
 from .data.classification import document_windows
 from .data.features import QAFeature, question_token_cap, question_token_count, question_token_limit
 from .data.html import ProcessedDocument, looks_like_html
-from .data.window_limit import check_window_limit
 from .data.windows import PairTemplate
 from .heads import LongBirdForQuestionAnswering, LongBirdForSequenceClassification
 from .lexical_prior import DEFAULT_RADIUS, DEFAULT_WEIGHT, LexicalPrior
@@ -38,7 +37,7 @@ from .qa import (
 )
 from .sources import resolve_model_directory
 
-# padded tokens per forward of `Reader.classify` and `Reader.embed` (the server's default --max-batch-tokens)
+# padded tokens per forward of `Reader.classify` and `Reader.embed`, and the server's default --max-batch-tokens
 FORWARD_TOKENS = 16_384
 
 
@@ -277,13 +276,11 @@ class Reader:
             raise ValueError("every text to embed must be non-empty")
         window_length = self._length(window_length)
         encoder = getattr(self.model, "longbird", self.model)
-        vectors, tokens, stride = [], 0, min(128, window_length // 4)
-        room, left = window_length - self.tokenizer.num_special_tokens_to_add(pair=False), window_limit
+        vectors, tokens, left = [], 0, window_limit  # the texts' windows together: each text gets what is left
         for text in texts:
             with self._tokenizing:
-                if left is not None:  # the texts' windows together, counted before each text's are built
-                    left -= check_window_limit(self.tokenizer, text, window_length, room, stride, left)
-                windows = document_windows(self.tokenizer, text, window_length, stride)
+                windows = document_windows(self.tokenizer, text, window_length, min(128, window_length // 4), left)
+            left = None if left is None else left - len(windows)
             tokens += sum(len(w["input_ids"]) for w in windows)
             with self._precision(), torch.no_grad():
                 if pooling == "cls":
@@ -344,7 +341,7 @@ class Reader:
         collate = PaddedBatches(pad, batch_multiple(self.model))
         longest = max(len(window["input_ids"]) for window in windows)
         per_batch = max(1, FORWARD_TOKENS // longest)
-        picks, total, count = [], None, None
+        picks, total, count = [], 0, 0
         for first in range(0, len(windows), per_batch):
             batch = {k: v.to(self.model.device) for k, v in collate(windows[first:first + per_batch]).items()}
             picked = pick((module or self.model)(**batch))
@@ -352,8 +349,8 @@ class Reader:
                 picks.append(picked.cpu())
                 continue
             mask = batch["attention_mask"].to(picked.dtype)[..., None]
-            total = (picked * mask).sum((0, 1)) + (0 if total is None else total)
-            count = mask.sum() + (0 if count is None else count)
+            total = total + (picked * mask).sum((0, 1))
+            count = count + mask.sum()
         return torch.cat(picks) if not pooled else (total / count).cpu()
 
     def _precision(self):

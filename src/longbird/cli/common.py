@@ -78,6 +78,8 @@ def parse_options(options: list[str]) -> dict:
 def _check_option_types(parsed: dict) -> None:
     """A --set value of the wrong kind for a config field with a number or a switch as its default, named here
     (`num_random_blocks=abc` failed deep in the config with "'<' not supported between 'str' and 'int'")."""
+    if not parsed:
+        return
     from ..config import LongBirdConfig
 
     defaults = LongBirdConfig()

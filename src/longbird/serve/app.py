@@ -28,7 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from starlette.exceptions import HTTPException
 
 from ..data.window_limit import TooManyWindows
-from ..reader import Reader
+from ..reader import FORWARD_TOKENS, Reader
 from .batching import WindowBatcher
 from .schemas import (
     AnswerRequest,
@@ -48,7 +48,8 @@ PAGE = Path(__file__).with_name("static") / "index.html"
 ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 413, 415, 422, 503)}
 BEARER = HTTPBearer(auto_error=False)
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
-# the pipeline format's names of what /answer calls question, document, window_length and doc_stride
+# the request fields of what `answer` checks, in /answer and in the pipeline format
+ANSWER_FIELDS = {name: name for name in ("question", "document", "window_length", "doc_stride")}
 PIPELINE_FIELDS = {"question": "inputs.question", "document": "inputs.context",
                    "window_length": "parameters.max_seq_len", "doc_stride": "parameters.doc_stride"}
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)]
@@ -61,7 +62,7 @@ class ServeSettings:
     max_document_chars: int = 1_000_000
     max_question_chars: int = 1_000
     max_queue: int = 32  # requests admitted at once; beyond: 503 with Retry-After
-    max_batch_tokens: int = 16_384  # padded tokens per model pass over the windows of concurrent requests
+    max_batch_tokens: int = FORWARD_TOKENS  # padded tokens per model pass over the windows of concurrent requests
     # windows one request may make (its document at its doc_stride/stride); beyond: 413 before any window is built.
     # A document of max_document_chars at the default stride (half a window) makes about 2,500 windows of 512 tokens.
     max_request_windows: int = 4_096
@@ -131,13 +132,13 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
             raise ServeError(401, "unauthorised", "send the API key as 'Authorization: Bearer KEY'",
                              {"WWW-Authenticate": "Bearer"})
 
-    paths: dict[str, str] = {}  # the paths of this app's routes and mounts (filled at the first request): their label
+    paths: set[str] = set()  # the paths of this app's routes and mounts (filled at the first request): their labels
 
     def route_label(request: Request) -> tuple[str, str]:
         """(route, method) of a request: a route's path, a mount's prefix (the schema pages' files), or "unmatched";
         the method if HTTP names it, else "other" (neither label may grow with what clients make up)."""
         if not paths:
-            paths.update((route.path, route.path) for route in app.routes)
+            paths.update(route.path for route in app.routes)
         path, method = request.url.path, request.method if request.method in HTTP_METHODS else "other"
         if path in paths:
             return path, method
@@ -214,11 +215,9 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
             raise ServeError(status, "too large", f"{field}: {len(value):,} characters; this server reads at most "
                                                   f"{limit:,} (its --max-{name}-chars)")
 
-    def answer(question, document, is_html, top_k, max_answer_tokens, window_length, doc_stride, fields=None):
-        """`fields`: the request's names of question, document, window_length and doc_stride where they differ (the
-        pipeline format's inputs.context, parameters.max_seq_len), for error messages."""
-        fields = {"question": "question", "document": "document", "window_length": "window_length",
-                  "doc_stride": "doc_stride"} | (fields or {})
+    def answer(question, document, is_html, top_k, max_answer_tokens, window_length, doc_stride,
+               fields=ANSWER_FIELDS):
+        """`fields`: the request's names of question, document, window_length and doc_stride, for error messages."""
         if reader.task != "qa":
             raise ServeError(422, "invalid request", f"this server holds a {reader.task} model: it cannot answer "
                                                      "questions; use /classify or /embed")
