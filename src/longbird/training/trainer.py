@@ -59,6 +59,18 @@ class LongBirdTrainer(Trainer):
         if self.pop_callback(ProgressCallback) is not None:
             self.add_callback(QuietProgressCallback)
 
+    def train(self, *args, **kwargs):
+        """Trainer.train; a run that stops on an error first closes its progress bar, so that the error is printed on
+        a line of its own (transformers closes the bar only in on_train_end, which an exception skips)."""
+        try:
+            return super().train(*args, **kwargs)
+        except BaseException:
+            for callback in self.callback_handler.callbacks:
+                if isinstance(callback, ProgressCallback) and callback.training_bar is not None:
+                    callback.training_bar.close()
+                    callback.training_bar = None
+            raise
+
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         """Trainer's schedule, except that with a budget the linear one ends where the run is projected to end
         (`training/budget.py`)."""
