@@ -61,7 +61,7 @@ Methods (ablation rows of issue 24; `--methods` picks):
   regional null), as many per question as sliding windows and batched as they are: a sliding window's cost, the long
   reading's positions; read whole at 4096.
 - kobigbird-long-b128qn-cuts-ranked (round 10): -cuts with half of the start loss the cross-region ranking term
-  (`qa_ranking_weight=0.5`, heads.cross_region_ranking_loss): the null-relative scores decoding ranks spans by, one
+  (`qa_ranking_weight=0.5`, region_losses.cross_region_ranking_loss): the null-relative scores decoding ranks spans by, one
   softmax over every region of the cut, where the per-region loss never compares two regions.
 - tape-long-b128qn-cuts-ranked (round 11): TAPE, the third method, on the -cuts-ranked route: the same conversion
   with TAPE position states (`preset="tape"`, BigBird attention, identity init, so it starts equal to the kobigbird

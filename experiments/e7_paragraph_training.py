@@ -4,8 +4,8 @@ The reader starts from the paragraph reader and sees each training question over
 (`--variant`, default `question-global`: the question read once, global, each paragraph a segment at the paragraph
 reader's positions). The loss is what decoding ranks by, as in rounds 4 and 10: the start loss per segment (each
 segment's softmax over its null and its tokens; the answer's segment targets the gold start, every other its null:
-`heads.regional_start_loss`), `--ranking-weight` of it replaced by the cross-segment ranking term
-(`heads.cross_region_ranking_loss`: one softmax over every token's null-relative score), and the end loss given the
+`region_losses.regional_start_loss`), `--ranking-weight` of it replaced by the cross-segment ranking term
+(`region_losses.cross_region_ranking_loss`: one softmax over every token's null-relative score), and the end loss given the
 gold start (the conditional head, teacher-forced). `--segments K` trains on the answer's segment and K − 1 others of
 its article in article order, drawn at random (seeded) or, with `--distractors bm25`, the K − 1 its question's words
 match best, instead of the whole article (0): K segments cost what K windows cost, so a budget buys more questions.

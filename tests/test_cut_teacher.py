@@ -106,7 +106,7 @@ def test_the_teacher_reads_a_cut_without_its_nulls_and_every_null_scores_zero():
 
 def weighted_as_the_gold_loss(kls: dict, answer: int | None) -> float:
     """One row's loss from per-region KLs {null: kl}: the answer region's against the mean of the others (or the mean
-    of all without the answer), as heads.regional_start_loss weighs regions."""
+    of all without the answer), as region_losses.regional_start_loss weighs regions."""
     if answer is None:
         return sum(kls.values()) / len(kls)
     others = [kl for null, kl in kls.items() if null != answer]

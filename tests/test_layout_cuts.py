@@ -98,7 +98,7 @@ def test_the_start_loss_sees_every_region_of_a_cut(cuts):
     import torch
 
     from longbird.data.null_regions import is_null
-    from longbird.heads import regional_start_loss
+    from longbird.region_losses import regional_start_loss
 
     _, cut = cuts
     config = type("Config", (), {"qa_null_every": 128, "full_attention_max_length": 512})()

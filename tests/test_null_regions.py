@@ -11,7 +11,8 @@ from longbird.data.features import QAFeature, features_for_rows
 from longbird.data.html import preprocess_html
 from longbird.data.null_regions import NullRegions
 from longbird.data.windows import QAWindows
-from longbird.heads import IGNORE_INDEX, LongBirdQuestionAnsweringOutput, regional_start_loss
+from longbird.heads import LongBirdQuestionAnsweringOutput
+from longbird.region_losses import IGNORE_INDEX, regional_start_loss
 from longbird.qa import merge_windows, predict_rows, score_windows
 from longbird.sources import e5_path
 from longbird.training.finetune import qa_training_items

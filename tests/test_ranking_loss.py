@@ -1,4 +1,4 @@
-"""The cross-region ranking term of the start loss (heads.py `cross_region_ranking_loss`, E7 round 10): against a loop
+"""The cross-region ranking term of the start loss (region_losses.py `cross_region_ranking_loss`, E7 round 10): against a loop
 of plain cross-entropies over null-relative scores (values and gradients), what it sees that the per-region loss does
 not (a constant added to one region), the rows it skips, and the model setting end to end with its refusals."""
 
@@ -7,7 +7,8 @@ import torch
 from conftest import BLOCK, assert_loss_equals_loop, make_source
 
 import longbird
-from longbird.heads import IGNORE_INDEX, LongBirdForQuestionAnswering, cross_region_ranking_loss, regional_start_loss
+from longbird.heads import LongBirdForQuestionAnswering
+from longbird.region_losses import IGNORE_INDEX, cross_region_ranking_loss, regional_start_loss
 
 REGION_NULLS = torch.tensor([[0] * 6 + [6] * 5 + [11] * 9,  # three regions
                              [0] * 10 + [10] * 10,  # two

@@ -117,7 +117,7 @@ class LongBirdConfig(PreTrainedConfig):
     # 0: one null per window (the [CLS]), as the source reader was trained.
     qa_null_every: int = 0
     # With regional nulls, the weight w of the cross-region ranking term in the start loss ((1 - w) per-region loss +
-    # w ranking; heads.py `cross_region_ranking_loss`, E7 round 10). 0: the per-region loss alone. A training setting.
+    # w ranking; region_losses.py `cross_region_ranking_loss`, E7 round 10). 0: the per-region loss alone. A training setting.
     qa_ranking_weight: float = 0.0
     # Linked windows (linked_windows.py, E7 round 13): sliding windows of one document read in one batch, whose [CLS]
     # states read each other's in every layer through a gated residual (zero at init: the model reads as unlinked).

@@ -15,11 +15,13 @@ from transformers.modeling_outputs import (
     QuestionAnsweringModelOutput,
     SequenceClassifierOutput,
 )
+from transformers.utils.generic import can_return_tuple
 
 from .config import LongBirdConfig
-from .data.null_regions import NullRegions, is_null
+from .data.null_regions import NullRegions
 from .linked_windows import cross_window_ranking_loss
 from .modeling import LongBirdModel, LongBirdPreTrainedModel, refuse_attention_maps
+from .region_losses import IGNORE_INDEX, cross_region_ranking_loss, regional_start_loss
 from .window_selector import WindowSelector, window_selector_loss
 
 
@@ -54,11 +56,24 @@ class LongBirdForMaskedLM(LongBirdPreTrainedModel):
     def set_output_embeddings(self, new_embeddings):
         self.lm_head.decoder = new_embeddings
 
+    def resize_token_embeddings(self, *args, **kwargs):
+        """transformers' resize (the tied table and decoder), and the head's own bias with them: it lives beside the
+        decoder (`LongBirdLMHead`), where transformers' resize does not look. New tokens' biases start at 0."""
+        embeddings = super().resize_token_embeddings(*args, **kwargs)
+        old, rows = self.lm_head.bias, embeddings.weight.shape[0]
+        if old.shape[0] != rows:
+            bias = old.new_zeros(rows)
+            kept = min(rows, old.shape[0])
+            bias[:kept] = old.detach()[:kept]
+            self.lm_head.bias = nn.Parameter(bias)
+        return embeddings
+
+    @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None, labels=None, output_hidden_states=None, return_dict=None, **kwargs):
+                inputs_embeds=None, labels=None, output_hidden_states=None, **kwargs):
         refuse_attention_maps(self.config, kwargs.get("output_attentions"))
         outputs = self.longbird(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                                output_hidden_states=output_hidden_states)
+                                output_hidden_states=output_hidden_states, return_dict=True)
         logits = self.lm_head(outputs.last_hidden_state)
         loss = None
         if labels is not None:
@@ -78,22 +93,34 @@ class LongBirdForSequenceClassification(LongBirdPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
+    @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None, labels=None, output_hidden_states=None, return_dict=None, **kwargs):
+                inputs_embeds=None, labels=None, output_hidden_states=None, **kwargs):
         refuse_attention_maps(self.config, kwargs.get("output_attentions"))
         outputs = self.longbird(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                                output_hidden_states=output_hidden_states)
+                                output_hidden_states=output_hidden_states, return_dict=True)
         pooled = outputs.pooler_output if outputs.pooler_output is not None else outputs.last_hidden_state[:, 0]
         logits = self.classifier(self.dropout(pooled))
         loss = None
         if labels is not None:
-            if self.num_labels == 1:
-                loss = nn.functional.mse_loss(logits.squeeze(-1).float(), labels.float())
-            elif labels.dtype.is_floating_point:  # multi-label targets
-                loss = nn.functional.binary_cross_entropy_with_logits(logits.float(), labels.float())
-            else:
-                loss = nn.functional.cross_entropy(logits.float(), labels.view(-1))
+            loss = classification_loss(logits, labels, self.config.problem_type)
         return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+
+
+def classification_loss(logits: torch.Tensor, labels: torch.Tensor, problem_type: str | None) -> torch.Tensor:
+    """transformers' convention for sequence classification: `config.problem_type` "regression" (MSE),
+    "single_label_classification" (cross-entropy over integer labels) or "multi_label_classification" (binary
+    cross-entropy per label, multi-hot labels of any dtype); unset, one label is regression, integer labels single-label
+    and float labels multi-label. In fp32 whatever the logits' dtype."""
+    if problem_type is None:
+        problem_type = ("regression" if logits.shape[-1] == 1 else "multi_label_classification"
+                        if labels.dtype.is_floating_point else "single_label_classification")
+    if problem_type == "regression":
+        return nn.functional.mse_loss(logits.float().squeeze(-1) if logits.shape[-1] == 1 else logits.float(),
+                                      labels.float().view(-1) if logits.shape[-1] == 1 else labels.float())
+    if problem_type == "multi_label_classification":
+        return nn.functional.binary_cross_entropy_with_logits(logits.float(), labels.float())
+    return nn.functional.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.view(-1))
 
 
 @dataclass
@@ -149,9 +176,6 @@ class ConditionalEndHead(nn.Module):
         return band.new_full((batch, k, length), torch.finfo(band.dtype).min).scatter(2, ends, band)
 
 
-IGNORE_INDEX = -100
-
-
 def _mean_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean over the rows with a target; 0 (with a gradient path) when every row is ignored."""
     total = nn.functional.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX, reduction="sum")
@@ -160,88 +184,6 @@ def _mean_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Te
 
 def _masked(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(~allowed, torch.finfo(logits.dtype).min)
-
-
-def region_members(region_nulls: torch.Tensor, valid: torch.Tensor, max_regions: int | None = None):
-    """The regions of a batch with regional nulls: (nulls (B, R), each region's null index, `l` where a row has fewer
-    regions; exists (B, R) bool; member (B, R, l) bool, the tokens of each region, a row's missing regions padded with
-    a one-token region at 0 so that no softmax over a region is all -inf, whose backward is NaN). `max_regions`: a
-    bound known from the shapes (`NullRegions.max_regions`), so that nothing is read back to the host (a compiled
-    training step keeps one graph); default: counted from the batch."""
-    length = region_nulls.shape[1]
-    positions = torch.arange(length, device=region_nulls.device)
-    null_tokens = valid & is_null(region_nulls)
-    count = min(length, max_regions) if max_regions is not None else int(null_tokens.sum(-1).max())
-    nulls = torch.where(null_tokens, positions, length).sort(-1).values[:, :count]  # (B, R); `length`: no region
-    exists = nulls < length
-    member = valid[:, None, :] & (region_nulls[:, None, :] == nulls[:, :, None])  # (B, R, l)
-    return nulls, exists, member | (~exists[..., None] & (positions == 0))
-
-
-def answer_regions(nulls: torch.Tensor, exists: torch.Tensor, region_nulls: torch.Tensor,
-                   start_targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(kept (B,), answered (B,), positive (B, R)): the rows with a target, those with the answer in the window, and
-    the region holding the gold start."""
-    kept = start_targets != IGNORE_INDEX
-    target = start_targets.clamp(min=0)
-    answered = kept & (target > 0)
-    answer_region = region_nulls.gather(1, target[:, None])  # (B, 1)
-    return kept, answered, exists & answered[:, None] & (nulls == answer_region)
-
-
-def mean_over_regions(per_region: torch.Tensor, exists: torch.Tensor, kept: torch.Tensor, answered: torch.Tensor,
-                      positive: torch.Tensor) -> torch.Tensor:
-    """A batch's loss from per-region losses (B, R), weighted as `regional_start_loss` says: a row with the answer is
-    the mean of its answer region's loss and the mean over its other regions, a row without it the mean over its
-    regions; the mean is over the rows kept."""
-    negative = exists & ~positive
-    loss_positive = per_region.masked_fill(~positive, 0).sum(-1)
-    loss_negative = per_region.masked_fill(~negative, 0).sum(-1) / negative.sum(-1).clamp(min=1)
-    has_negative = negative.any(-1)
-    row = torch.where(answered & has_negative, (loss_positive + loss_negative) / 2,
-                      torch.where(answered, loss_positive, loss_negative))
-    return row.masked_fill(~kept, 0).sum() / kept.sum().clamp(min=1)
-
-
-def regional_start_loss(start_logits: torch.Tensor, region_nulls: torch.Tensor, valid: torch.Tensor,
-                        start_targets: torch.Tensor, max_regions: int | None = None) -> torch.Tensor:
-    """The start loss with regional nulls (data/null_regions.py): one softmax per region (its null and its tokens),
-    as a sliding reader has one per window. The region holding the gold start targets it; every other region targets
-    its own null, as a sliding window without the answer targets its [CLS]. A row's loss is the mean of its answer
-    region's cross-entropy and the mean over its other regions (one region for the answer, as much weight for all the
-    places it is not); a row without the answer (target 0) is the mean over its regions. Rows with an ignored target
-    add nothing; the mean is over the rest.
-
-    start_logits (B, l) float; region_nulls (B, l) long, the index of each token's null (a null is its own);
-    valid (B, l) bool: the real tokens; start_targets (B,) long (IGNORE_INDEX: ignored). `max_regions`: as
-    `region_members`."""
-    nulls, exists, member = region_members(region_nulls, valid, max_regions)
-    log_p = torch.log_softmax(start_logits.float()[:, None, :].masked_fill(~member, float("-inf")), -1)
-    kept, answered, positive = answer_regions(nulls, exists, region_nulls, start_targets)
-    target = start_targets.clamp(min=0)
-    region_target = torch.where(positive, target[:, None], torch.where(exists, nulls, 0))
-    loss = -log_p.gather(2, region_target[..., None]).squeeze(-1)
-    return mean_over_regions(loss, exists, kept, answered, positive)
-
-
-def cross_region_ranking_loss(start_logits: torch.Tensor, region_nulls: torch.Tensor, valid: torch.Tensor,
-                               start_targets: torch.Tensor) -> torch.Tensor:
-    """What decoding ranks, trained (issue 24, E7 round 10): one softmax over the null-relative start scores of every
-    real non-null token of the window, z(t) - z(null(t)) with null(t) its own region's null (the score `qa.py` ranks
-    spans by across regions), plus one "no answer" option at 0; the target is the gold start. The per-region loss
-    (`regional_start_loss`) never compares two regions, as a sliding reader never compares two windows in training,
-    so nothing it teaches makes a wrong span in the next region score below the answer; this term does. Only rows
-    with the answer in the window count (a row without it is the regional loss's alone); the mean is over them.
-
-    Shapes as `regional_start_loss`."""
-    logits = start_logits.float()
-    relative = logits - logits.gather(1, region_nulls.clamp(min=0))
-    options = valid & ~is_null(region_nulls)
-    ranked = torch.cat([relative.masked_fill(~options, float("-inf")), relative.new_zeros(len(relative), 1)], -1)
-    target = start_targets.clamp(min=0)
-    answered = (start_targets != IGNORE_INDEX) & (target > 0) & options.gather(1, target[:, None]).squeeze(1)
-    loss = -torch.log_softmax(ranked, -1).gather(1, target[:, None]).squeeze(1)
-    return loss.masked_fill(~answered, 0).sum() / answered.sum().clamp(min=1)
 
 
 class LongBirdForQuestionAnswering(LongBirdPreTrainedModel):
@@ -260,6 +202,7 @@ class LongBirdForQuestionAnswering(LongBirdPreTrainedModel):
             self.qa_selector = WindowSelector(config.hidden_size)
         self.post_init()
 
+    @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, start_positions=None, end_positions=None, output_hidden_states=None,
                 return_dict=None, top_k: int | None = None, start_candidates=None, region_nulls=None,
@@ -276,7 +219,8 @@ class LongBirdForQuestionAnswering(LongBirdPreTrainedModel):
         ends of training are always computed over the whole input."""
         refuse_attention_maps(self.config, kwargs.get("output_attentions"))
         outputs = self.longbird(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                                output_hidden_states=output_hidden_states, document_ids=document_ids)
+                                output_hidden_states=output_hidden_states, document_ids=document_ids,
+                                return_dict=True)
         hidden = outputs.last_hidden_state
         batch, length = hidden.shape[:2]
         valid = (attention_mask.bool() if attention_mask is not None
@@ -285,9 +229,14 @@ class LongBirdForQuestionAnswering(LongBirdPreTrainedModel):
         candidates = valid if start_candidates is None else valid & start_candidates.bool()
         labelled = start_positions is not None and end_positions is not None
         if labelled:
-            # A label outside the input is ignored (never clamped onto a real token): the row adds no loss.
+            # A label outside the input, on padding or with its end before its start is ignored (never clamped onto
+            # a real token): the row adds no loss. The conditional head cannot place such an end at all (every
+            # allowed logit is masked: a loss of ~3e38), and no reading of a span can return one.
             in_range = ((start_positions >= 0) & (start_positions < length) & (end_positions >= 0)
                         & (end_positions < length))
+            on_tokens = lambda index: valid.gather(1, index.clamp(0, length - 1)[:, None]).squeeze(1)
+            in_range = in_range & on_tokens(start_positions) & on_tokens(end_positions) & (
+                end_positions >= start_positions)
             start_targets = start_positions.masked_fill(~in_range, IGNORE_INDEX)
             end_targets = end_positions.masked_fill(~in_range, IGNORE_INDEX)
             start_positions = start_positions.masked_fill(~in_range, 0)  # only feeds the teacher-forced head
@@ -355,15 +304,16 @@ class LongBirdForSpanSelection(LongBirdPreTrainedModel):
         self.end_query = nn.Linear(2 * config.hidden_size, config.hidden_size)
         self.post_init()
 
+    @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, question_positions=None, start_positions=None, end_positions=None,
-                output_hidden_states=None, return_dict=None, **kwargs):
+                output_hidden_states=None, **kwargs):
         refuse_attention_maps(self.config, kwargs.get("output_attentions"))
         if question_positions is None:
             raise ValueError("LongBirdForSpanSelection needs question_positions (B, Q): where the [QUESTION] "
                              "tokens are")
         hidden = self.longbird(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                               output_hidden_states=output_hidden_states).last_hidden_state
+                               output_hidden_states=output_hidden_states, return_dict=True).last_hidden_state
         size = hidden.shape[-1]
         gather = lambda index: hidden.gather(1, index.clamp(min=0)[..., None].expand(-1, -1, size))
         questions = gather(question_positions)  # (B, Q, h)

@@ -17,6 +17,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 from transformers.modeling_utils import AttentionInterface
+from transformers.utils.generic import can_return_tuple
 
 from .attention import bigbird_pattern, usw_layout
 from .attention.rows import RowGroup, padded_length, plan_batch, plan_rows
@@ -269,6 +270,7 @@ class LongBirdModel(LongBirdPreTrainedModel):
                                  f"got max {int(position_ids.max())}")
         return shape
 
+    @can_return_tuple
     def forward(
         self,
         input_ids=None,
@@ -277,7 +279,7 @@ class LongBirdModel(LongBirdPreTrainedModel):
         position_ids=None,
         inputs_embeds=None,
         output_hidden_states=None,
-        return_dict=None,
+        return_dict=None,  # read by @can_return_tuple: False (or config.return_dict False) returns a tuple
         document_ids=None,
         output_attentions=None,
         **kwargs,
@@ -305,7 +307,7 @@ class LongBirdModel(LongBirdPreTrainedModel):
             pooler_output=pooled,
             hidden_states=tuple(all_hidden) if all_hidden is not None else None,
         )
-        return output if return_dict is not False else output.to_tuple()
+        return output
 
 
 def refuse_attention_maps(config, output_attentions=None) -> None:

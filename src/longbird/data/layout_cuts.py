@@ -20,7 +20,7 @@ start + span - overlap (a null every 129 tokens lies within 64 of it). A long wi
 one cut, the window itself.
 
 Labels: a cut holding the whole gold span is labelled with it; any other is a negative (target 0, the [CLS]; with
-regional nulls every region then targets its own null, heads.py `regional_start_loss`), kept with probability
+regional nulls every region then targets its own null, region_losses.py `regional_start_loss`), kept with probability
 `negative_fraction`, drawn before anything is built. An answer that starts in the head would be in every cut of its
 window: it labels the first cut only, and the window's other cuts are left out (they are not negatives).
 

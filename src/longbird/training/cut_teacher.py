@@ -44,7 +44,7 @@ import torch
 from ..data.batching import PaddedBatches
 from ..data.null_regions import NullRegions, is_null
 from ..data.windows import PairTemplate
-from ..heads import IGNORE_INDEX, answer_regions, mean_over_regions, region_members
+from ..region_losses import IGNORE_INDEX, answer_regions, mean_over_regions, region_members
 from ..precision import bf16_autocast, store_encoder_linears_in
 from .sliding_teacher import TeacherTrainer, divergence
 
@@ -140,7 +140,7 @@ class CutTeacher:
 def region_targets(relative: torch.Tensor, region_nulls: torch.Tensor, valid: torch.Tensor,
                    targets: str = "null-relative", max_regions: int | None = None):
     """What each region of a batch of cuts is taught (module docstring): (nulls, exists, member, scores) as
-    `heads.region_members` gives the first three (with `targets="within-region"` the nulls are no members), and
+    `region_losses.region_members` gives the first three (with `targets="within-region"` the nulls are no members), and
     `scores` (B, R, l) whose softmax over `member` is each region's target. `relative` (B, l): the teacher's
     null-relative scores (0 at the nulls). `targets="marginal"`: the teacher's one softmax over its window (every
     non-null token and its [CLS]) marginalised per region: a token keeps its probability, the region's null gets the
