@@ -56,3 +56,43 @@ def test_source_path_without_config(tmp_path):
         longbird.convert(tmp_path)
     with pytest.raises(FileNotFoundError, match="not a longbird or transformers model directory: .* \\(does not exist\\)"):
         longbird.convert(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"block_size": 48}, r"max_length \(128\) must be a multiple of block_size \(48\); use max_length=144"),
+    ({"block_size": 0}, r"block_size must be >= 1; got 0"),
+    ({"num_random_blocks": -2}, r"num_random_blocks must be >= 0; got -2"),
+    ({"attention": "bogus"}, r"attention must be one of \('full', 'bigbird', 'littlebird'\); got 'bogus'"),
+    ({"qa_head": "bogus"}, r"qa_head must be one of \('conditional', 'linear'\); got 'bogus'"),
+    ({"block_size": "64"}, r"block_size must be an integer; got '64'"),
+])
+def test_config_values_given_to_from_pretrained_are_checked_when_the_model_is_built(tmp_path, overrides, message):
+    """transformers applies from_pretrained's config values with setattr after the config is built, past @strict's
+    checks: the model checks them again, so that nothing runs that save_pretrained would then refuse to write."""
+    from transformers import AutoModel, AutoModelForQuestionAnswering
+
+    longbird.convert(make_source("bert"), max_length=128, block_size=BLOCK).save_pretrained(tmp_path)
+    for auto in (AutoModel, AutoModelForQuestionAnswering):
+        with pytest.raises(ValueError, match=message):
+            auto.from_pretrained(tmp_path, **overrides)
+    assert AutoModel.from_pretrained(tmp_path, block_size=16).config.block_size == 16  # a valid value is taken
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"num_hidden_layers": 1}, r"convert cannot override \['num_hidden_layers'\]: they describe the source's"),
+    ({"max_position_embeddings": 256}, r"convert cannot override \['max_position_embeddings'\].*give the length as "
+                                       r"max_length"),
+    ({"max_length": "128"}, r"max_length must be an integer .* got '128'"),
+    ({"qa_ranking_weight": "0.5"}, r"qa_ranking_weight must be a number; got '0.5'"),
+])
+def test_conversion_options_that_contradict_the_source_or_are_text_are_named(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        longbird.convert(make_source("bert"), **{"max_length": 128, "block_size": BLOCK, **overrides})
+
+
+def test_converting_a_longbird_model_points_to_reconvert(tmp_path):
+    model = longbird.convert(make_source("bert"), max_length=128, block_size=BLOCK)
+    model.save_pretrained(tmp_path)
+    for source in (model, tmp_path):
+        with pytest.raises(ValueError, match=r"already a longbird model: longbird.reconvert\(model, \.\.\.\)"):
+            longbird.convert(source)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from huggingface_hub.dataclasses import strict
+from huggingface_hub.errors import StrictDataclassError
 from transformers import PreTrainedConfig
 
 from .attention.patterns import GLOBAL_BLOCKS, LOCAL_WINDOWS, RANDOM_BLOCK_PLANS, pattern_arguments
@@ -15,6 +17,9 @@ QA_HEADS = ("conditional", "linear")
 ATTENTION_BACKENDS = ("auto", "blocked", "flex")
 POSITIONS = ("absolute", "bialibi", "tape")
 POSITION_EXTENSIONS = ("taper", "copy")
+# Field annotations (strings: postponed evaluation) whose values validate_architecture compares as numbers.
+NUMBER_FIELDS = {"int": (int,), "float": (int, float), "float | int": (int, float), "int | None": (int, type(None)),
+                 "float | None": (int, float, type(None)), "float | int | None": (int, float, type(None))}
 # Methods whose kernels land in later issues; the config names them so errors can say so.
 NOT_YET_AVAILABLE = {"attention": set(), "position": set()}
 
@@ -117,7 +122,8 @@ class LongBirdConfig(PreTrainedConfig):
     # 0: one null per window (the [CLS]), as the source reader was trained.
     qa_null_every: int = 0
     # With regional nulls, the weight w of the cross-region ranking term in the start loss ((1 - w) per-region loss +
-    # w ranking; region_losses.py `cross_region_ranking_loss`, E7 round 10). 0: the per-region loss alone. A training setting.
+    # w ranking; region_losses.py `cross_region_ranking_loss`, E7 round 10). 0: the per-region loss alone. A training
+    # setting.
     qa_ranking_weight: float = 0.0
     # Linked windows (linked_windows.py, E7 round 13): sliding windows of one document read in one batch, whose [CLS]
     # states read each other's in every layer through a gated residual (zero at init: the model reads as unlinked).
@@ -169,6 +175,13 @@ class LongBirdConfig(PreTrainedConfig):
 
     def validate_architecture(self):
         """Part of `@strict` validation: every error names the value and the fix."""
+        for field in dataclasses.fields(self):  # a number given as text ("64") would fail below as '<' on a str
+            value, kinds = getattr(self, field.name), NUMBER_FIELDS.get(str(field.type))
+            if kinds and not (isinstance(value, kinds) and not isinstance(value, bool)):
+                raise ValueError(f"{field.name} must be {'an integer' if kinds == (int,) else 'a number'}"
+                                 f"{' or None' if type(None) in kinds else ''}; got {value!r}")
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1; got {self.block_size} (the papers use 64)")
         if self.hidden_size % self.num_attention_heads != 0:
             raise ValueError(
                 f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "
@@ -275,3 +288,16 @@ class LongBirdConfig(PreTrainedConfig):
                              f"tape_init='identity') and bigbird or full attention; this model has "
                              f"position={self.position!r}, tape_init={self.tape_init!r}, attention={self.attention!r}: "
                              f"set qa_null_every=0")
+
+
+def validated(config: LongBirdConfig) -> LongBirdConfig:
+    """`config`, checked as a whole once more, or ValueError with longbird's own message. `@strict` checks a config
+    when it is built, but transformers applies `from_pretrained(path, block_size=48)` and the like with setattr
+    afterwards, so the models check again when they are built: a model that runs but cannot be saved (save_pretrained
+    validates) is the worst outcome."""
+    try:
+        config.validate()
+    except StrictDataclassError as error:  # our message, not the validator wrapper's
+        raise ValueError(str(error.__cause__ or error)) from error
+    return config
+

@@ -59,6 +59,10 @@ def default_source() -> Path:
 
 
 def _family_of(model_type: str) -> Family:
+    if model_type == "longbird":
+        raise ValueError("the source is already a longbird model: longbird.reconvert(model, ...) gives it another "
+                         "sparse pattern or position extension (the command line's `longbird convert DIR` does "
+                         "that); convert takes the short source model")
     if model_type not in FAMILIES:
         raise ValueError(
             f"unsupported source model_type {model_type!r}; longbird converts {', '.join(SUPPORTED_FAMILIES)}"
@@ -95,7 +99,17 @@ def load_source(source: str | os.PathLike | PreTrainedModel) -> PreTrainedModel:
     return auto.from_pretrained(path, local_files_only=True, dtype=torch.float32)
 
 
+# LongBirdConfig fields that a conversion reads from the source (its sizes, its table lengths) or from max_length:
+# an override could only contradict the weights it copies.
+FROM_THE_SOURCE = frozenset({
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
+    "layer_norm_eps", "embedding_size", "source_model_type", "source_max_positions", "add_pooling_layer",
+    "lm_head_act", "max_position_embeddings"})
+
+
 def _build_config(source: PreTrainedModel, preset: str, max_length: int, overrides: dict[str, Any]) -> LongBirdConfig:
+    if not isinstance(max_length, int) or isinstance(max_length, bool):
+        raise ValueError(f"max_length must be an integer (the converted model's length in tokens); got {max_length!r}")
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {tuple(PRESETS)}")
     src = source.config
@@ -124,6 +138,11 @@ def _build_config(source: PreTrainedModel, preset: str, max_length: int, overrid
     if unknown:
         raise ValueError(f"unknown conversion option(s) {unknown}; valid options are LongBirdConfig fields, e.g. "
                          "block_size, num_random_blocks, taper_schedule, taper_mode, taper_tau, type_vocab_size")
+    from_source = sorted(set(overrides) & FROM_THE_SOURCE)
+    if from_source:
+        raise ValueError(f"convert cannot override {from_source}: they describe the source's architecture and weights, "
+                         "which a conversion keeps; convert another source for other sizes, and give the length as "
+                         "max_length")
     values.update(overrides)
     try:
         return LongBirdConfig(**values)

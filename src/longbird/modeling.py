@@ -22,7 +22,7 @@ from transformers.utils.generic import can_return_tuple
 from .attention import bigbird_pattern, usw_layout
 from .attention.rows import RowGroup, padded_length, plan_batch, plan_rows
 from .attention.tracing import check_dynamic_length, graph_cannot_branch_on_data
-from .config import LongBirdConfig
+from .config import LongBirdConfig, validated
 from .dispatch import PlanInGraph, SparseBackend, choose_backend
 from .layers import LittleBirdLayer, LongBirdEmbeddings, LongBirdLayer, LongBirdSelfAttention
 from .linked_windows import WindowLinks
@@ -200,6 +200,9 @@ class LongBirdPreTrainedModel(PreTrainedModel):
     _supports_attention_backend = True
     # Heads return a mean loss; Trainer must still divide it for gradient accumulation.
     accepts_loss_kwargs = False
+
+    def __init__(self, config: LongBirdConfig, *args, **kwargs):
+        super().__init__(validated(config), *args, **kwargs)
 
     @torch.no_grad()
     def _init_weights(self, module):

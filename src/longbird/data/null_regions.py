@@ -10,8 +10,8 @@ inserted before document token i of the window for every i >= `config.full_atten
 (i - full_attention_max_length) % R == 0. The first region (the source's window: question and first document
 tokens) keeps the real `[CLS]` as its null; every later token belongs to the last null before it.
 
-Training takes the start loss per region (region_losses.py `regional_start_loss`), decoding scores a span against its own
-region's null (qa.py), as sliding windows score one against their window's `[CLS]`. Zero-shot, scoring against
+Training takes the start loss per region (region_losses.py `regional_start_loss`), decoding scores a span against its
+own region's null (qa.py), as sliding windows score one against their window's `[CLS]`. Zero-shot, scoring against
 inserted nulls every 128 tokens gained 4.6 F1 on 200 validation questions (experiments/results/e7_regional_null.md).
 Positions: the window's tokens are numbered 0..n-1 after the insertion (each inserted token takes a place), the
 nulls themselves 0, as in that probe.

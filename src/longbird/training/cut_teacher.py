@@ -44,8 +44,8 @@ import torch
 from ..data.batching import PaddedBatches
 from ..data.null_regions import NullRegions, is_null
 from ..data.windows import PairTemplate
-from ..region_losses import IGNORE_INDEX, answer_regions, mean_over_regions, region_members
 from ..precision import bf16_autocast, store_encoder_linears_in
+from ..region_losses import IGNORE_INDEX, answer_regions, mean_over_regions, region_members
 from .sliding_teacher import TeacherTrainer, divergence
 
 MASKED = -1e30  # below this a head's logit is masked (heads._masked fills the dtype's minimum)
