@@ -173,11 +173,13 @@ def test_answer_offsets_count_crlf_and_json_on_no_answer(tiny_qa, tmp_path):
 
 def test_python_answer_function(tiny_qa):
     context = json.loads(PAGES[1].read_text(encoding="utf-8"))["data"][0]["context"]
-    record = answer(str(tiny_qa), context, "T-X의 초기 물량은 몇 대입니까?")
+    record = answer(str(tiny_qa), document=context, question="T-X의 초기 물량은 몇 대입니까?")
     assert record["source_text"] == context[record["start"]:record["end"]]
     assert "<" not in record["answer"] and record["answer"].strip()
     with pytest.raises(ValueError, match="the question is empty"):
-        answer(str(tiny_qa), context, " ")
+        answer(str(tiny_qa), document=context, question=" ")
+    with pytest.raises(TypeError):  # by keyword only: Reader.answer takes (question, document), as pipelines do
+        answer(str(tiny_qa), context, "T-X의 초기 물량은 몇 대입니까?")
 
 
 def test_training_on_the_dev_side_of_the_split_is_warned(tiny_source, tmp_path, caplog):

@@ -96,3 +96,23 @@ def test_converting_a_longbird_model_points_to_reconvert(tmp_path):
     for source in (model, tmp_path):
         with pytest.raises(ValueError, match=r"already a longbird model: longbird.reconvert\(model, \.\.\.\)"):
             longbird.convert(source)
+
+
+def test_submodules_and_convert_to_directory_are_reached_from_the_package(tmp_path):
+    """`longbird.malloc.keep_freed_memory()` as the docs write it (a submodule was an AttributeError until imported),
+    and the model-plus-tokenizer conversion of the command line, whose tokenizer reads at the new length."""
+    import subprocess
+    import sys
+
+    probe = ("import longbird, sys; assert callable(longbird.malloc.keep_freed_memory); "
+             "assert 'torch' not in sys.modules; print('ok')")
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout == "ok\n"
+    with pytest.raises(AttributeError, match="no attribute 'nothere'"):
+        longbird.nothere  # noqa: B018
+    from test_qa_cli import write_tiny_source
+    from transformers import AutoTokenizer
+
+    source = write_tiny_source(tmp_path / "source")
+    model, has_tokenizer = longbird.convert_to_directory(source, tmp_path / "long", max_length=256)
+    assert has_tokenizer and model.config.max_position_embeddings == 256
+    assert AutoTokenizer.from_pretrained(tmp_path / "long").model_max_length == 256

@@ -68,6 +68,6 @@ def test_answer_refuses_more_question_tokens_than_the_first_block_holds(tmp_path
     model = longbird.LongBirdForQuestionAnswering(
         longbird.convert(str(source), max_length=256, block_size=16).config)
     with pytest.raises(ValueError, match="at most 15 question tokens fit there; give 15 or fewer"):
-        answer(model, "a document " * 100, "what?", tokenizer=tokenizer, window_length=256, max_question_tokens=40)
-    record = answer(model, "a document " * 100, "what is " * 30, tokenizer=tokenizer, window_length=256)
+        answer(model, document="a document " * 100, question="what?", tokenizer=tokenizer, window_length=256, max_question_tokens=40)
+    record = answer(model, document="a document " * 100, question="what is " * 30, tokenizer=tokenizer, window_length=256)
     assert record["question_cut"] == {"tokens": 60, "read": 15}

@@ -8,6 +8,7 @@ is imported, whichever of the two is imported first (see `registration`).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 from .registration import register_when_transformers_is_loaded
 
@@ -26,7 +27,7 @@ _LAZY = {
     "LongBirdModel": "modeling",
     "SUPPORTED_FAMILIES": "conversion", "convert": "conversion", "reconvert": "conversion",
     "answer": "tasks.qa", "Reader": "reader",
-    "tape_peft": "training.peft", "load_tape_peft": "checkpoints",
+    "tape_peft": "training.peft", "load_tape_peft": "checkpoints", "convert_to_directory": "checkpoints",
 }
 
 __all__ = ["METHODS", "__version__", *_LAZY]
@@ -34,6 +35,9 @@ __all__ = ["METHODS", "__version__", *_LAZY]
 
 def __getattr__(name: str):
     if name not in _LAZY:
+        # a submodule (`longbird.malloc.keep_freed_memory()`) is imported on first use, like the names above
+        if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+            return importlib.import_module(f".{name}", __name__)
         raise AttributeError(f"module 'longbird' has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     globals()[name] = value

@@ -125,12 +125,12 @@ class Reading:
 class Reader:
     """A fine-tuned longbird QA model, loaded once, that answers questions about long documents.
 
-    `Reader(model_dir, device="cpu", bf16=False, window_length=None, compile=False)`, or `Reader.of(model, tokenizer,
-    model_dir)` for a model already loaded; `window_length` is the window of calls that name none (default: the window
-    the model was fine-tuned at, else its length); `compile`: the encoder compiled with torch.compile (compilation.py);
-    `bf16`: bf16 autocast, and a loaded model's encoder Linear weights stored in bf16
-    (`precision.store_encoder_linears_in`; `Reader.of` leaves the weights of a model it is given as they are);
-    `lexical_weight` (0: off) and `lexical_radius`: the lexical prior across places (lexical_prior.py).
+    `Reader(model_dir, device=None, bf16=False, window_length=None, compile=False)` (device None: the CPU), or
+    `Reader.of(model, tokenizer, model_dir)` for a model already loaded; `window_length` is the window of calls that
+    name none (default: the window the model was fine-tuned at, else its length); `compile`: the encoder compiled
+    with torch.compile (compilation.py); `bf16`: bf16 autocast, and a loaded model's encoder Linear weights stored
+    in bf16 (`precision.store_encoder_linears_in`; `Reader.of` leaves the weights of a model it is given as they
+    are); `lexical_weight` (0: off) and `lexical_radius`: the lexical prior across places (lexical_prior.py).
     `answer(question, document)` returns a `Reading`."""
 
     def __init__(self, model_dir, device: str | None = None, bf16: bool = False, scoring: str = DEFAULT_SCORING,

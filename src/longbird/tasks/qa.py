@@ -287,7 +287,7 @@ def check_min_probability(min_probability: float) -> None:
     if not 0.0 <= min_probability <= 1.0:
         raise ValueError(f"--min-probability must lie in [0, 1]; got {min_probability}")
 
-def answer(model, document: str, question: str, *, tokenizer=None, is_html: bool | None = None,
+def answer(model, *, document: str, question: str, tokenizer=None, is_html: bool | None = None,
            window_length: int | None = None, device: str | None = None, max_answer_tokens: int | None = None,
            scoring: str = DEFAULT_SCORING, doc_stride: int | None = None, model_dir=None,
            min_probability: float = 0.0, max_question_tokens: int | None = None, compile: bool = False,
@@ -299,7 +299,8 @@ def answer(model, document: str, question: str, *, tokenizer=None, is_html: bool
     the model was fine-tuned at (`reader.trained_windows`), else its full length. With `min_probability` > 0 a best
     span whose probability is below it is no answer (all fields None; `best_probability` says how close it came), so
     a caller can tell "not in this document" from a guess. The engine is `longbird.Reader` (one call of it), which
-    `longbird serve` shares; transformers 5 has no question-answering pipeline."""
+    `longbird serve` shares; transformers 5 has no question-answering pipeline. `document` and `question` are
+    keywords: two strings in the wrong order would read the question as the document."""
     from ..qa import answer_record
 
     check_question(question)
@@ -308,7 +309,8 @@ def answer(model, document: str, question: str, *, tokenizer=None, is_html: bool
         reader = Reader(model, device, scoring=scoring, compile=compile, lexical_weight=lexical_weight,
                         lexical_radius=lexical_radius)
     elif tokenizer is None:
-        raise ValueError("a loaded model needs its tokenizer: answer(model, document, question, tokenizer=...)")
+        raise ValueError("a loaded model needs its tokenizer: answer(model, document=..., question=..., "
+                         "tokenizer=...)")
     else:
         reader = Reader.of(model, tokenizer, model_dir, scoring=scoring, lexical_weight=lexical_weight,
                            lexical_radius=lexical_radius)

@@ -26,6 +26,7 @@ def tape_peft(model: nn.Module, layer_norms: bool = False) -> list[str]:
             trainable.append(name)
     if not any("tape_" in name for name in trainable):
         position = getattr(getattr(model, "config", None), "position", None)
-        raise ValueError(f"--peft tape needs a model with TAPE position states (position='tape'); this model has "
-                         f"position={position!r}: convert with --preset tape")
+        raise ValueError(f"TAPE fine-tuning (tape_peft, --peft tape) needs a model with TAPE position states "
+                         f"(position='tape'); this model has position={position!r}: convert with preset='tape' "
+                         f"(--preset tape)")
     return trainable
