@@ -49,7 +49,9 @@ def test_a_qa_model_exports_one_graph_that_reads_every_row_as_pytorch_reads_it_a
                                  "longest": config.max_position_embeddings, "multiple": block}
     assert record["architecture"] == "LongBirdForQuestionAnswering"
     assert record["outputs"][:2] == ["start_logits", "end_logits"]
-    assert max(record["check"]["max_abs_difference"].values()) <= 1e-5
+    assert [check["batch"] for check in record["check"]] == [[2, record["lengths"]["shortest"] + block],
+                                                              [2, record["lengths"]["longest"]]]
+    assert all(max(check["max_abs_difference"].values()) <= 1e-5 for check in record["check"])
     assert (out / "tokenizer.json").is_file() or (out / "vocab.txt").is_file()
     # SDPA got the additive mask: no NaN guard after each softmax (with a bool mask, 29 % of ONNX Runtime's time)
     assert "IsNaN" not in {node.op_type for node in onnx.load(str(out / "model.onnx")).graph.node}
@@ -83,6 +85,31 @@ def test_a_tape_encoder_exports_with_its_own_lengths(tmp_path):
     session = onnxruntime.InferenceSession(str(out / "model.onnx"))
     lengths = [150, 7]
     input_ids, mask = _padded_batch(lengths, lengths[0], model.config.vocab_size, seed=1)
+    (hidden,) = session.run(["last_hidden_state"], {"input_ids": input_ids.numpy(), "attention_mask": mask.numpy()})
+    with torch.no_grad():
+        eager = model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+    real = mask.bool()
+    assert abs(hidden[real.numpy()] - eager[real].numpy()).max() <= 1e-5
+
+
+def test_a_littlebird_graph_takes_batches_with_more_elements_than_its_example(tmp_path, monkeypatch):
+    """LittleBird's attention runs a few heads at a time, as many as fit a number of elements; under export that
+    number, computed from the example's sizes, was fixed by a guard, and the graph refused any batch with more tokens
+    (a 2,048-token model above 1,088 tokens). Here the budget is made small so that the example batch is already
+    split: the graph must still read a longer batch, and the export checks one itself."""
+    import longbird.attention.littlebird as usw
+
+    model = longbird.convert(make_source("bert"), preset="littlebird", max_length=256, block_size=16).eval()
+    model.save_pretrained(tmp_path / "littlebird")
+    heads, example_tokens = model.config.num_attention_heads, 2 * (2 * 16 + 16)  # _example_batch: 2 rows of 48
+    per_token = model.config.pack_size + 4 * 16
+    monkeypatch.setattr(usw, "_CHUNK_ELEMENTS", example_tokens * per_token * 2)  # two heads at a time at the example
+    assert len(usw._head_chunks(heads, example_tokens * per_token)) == heads // 2
+    out = export_onnx(tmp_path / "littlebird", tmp_path / "onnx")
+    record = json.loads((out / "longbird_onnx.json").read_text())
+    assert [check["batch"] for check in record["check"]] == [[2, 48], [2, 256]]
+    session = onnxruntime.InferenceSession(str(out / "model.onnx"))
+    input_ids, mask = _padded_batch([256, 200, 256], 256, model.config.vocab_size, seed=2)
     (hidden,) = session.run(["last_hidden_state"], {"input_ids": input_ids.numpy(), "attention_mask": mask.numpy()})
     with torch.no_grad():
         eager = model(input_ids=input_ids, attention_mask=mask).last_hidden_state

@@ -209,6 +209,10 @@ _CHUNK_ELEMENTS = 1 << 22
 
 
 def _head_chunks(heads: int, per_head: int):
+    if torch.compiler.is_exporting():
+        # One graph for every batch and length (ONNX): a step computed from symbolic sizes would be fixed at the
+        # example's value by a guard, and the graph would refuse any input with more elements per head.
+        return [slice(0, heads)]
     step = max(1, min(heads, _CHUNK_ELEMENTS // max(per_head, 1)))
     return [slice(start, min(start + step, heads)) for start in range(0, heads, step)]
 
