@@ -532,6 +532,23 @@ def test_a_model_directory_without_a_tokenizer_is_named_as_such(tmp_path):
                        f"{model} has a model but no tokenizer", "tokenizer.save_pretrained")
 
 
+def test_a_source_without_tokenizer_files_is_converted_without_a_tokenizer_and_said_so(tiny_source, tmp_path):
+    """transformers 5 builds an empty tokenizer of the config's model type for a directory without tokenizer files
+    (5 special tokens: every word [UNK]); convert saved that beside the model and said nothing."""
+    import shutil
+
+    source = tmp_path / "weights-only"
+    source.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(tiny_source / name, source / name)
+    out = tmp_path / "long"
+    result = CliRunner().invoke(app, ["convert", str(source), "--max-length", "256", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "no tokenizer found beside the source; saved the model only" in " ".join(result.output.split())
+    assert (out / "model.safetensors").is_file()
+    assert not any((out / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt"))
+
+
 def test_a_set_value_of_the_wrong_kind_is_named(tiny_source, tmp_path):
     _fails_in_one_line(["convert", str(tiny_source), "--set", "num_random_blocks=abc", "--out", str(tmp_path / "c")],
                        "--set num_random_blocks=abc: num_random_blocks takes a whole number (its default is 3)")
@@ -549,3 +566,57 @@ def test_export_of_a_directory_without_weights_names_what_is_missing(tiny_qa, tm
     _fails_in_one_line(["export", str(partial), "--out", str(tmp_path / "x")], f"{partial} has a config.json but no "
                        "weights", "model.safetensors")
     assert not (tmp_path / "x").exists()
+
+
+def test_convert_and_export_refuse_their_output_before_the_work(tiny_source, tiny_qa, tmp_path, monkeypatch):
+    """An existing --out, a file, or a path through a file is refused before the model is converted or loaded (it
+    was refused after the conversion, or after loading and tracing the model for ONNX)."""
+    import longbird.checkpoints
+    import longbird.export
+
+    def never(*args, **kwargs):
+        raise AssertionError("the work ran before the output was checked")
+
+    monkeypatch.setattr(longbird.checkpoints, "convert", never)
+    monkeypatch.setattr(longbird.export, "export_onnx", never)
+    monkeypatch.setattr(longbird.export, "resolve_model_directory", never)
+    taken, a_file = tmp_path / "taken", tmp_path / "a-file"
+    taken.mkdir()
+    a_file.write_text("mine")
+    for command in (["convert", str(tiny_source)], ["export", str(tiny_qa), "--format", "onnx"],
+                    ["export", str(tiny_qa), "--format", "hf-bigbird"]):
+        _fails_in_one_line([*command, "--out", str(taken)], f"output directory {taken} already exists",
+                           "pass --overwrite")
+        _fails_in_one_line([*command, "--out", str(taken), "--overwrite"], f"refusing to replace {taken}",
+                           "longbird did not write")
+        _fails_in_one_line([*command, "--out", str(a_file)], f"refusing to write {a_file}: it is a file")
+        _fails_in_one_line([*command, "--out", str(a_file / "sub")], f"{a_file} is a file, not a directory")
+    assert a_file.read_text() == "mine" and not any(taken.iterdir())
+
+
+def test_hf_bigbird_export_takes_longbird_models_only(tiny_source, tmp_path):
+    """It loaded any directory LongBirdModel.from_pretrained would read: a BERT source, or a BigBird export of its own
+    (with a pooler initialised at random), and wrote it with exit 0."""
+    _fails_in_one_line(["export", str(tiny_source), "--format", "hf-bigbird", "--out", str(tmp_path / "x")],
+                       f"{tiny_source} is not a longbird model (model_type 'bert'); convert it first")
+    converted = tmp_path / "kobigbird"
+    assert runner.invoke(app, ["convert", str(tiny_source), "--max-length", "256", "--out", str(converted)]).exit_code == 0
+    exported = tmp_path / "hf"
+    assert runner.invoke(app, ["export", str(converted), "--format", "hf-bigbird", "--out", str(exported)]).exit_code == 0
+    _fails_in_one_line(["export", str(exported), "--format", "hf-bigbird", "--out", str(tmp_path / "again")],
+                       "is not a longbird model (model_type 'big_bird')")
+    assert not (tmp_path / "x").exists() and not (tmp_path / "again").exists()
+
+
+def test_hf_bigbird_export_of_a_tape_fine_tuning_names_tape(tiny_qa, tmp_path):
+    """A TAPE PEFT directory (its record, no full weights) was told it had 'a config.json but no weights'."""
+    import shutil
+
+    from longbird.checkpoints import PEFT_RECORD
+
+    peft = tmp_path / "peft"
+    peft.mkdir()
+    shutil.copy(tiny_qa / "config.json", peft / "config.json")
+    (peft / PEFT_RECORD).write_text("{}")
+    _fails_in_one_line(["export", str(peft), "--format", "hf-bigbird", "--out", str(tmp_path / "x")],
+                       "holds a TAPE fine-tuning", "--format onnx")

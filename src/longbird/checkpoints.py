@@ -19,7 +19,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from .config import LongBirdConfig
 from .conversion import convert
-from .files import check_not_read, write_directory_atomically
+from .files import check_not_read, check_writable, write_directory_atomically
 from .precision import store_encoder_linears_in
 from .sources import resolve_model_directory, resolve_source
 from .training.processes import is_main_process
@@ -32,15 +32,13 @@ def convert_to_directory(source, out: str | Path, *, preset: str = "kobigbird", 
     is reconverted instead (`reconvert_directory`)."""
     source = resolve_source(source)
     check_not_read(out, (source,))  # converting a directory onto itself would delete the source
+    check_writable(out, overwrite)  # before the conversion, not after it
     if (source / "config.json").is_file() and \
             json.loads((source / "config.json").read_text(encoding="utf-8")).get("model_type") == "longbird":
         return reconvert_directory(source, out, preset=preset, max_length=max_length, overwrite=overwrite,
                                    **overrides), True
     model = convert(source, preset=preset, max_length=max_length, **overrides)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
-    except (OSError, ValueError):
-        tokenizer = None
+    tokenizer = tokenizer_beside(source)
 
     if tokenizer is not None:
         tokenizer.model_max_length = max_length  # else `truncation=True` would cut to the source's 512
@@ -298,6 +296,18 @@ def _first_added_row(base: dict) -> int:
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "sentencepiece.bpe.model", "spiece.model",
                    "vocab.json")
+
+
+def tokenizer_beside(path: Path):
+    """The tokenizer saved in a directory, or None where it holds no tokenizer files: transformers 5 then builds an
+    empty tokenizer of the config's model type (5 special tokens, every word [UNK]) rather than failing, and a
+    conversion saved that beside the model."""
+    if not any((Path(path) / name).is_file() for name in TOKENIZER_FILES):
+        return None
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def saved_tokenizer(path: Path):

@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 from transformers import BigBirdConfig, BigBirdForMaskedLM, BigBirdModel
 
-from .checkpoints import is_tape_peft, load_task_model, saved_model_class
+from .checkpoints import is_tape_peft, load_task_model, saved_model_class, tokenizer_beside
 from .config import LongBirdConfig
-from .files import check_not_read, write_directory_atomically
+from .files import check_not_read, check_writable, write_directory_atomically
 from .heads import LongBirdForMaskedLM
 from .modeling import LongBirdModel, LongBirdPreTrainedModel
 from .sources import resolve_model_directory
@@ -112,9 +112,17 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, format: str = "
     if format not in EXPORT_FORMATS:
         raise ValueError(f"unknown export format {format!r}; choose one of {EXPORT_FORMATS}")
     check_not_read(out, (model_dir,))
+    check_writable(out, overwrite)  # before the model is loaded and traced, not after
     if format == "onnx":
         return export_onnx(model_dir, out, overwrite=overwrite)
     model_dir = resolve_model_directory(model_dir)  # a missing directory named as such, not as a Hub repo id
+    if is_tape_peft(model_dir):
+        raise ValueError(f"{model_dir} holds a TAPE fine-tuning (position states over a base): transformers' BigBird "
+                         "has no counterpart for TAPE; export its graph with --format onnx, which takes it")
+    saved = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    if saved.get("model_type") != "longbird":
+        raise ValueError(f"{model_dir} is not a longbird model (model_type {saved.get('model_type')!r}); convert it "
+                         "first (`longbird convert`)")
     if not any((model_dir / name).is_file() for name in WEIGHT_FILES):
         raise FileNotFoundError(f"{model_dir} has a config.json but no weights (none of {', '.join(WEIGHT_FILES)}); "
                                 "give the whole directory save_pretrained or `longbird convert` wrote")
@@ -135,7 +143,7 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, format: str = "
             "convert with random_blocks='transformers' for an export that computes what longbird computes",
             config.random_blocks, config.full_attention_threshold,
             (5 + 2 * config.num_random_blocks) * config.block_size)
-    tokenizer = _load_tokenizer(Path(model_dir))
+    tokenizer = tokenizer_beside(Path(model_dir))
     if tokenizer is not None:
         # The tokenizer's special ids, not BigBirdConfig's defaults (sep 66, bos 1, eos 2: BigBird's own vocabulary).
         bos = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
@@ -152,16 +160,6 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, format: str = "
             tokenizer.save_pretrained(directory)
 
     return write_directory_atomically(out, write, overwrite=overwrite)
-
-
-def _load_tokenizer(source: Path):
-    """The tokenizer saved beside the model, or None (a model directory without tokenizer files is valid)."""
-    try:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(source, local_files_only=True)
-    except (OSError, ValueError, KeyError):
-        return None
 
 
 ONNX_RECORD = "longbird_onnx.json"
@@ -223,7 +221,7 @@ def export_onnx(model_dir: str | os.PathLike, out: str | os.PathLike, overwrite:
     # a PEFT directory holds what TAPE trained and where its base is (load_task_model rebuilds it)
     model = load_task_model(path, model_class)[0] if peft else model_class.from_pretrained(path)
     model = model.float().eval()
-    tokenizer = _load_tokenizer(path)
+    tokenizer = tokenizer_beside(path)
     lengths = onnx_lengths(model.config)
     example = _example_batch(model.config, lengths)
     # checked again on two rows at the longest length: a graph whose sizes were fixed by a guard at the example's
@@ -272,7 +270,8 @@ def _onnxruntime_check(graph: Path, example: dict, expected, outputs: list[str])
     except ImportError:
         return {"onnxruntime": None}
     try:
-        got = onnxruntime.InferenceSession(str(graph)).run(outputs, {name: example[name].numpy() for name in ONNX_INPUTS})
+        feed = {name: example[name].numpy() for name in ONNX_INPUTS}
+        got = onnxruntime.InferenceSession(str(graph)).run(outputs, feed)
     except Exception as error:  # onnxruntime's own errors are not Python's
         raise RuntimeError(f"the exported graph refuses a batch of shape {list(example['input_ids'].shape)} that it "
                            f"should take ({' '.join(str(error).split())[:300]}): nothing was written. Please report "

@@ -26,15 +26,27 @@ def check_not_read(out, reads) -> None:
                              "delete what is read; choose another --out")
 
 
+def check_writable(out: str | os.PathLike, overwrite: bool = False) -> None:
+    """FileExistsError unless `write_directory_atomically(out, ..., overwrite)` may write `out`; commands call it
+    before their work, so that a refusal does not come after minutes of it."""
+    out = Path(out)
+    blocking = next((parent for parent in out.parents if parent.exists() and not parent.is_dir()), None)
+    if blocking is not None:
+        raise FileExistsError(f"cannot write {out}: {blocking} is a file, not a directory; choose another output")
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"refusing to write {out}: it is a file; remove it yourself or choose another output")
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"output directory {out} already exists; pass overwrite=True (--overwrite) to replace it")
+    if out.exists() and not (out / OUTPUT_MARKER).is_file():
+        raise FileExistsError(f"refusing to replace {out}: it is a directory longbird did not write (no "
+                              f"{OUTPUT_MARKER} marker); remove it yourself or choose another output")
+
+
 def write_directory_atomically(out: str | os.PathLike, write: Callable[[Path], None], overwrite: bool = False) -> Path:
     """Call `write(tmp_dir)` on a sibling temporary directory, then rename it to `out`. An existing `out` is replaced
     only with `overwrite` and only if longbird wrote it (it holds OUTPUT_MARKER)."""
     out = Path(out)
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"output directory {out} already exists; pass overwrite=True (--overwrite) to replace it")
-    if out.exists() and not (out / OUTPUT_MARKER).is_file():
-        kind = "a file" if not out.is_dir() else "a directory longbird did not write (no .longbird-output marker)"
-        raise FileExistsError(f"refusing to replace {out}: it is {kind}; remove it yourself or choose another output")
+    check_writable(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:

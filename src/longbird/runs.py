@@ -12,7 +12,7 @@ from pathlib import Path
 from datasets import Dataset
 
 from .checkpoints import base_record, save_tape_peft
-from .files import check_not_read, write_directory_atomically
+from .files import check_not_read, check_writable, write_directory_atomically
 from .training.finetune import FinetuneSettings
 from .training.processes import is_main_process
 
@@ -23,8 +23,7 @@ def check_output(out, overwrite: bool, reads=()) -> None:
     --overwrite would replace while the run reads it."""
     if out is None:
         return
-    if Path(out).exists() and not overwrite:
-        raise FileExistsError(f"output directory {out} already exists; pass --overwrite to replace it")
+    check_writable(out, overwrite)
     check_not_read(out, reads)
 
 def write_outputs(out, overwrite: bool, predictions, metrics: dict) -> None:
