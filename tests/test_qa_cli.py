@@ -132,6 +132,7 @@ def _law_and_bill_documents(path: Path):
 def test_classification_finetune_and_evaluate(tiny_source, tmp_path):
     data = _law_and_bill_documents(tmp_path / "docs.jsonl")
     result = runner.invoke(app, ["finetune-cls", "--model", str(tiny_source), "--max-length", "256",
+                                 "--window-length", "128", "--stride", "32",
                                  "--train", str(data), "--out", str(tmp_path / "cls"), "--max-steps", "2"])
     assert result.exit_code == 0, result.output
     config = json.loads((tmp_path / "cls" / "config.json").read_text())
@@ -151,6 +152,35 @@ def test_classification_finetune_and_evaluate(tiny_source, tmp_path):
     assert all(sum(record["scores"].values()) == pytest.approx(1.0) for record in records)
     assert 0.0 <= metrics["macro_f1"] <= 1.0 and metrics["accuracy"] == pytest.approx(
         sum(p == g for p, g in zip(predictions, ["law"] * 5 + ["bill"] * 5)) / 10)
+    # read at the trained window and stride (it read the model's 256 with a stride of 128), as the server reads
+    assert (metrics["window_length"], metrics["stride"], metrics["window_source"]) == (128, 32, "trained")
+    from longbird.reader import Reader
+
+    served = Reader(tmp_path / "cls").classify(json.loads(data.read_text(encoding="utf-8").splitlines()[0])["text"])
+    assert {label["label"]: label["probability"] for label in served["labels"]} == pytest.approx(records[0]["scores"])
+
+    # several files are one evaluation set (the second was dropped), with the fields named as in training
+    renamed = tmp_path / "renamed.jsonl"
+    renamed.write_text("\n".join(json.dumps({"body": r["text"], "kind": r["label"]}, ensure_ascii=False)
+                                 for r in map(json.loads, data.read_text(encoding="utf-8").splitlines())),
+                       encoding="utf-8")
+    result = runner.invoke(app, ["evaluate", "--task", "classification", "--model", str(tmp_path / "cls"), "--data",
+                                 str(data), "--data", str(renamed), "--text-field", "body", "--label-field", "kind",
+                                 "--out", str(tmp_path / "two")])
+    assert "has no 'body' field" in result.output and "--text-field" in result.output  # one field name for both
+    result = runner.invoke(app, ["evaluate", "--task", "classification", "--model", str(tmp_path / "cls"), "--data",
+                                 str(renamed), "--data", str(renamed), "--text-field", "body", "--label-field", "kind",
+                                 "--out", str(tmp_path / "two")])
+    assert result.exit_code == 0, result.output
+    twice = json.loads((tmp_path / "two" / "predictions.json").read_text())
+    scores = lambda rows: [row["scores"][label] for row in rows for label in ("bill", "law")]  # noqa: E731
+    assert len(twice) == 20 and scores(twice) == pytest.approx(scores(records) * 2)
+    # options of the other task were accepted and ignored
+    for option in (["--max-examples", "2"], ["--format", "squad"], ["--scoring", "logit"]):
+        result = runner.invoke(app, ["evaluate", "--task", "classification", "--model", str(tmp_path / "cls"),
+                                     "--data", str(data), "--out", str(tmp_path / "x"), *option])
+        assert result.exit_code == 2 and f"{option[0]} applies to --task qa only" in result.output, result.output
+    assert not (tmp_path / "x").exists()
 
 
 def test_long_documents_are_mean_pooled_over_windows(tiny_source, tmp_path):

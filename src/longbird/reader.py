@@ -50,30 +50,42 @@ def reading_windows(model, model_dir, window_length: int | None, doc_stride: int
         source = "trained" if window_length is not None else "model length"
         doc_stride = doc_stride if doc_stride is not None else trained_stride
     limit = model.config.max_position_embeddings
-    window_length = window_length or limit
+    window_length = limit if window_length is None else window_length  # 0 is a bad value, not "the default"
     if not 1 <= window_length <= limit:
         raise ValueError(f"window_length {window_length} must lie in 1..{limit} (the model's maximum length)")
     return window_length, doc_stride, source
 
 
+CLASSIFICATION_STRIDE = 128  # tokens shared by neighbouring windows of a classified document, unless trained otherwise
+
+
+def classification_windows(model, model_dir, window_length: int | None, stride: int | None) -> tuple[int, int, str]:
+    """(window_length, stride, where the window came from) for classifying or embedding with a fine-tuned classifier,
+    as `reading_windows`: the trained window and stride unless given; a default stride is at most half the window."""
+    window_length, trained_stride, source = reading_windows(model, model_dir, window_length, stride)
+    if stride is None:
+        stride = trained_stride if trained_stride is not None else min(CLASSIFICATION_STRIDE, window_length // 2)
+    return window_length, stride, source
+
+
 def trained_windows(model_path) -> tuple[int | None, int | None]:
-    """(window_length, doc_stride) a QA model was fine-tuned with, from its `longbird_finetune.json`; (None, None)
-    for a model without that record (converted or saved by hand), which then reads windows of its full length.
-    Reading with the trained window is the default of `answer` and `evaluate`: a model fine-tuned on 512-token
-    windows has never been trained to read 4096 (design: the trained window, not the model length)."""
+    """(window_length, stride) a QA model or a classifier was fine-tuned with, from its `longbird_finetune.json`;
+    (None, None) for a model without that record (converted or saved by hand), which then reads windows of its full
+    length. Reading with the trained window is the default of `answer`, `evaluate` and the server: a model
+    fine-tuned on 512-token windows has never been trained to read 4096 (design: the trained window, not the model
+    length)."""
     record = resolve_model_directory(model_path) / "longbird_finetune.json"
     if not record.exists():
         return None, None
     data = json.loads(record.read_text(encoding="utf-8"))
-    return (data.get("window_length"), data.get("doc_stride")) if data.get("task") == "qa" else (None, None)
+    stride = {"qa": "doc_stride", "classification": "stride"}.get(data.get("task"))
+    return (data.get("window_length"), data.get(stride)) if stride else (None, None)
 
 
 @torch.no_grad()
-def predict_documents(model, tokenizer, texts, window_length: int | None = None,
-                      stride: int = 128) -> list[torch.Tensor]:
-    """Per document, the mean of its windows' logits (num_labels,)."""
+def predict_documents(model, tokenizer, texts, window_length: int, stride: int) -> list[torch.Tensor]:
+    """Per document, the mean of its windows' logits (num_labels,) (windows: `classification_windows`)."""
     model.eval()
-    window_length = window_length or model.config.max_position_embeddings
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     collate = PaddedBatches(pad, batch_multiple(model))  # a compiled encoder: one kind of length
     def logits(text):
@@ -246,15 +258,15 @@ class Reader:
         return Reading([answer_record(a, request.is_html) for a in answers], len(request.features), request.tokens,
                        request.window_length, request.window_source, request.question_cut)
 
-    def classify(self, document: str, window_length: int | None = None, stride: int = 128,
+    def classify(self, document: str, window_length: int | None = None, stride: int | None = None,
                  window_limit: int | None = None) -> dict:
         """Class probabilities of `document` (best first) from the mean of its windows' logits, as `evaluate --task
-        classification` scores it; `windows` read and their `tokens` (special tokens included); `window_limit` as in
-        `prepare`."""
+        classification` scores it (the trained window and stride unless given: `classification_windows`); `windows`
+        read and their `tokens` (special tokens included); `window_limit` as in `prepare`."""
         self._require("classification", "classification")
         if not document or not document.strip():
             raise ValueError("the document is empty; give the text to classify")
-        window_length = self._length(window_length)
+        window_length, stride, _ = classification_windows(self.model, self.model_dir, window_length, stride)
         with self._tokenizing:
             windows = document_windows(self.tokenizer, document, window_length, stride, window_limit)
         with self._precision(), torch.no_grad():
@@ -327,7 +339,7 @@ class Reader:
 
     def _length(self, window_length: int | None) -> int:
         limit = self.model.config.max_position_embeddings
-        window_length = window_length or limit
+        window_length = limit if window_length is None else window_length
         if not 1 <= window_length <= limit:
             raise ValueError(f"window_length {window_length} must lie in 1..{limit} (the model's maximum length)")
         return window_length

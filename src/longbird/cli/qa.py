@@ -111,9 +111,11 @@ EvaluationData = Annotated[list[Path], typer.Option("--data", help="Evaluation d
 EvaluationOut = Annotated[Path, typer.Option(help="Directory for predictions.json and metrics.json")]
 Task = Annotated[str, typer.Option(help="qa or classification")]
 QAFormat = Annotated[str, typer.Option("--format", help=FORMAT_HELP + " (qa only)")]
-QAReadWindow = Annotated[int | None, typer.Option(help=READ_WINDOW_HELP + " (qa)")]
-QAReadStride = Annotated[int | None, typer.Option(help="Tokens shared by neighbouring windows (qa default: the "
-                                                       "trained stride)")]
+QAReadWindow = Annotated[int | None, typer.Option(help=READ_WINDOW_HELP)]
+QAReadStride = Annotated[int | None, typer.Option(help="Tokens shared by neighbouring windows (default: the trained "
+                                                       "stride; classification without one: 128)")]
+TextField = Annotated[str, typer.Option(help="The text field of a JSON Lines file (classification)")]
+LabelField = Annotated[str, typer.Option(help="The label field of a JSON Lines file (classification)")]
 FirstExamples = Annotated[int | None, typer.Option(min=1, help="Use N questions drawn with seed 0")]
 
 QAModel = Annotated[Path, typer.Option(help="Fine-tuned longbird QA directory")]
@@ -175,8 +177,10 @@ def evaluate(
     max_answer_tokens: MaxAnswerTokens = None, scoring: str = SCORING, batch_size: BatchSize = 4,
     device: Device = "auto", overwrite: Overwrite = False, bf16: AutocastBf16 = False, compile: Compile = False,
     lexical_weight: LexicalWeight = LEXICAL_WEIGHT, lexical_radius: LexicalRadius = LEXICAL_RADIUS,
+    text_field: TextField = "text", label_field: LabelField = "label",
 ):
     """Predict and score with the official metric; writes predictions.json and metrics.json."""
+    _refuse_options_of_the_other_task(task, locals())
     device = resolve_device(device)
     warn_if_bf16_is_slow(device, bf16)  # evaluate_qa / evaluate_cls read under bf16 autocast themselves
     if task == "qa":
@@ -191,9 +195,9 @@ def evaluate(
     elif task == "classification":
         from ..tasks.classification import evaluate_cls
 
-        result = evaluate_cls(model_path=model, data=data[0], window_length=window_length,
-                              stride=doc_stride or 128, out=out, device=device, overwrite=overwrite,
-                              bf16=bf16)
+        result = evaluate_cls(model_path=model, data=_one_or_many(data), window_length=window_length,
+                              stride=doc_stride, text_field=text_field, label_field=label_field, out=out,
+                              device=device, overwrite=overwrite, bf16=bf16)
     else:
         raise ValueError(f"--task must be qa or classification; got {task!r}")
     print_metrics(f"{task} metrics (written to {out})", result["metrics"])
@@ -230,6 +234,26 @@ def answer(
     _print_answer(record, document=document, min_probability=min_probability, as_json=as_json)
     if record["answer"] is None:
         raise typer.Exit(1)
+
+
+# evaluate's options that only one task reads, with their defaults: given to the other task they were ignored
+QA_ONLY = {"data_format": ("--format", "korquad2"), "max_windows": ("--max-windows", None),
+           "max_examples": ("--max-examples", None), "split": ("--split", None),
+           "max_answer_tokens": ("--max-answer-tokens", None), "scoring": ("--scoring", SCORING.default),
+           "compile": ("--compile", False), "lexical_weight": ("--lexical-weight", LEXICAL_WEIGHT),
+           "lexical_radius": ("--lexical-radius", LEXICAL_RADIUS)}
+CLASSIFICATION_ONLY = {"text_field": ("--text-field", "text"), "label_field": ("--label-field", "label")}
+
+
+def _refuse_options_of_the_other_task(task: str, given: dict) -> None:
+    if task not in ("qa", "classification"):
+        raise ValueError(f"--task must be qa or classification; got {task!r}")
+    others = QA_ONLY if task == "classification" else CLASSIFICATION_ONLY
+    ignored = [option for name, (option, default) in others.items() if given[name] != default]
+    if ignored:
+        raise typer.BadParameter(f"{', '.join(ignored)} {'applies' if len(ignored) == 1 else 'apply'} to --task "
+                                 f"{'qa' if task == 'classification' else 'classification'} only; leave "
+                                 f"{'it' if len(ignored) == 1 else 'them'} out with --task {task}")
 
 
 def _one_or_many(paths: list[Path]):

@@ -38,7 +38,9 @@ def read_classification(path: str | Path, text_field: str = "text", label_field:
                          f"{str(error).splitlines()[0] if str(error) else type(error).__name__}") from None
     for field in (text_field, label_field):
         if field not in dataset.column_names:
-            raise MalformedRecordError(f"{path.name} has no {field!r} field; its fields are {dataset.column_names}")
+            option = "--text-field" if field == text_field else "--label-field"
+            raise MalformedRecordError(f"{path.name} has no {field!r} field; its fields are {dataset.column_names}: "
+                                       f"name the {'text' if field == text_field else 'label'} field with {option}")
     for index, (text, label) in enumerate(zip(dataset[text_field], dataset[label_field])):
         if not isinstance(text, str) or not text.strip():
             raise MalformedRecordError(f"record {index} of {path.name}: {text_field!r} must be non-empty text")
@@ -60,9 +62,14 @@ def document_windows(tokenizer, text: str, max_length: int, stride: int = 128,
                      window_limit: int | None = None) -> list[dict]:
     """Model inputs for the windows of one document (`stride` tokens shared by neighbours); `window_limit`:
     window_limit.TooManyWindows, before any is built, for a document that makes more."""
-    room = max_length - tokenizer.num_special_tokens_to_add(pair=False)
+    special = tokenizer.num_special_tokens_to_add(pair=False)
+    room = max_length - special
+    if room < 1:
+        raise ValueError(f"windows of {max_length} tokens hold no text after their {special} special tokens; use "
+                         f"windows of at least {special + 2} tokens")
     if not 0 <= stride < room:
-        raise ValueError(f"stride ({stride}) must lie in 0..{room - 1} for windows of {max_length} tokens")
+        raise ValueError(f"the stride ({stride}) must lie in 0..{room - 1}: a window of {max_length} tokens holds "
+                         f"{room} of the text; give a smaller stride")
     if window_limit is not None:
         check_window_limit(tokenizer, text, max_length, room, stride, window_limit)
     encoded = tokenizer(text, truncation=True, max_length=max_length, stride=stride, return_overflowing_tokens=True)

@@ -108,7 +108,8 @@ class Info(BaseModel):
 class ClassifyRequest(Strict):
     document: str = Field(description="The text to classify")
     window_length: Count | None = Field(None, ge=1, description="Window in tokens (default: the model length)")
-    stride: Count = Field(128, ge=0, description="Tokens shared by neighbouring windows")
+    stride: Count | None = Field(None, ge=0, description="Tokens shared by neighbouring windows (default: the "
+                                  "stride the model was fine-tuned with, else 128)")
 
 
 class LabelProbability(BaseModel):

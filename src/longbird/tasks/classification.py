@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 import torch
-from datasets import Dataset
+from datasets import Dataset, concatenate_datasets
 from transformers import set_seed
 
 from ..checkpoints import check_tokenizer, load_on_device, load_task_model, training_window
@@ -15,7 +15,7 @@ from ..data.classification import document_windows, label_vocabulary, read_class
 from ..heads import LongBirdForSequenceClassification
 from ..metrics.classification import accuracy, macro_f1
 from ..precision import bf16_autocast
-from ..reader import predict_documents
+from ..reader import classification_windows, predict_documents
 from ..runs import (
     check_output,
     data_record,
@@ -32,7 +32,12 @@ logger = logging.getLogger(__name__)
 
 
 def _classification_rows(data, text_field: str, label_field: str):
-    return data if isinstance(data, Dataset) else read_classification(data, text_field, label_field)
+    """A Dataset as it is; a file, or several files read as one dataset in their order."""
+    if isinstance(data, Dataset):
+        return data
+    if isinstance(data, (list, tuple)):
+        return concatenate_datasets([read_classification(path, text_field, label_field) for path in data])
+    return read_classification(data, text_field, label_field)
 
 def finetune_cls(model_path, train_data, out: str | Path, *, preset: str = "kobigbird", max_length: int = 4096,
                  window_length: int | None = None, stride: int = 128, text_field: str = "text",
@@ -65,16 +70,19 @@ def finetune_cls(model_path, train_data, out: str | Path, *, preset: str = "kobi
                         (model_path, preset, max_length))
     return {**metrics, "documents": len(rows), "windows": len(items)}
 
-def evaluate_cls(model_path, data, *, window_length: int | None = None, stride: int = 128, text_field: str = "text",
-                 label_field: str = "label", out: str | Path | None = None, device: str | None = None,
-                 overwrite: bool = False, bf16: bool = False) -> dict:
-    """Accuracy and macro-F1 of a saved classifier; with `out`, writes predictions.json (per document: index, gold
-    label, predicted label, class probabilities) and metrics.json. `bf16`: read under bf16 autocast with the
-    encoder's Linear weights stored in bf16 (`precision.store_encoder_linears_in`)."""
+def evaluate_cls(model_path, data, *, window_length: int | None = None, stride: int | None = None,
+                 text_field: str = "text", label_field: str = "label", out: str | Path | None = None,
+                 device: str | None = None, overwrite: bool = False, bf16: bool = False) -> dict:
+    """Accuracy and macro-F1 of a saved classifier on `data` (a file, several files or a Dataset); with `out`, writes
+    predictions.json (per document: index, gold label, predicted label, class probabilities) and metrics.json.
+    Windows: the trained window and stride unless given (`reader.classification_windows`), as the server's
+    /classify reads. `bf16`: read under bf16 autocast with the encoder's Linear weights stored in bf16
+    (`precision.store_encoder_linears_in`)."""
     check_output(out, overwrite, reads=(model_path,))
     rows = _classification_rows(data, text_field, label_field)
     model, tokenizer = load_on_device(model_path, LongBirdForSequenceClassification, device, bf16=bf16)
     check_tokenizer(model, tokenizer)
+    window_length, stride, window_source = classification_windows(model, model_path, window_length, stride)
     with bf16_autocast(model.device.type, bf16):
         logits = predict_documents(model, tokenizer, rows["text"], window_length, stride)
     predictions = [model.config.id2label[int(score.argmax())] for score in logits]
@@ -89,6 +97,7 @@ def evaluate_cls(model_path, data, *, window_length: int | None = None, stride: 
         records = [{"index": index, "gold": gold, "prediction": prediction,
                     "scores": dict(zip(labels, torch.softmax(score.float(), -1).tolist()))}
                    for index, (gold, prediction, score) in enumerate(zip(golds, predictions, logits))]
-        record = {**metrics, "documents": len(golds), "model": str(model_path), "data": describe_data(data)}
+        record = {**metrics, "documents": len(golds), "model": str(model_path), "data": describe_data(data),
+                  "window_length": window_length, "stride": stride, "window_source": window_source}
         write_outputs(out, overwrite, records, record)
     return {"metrics": metrics, "predictions": predictions}
