@@ -60,6 +60,16 @@ def test_bench_refuses_cuda_without_a_gpu_and_bad_settings(tmp_path):
         assert result.exit_code != 0 and "CUDA is not available" in result.output
     result = CliRunner().invoke(app, ["bench", "--smoke", "--batch", "0", "--out", str(tmp_path)])
     assert result.exit_code != 0 and "batch must be a positive number or 'max'" in result.output
+    # refused before the progress bar and the first model (a length that is not a block multiple failed at its turn
+    # with the library's --max-length spelling; --repeats 0 after the whole sweep; --size with --smoke was ignored)
+    for options, message in ((["--model", "kobigbird", "--length", "1000"],
+                              "--length 1000 does not fit kobigbird, which reads whole blocks of 64 tokens; use 1024"),
+                             (["--repeats", "0"], "--repeats must be at least 1"),
+                             (["--model", "nope"], "unknown benchmark model 'nope'"),
+                             (["--size", "huge"], "--size does not apply with --smoke")):
+        result = CliRunner().invoke(app, ["bench", "--smoke", "--out", str(tmp_path), *options])
+        assert result.exit_code in (1, 2) and message in " ".join(result.output.split()), result.output
+    assert not list(tmp_path.iterdir())
     earlier = tmp_path / "bench_smoke.json"  # results already in OUT are never replaced without --overwrite
     earlier.write_text("{}")
     result = CliRunner().invoke(app, ["bench", "--smoke", "--out", str(tmp_path)])

@@ -3,9 +3,11 @@ KoBigBird-large was released; the kobigbird and full presets) or an ONNX graph (
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -140,7 +142,8 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, format: str = "
         logger.warning(
             "this model uses random_blocks=%r: the exported BigBirdModel computes the same up to %d tokens but differs "
             "above (transformers uses block 0 as every random block and full attention up to (5 + 2r)·b = %d tokens); "
-            "convert with random_blocks='transformers' for an export that computes what longbird computes",
+            "convert with random_blocks='transformers' (--set random_blocks=transformers) for an export that "
+            "computes what longbird computes",
             config.random_blocks, config.full_attention_threshold,
             (5 + 2 * config.num_random_blocks) * config.block_size)
     tokenizer = tokenizer_beside(Path(model_dir))
@@ -233,9 +236,10 @@ def export_onnx(model_dir: str | os.PathLike, out: str | os.PathLike, overwrite:
 
     def write(directory: Path) -> None:
         graph = directory / "model.onnx"
-        torch.onnx.export(model, tuple(example[name] for name in ONNX_INPUTS), graph, dynamo=True,
-                          input_names=list(ONNX_INPUTS), output_names=outputs,
-                          dynamic_shapes=lengths.dynamic_shapes())
+        with quiet_exporter():
+            torch.onnx.export(model, tuple(example[name] for name in ONNX_INPUTS), graph, dynamo=True,
+                              input_names=list(ONNX_INPUTS), output_names=outputs,
+                              dynamic_shapes=lengths.dynamic_shapes(), verbose=verbose())
         record = {"model": str(path), "architecture": type(model).__name__, "inputs": list(ONNX_INPUTS),
                   "outputs": outputs, "lengths": asdict(lengths), "torch": torch.__version__,
                   "check": [_onnxruntime_check(graph, batch, reference, outputs)
@@ -246,6 +250,31 @@ def export_onnx(model_dir: str | os.PathLike, out: str | os.PathLike, overwrite:
         (directory / ONNX_RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
 
     return write_directory_atomically(out, write, overwrite=overwrite)
+
+
+def verbose() -> bool:
+    """`longbird --verbose` (LONGBIRD_VERBOSE=1): the libraries' own step messages and warnings are shown."""
+    return os.environ.get("LONGBIRD_VERBOSE") == "1"
+
+
+@contextlib.contextmanager
+def quiet_exporter():
+    """torch.onnx's exporter without its warnings and logged notes (about 16 lines an export: torchvision ops it
+    skips, deprecations inside torch, axis names it merges), unless `verbose()`."""
+    if verbose():
+        yield
+        return
+    loggers = [logging.getLogger(name) for name in ("torch.onnx", "torch._dynamo", "torch.export", "onnxscript")]
+    levels = [each.level for each in loggers]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for each in loggers:
+            each.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            for each, level in zip(loggers, levels, strict=True):
+                each.setLevel(level)
 
 
 def _example_batch(config: LongBirdConfig, lengths: OnnxLengths, length: int | None = None) -> dict:

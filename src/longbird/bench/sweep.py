@@ -21,6 +21,7 @@ import torch
 
 from .memory import peak_allocated_bytes, peak_cuda_bytes
 from .models import (
+    BASELINES,
     PRESET_SETTINGS,
     SIZES,
     build_model,
@@ -73,6 +74,17 @@ class SweepSettings:
         for batch in self.batches:
             if batch != "max" and not (str(batch).isdigit() and int(batch) >= 1):
                 raise ValueError(f"batch must be a positive number or 'max'; got {batch!r}")
+        if self.repeats < 1:
+            raise ValueError(f"--repeats must be at least 1 (timed calls per point); got {self.repeats}")
+        for name in self.models:  # refused here, before the progress bar and the first model, not at its turn
+            if name not in PRESET_SETTINGS and name not in BASELINES:
+                raise ValueError(f"unknown benchmark model {name!r}; choose from {tuple(PRESET_SETTINGS) + BASELINES}")
+            block = 64 if name == "hf-bigbird" else PRESET_SETTINGS.get(name, {}).get("block_size")
+            for length in self.lengths:
+                if length < 2 or (block and length % block):
+                    fix = f"use {-(-length // block) * block}" if block and length >= 2 else "use 512 or more"
+                    raise ValueError(f"--length {length} does not fit {name}, which reads whole blocks of {block} "
+                                     f"tokens; {fix}" if block else f"--length {length} is too short; {fix}")
 
 
 def cpu_model() -> str:

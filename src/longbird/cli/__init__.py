@@ -52,6 +52,7 @@ CLI_SPELLINGS = (
     (re.compile(r"\bdoc_stride \((-?\d+)\)"), r"--doc-stride (\1)"),
     (re.compile(r"\bwindow_length (-?\d+) must"), r"--window-length \1 must"),
     (re.compile(r"\bpass overwrite=True \(--overwrite\)"), "pass --overwrite"),
+    (re.compile(r"\bgive the length as max_length\b"), "give the length as --max-length"),
     (re.compile(r"^the question is empty\b"), "--question is empty"),  # longbird.answer's own check
 )
 

@@ -45,6 +45,9 @@ def bench(ctx: typer.Context,
     from ..bench.report import markdown, write_report
     from ..bench.sweep import SweepSettings
 
+    if smoke and ctx.get_parameter_source("sizes").name != "DEFAULT":
+        raise typer.BadParameter("--size does not apply with --smoke, whose model is tiny (2 layers, 128 hidden); "
+                                 "leave one of them out")
     if smoke:  # a quick check: shorter lengths and one timed call, unless the user chose them
         lengths = [512, 1024] if ctx.get_parameter_source("lengths").name == "DEFAULT" else lengths
         repeats = 1 if ctx.get_parameter_source("repeats").name == "DEFAULT" else repeats
