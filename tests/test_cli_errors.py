@@ -620,3 +620,33 @@ def test_hf_bigbird_export_of_a_tape_fine_tuning_names_tape(tiny_qa, tmp_path):
     (peft / PEFT_RECORD).write_text("{}")
     _fails_in_one_line(["export", str(peft), "--format", "hf-bigbird", "--out", str(tmp_path / "x")],
                        "holds a TAPE fine-tuning", "--format onnx")
+
+
+def test_a_damaged_model_directory_names_the_file(tiny_source, tiny_qa, tmp_path):
+    """json's and safetensors' own errors name no file ('Expecting property name ...', 'incomplete metadata, file not
+    fully covered')."""
+    import shutil
+
+    for source in (tiny_source, tiny_qa):
+        cut, garbled = tmp_path / f"{source.name}-cut", tmp_path / f"{source.name}-garbled"
+        shutil.copytree(source, cut)
+        shutil.copytree(source, garbled)
+        weights = (cut / "model.safetensors").read_bytes()
+        (cut / "model.safetensors").write_bytes(weights[: len(weights) // 2])
+        (garbled / "config.json").write_text('{"model_type": "bert",\n oops}', encoding="utf-8")
+        for command in (["convert"], ["export", "--format", "onnx"], ["export", "--format", "hf-bigbird"]):
+            _fails_in_one_line([command[0], str(cut), *command[1:], "--out", str(tmp_path / "o")],
+                               f"{cut / 'model.safetensors'} cannot be read", "damaged or was cut short")
+            _fails_in_one_line([command[0], str(garbled), *command[1:], "--out", str(tmp_path / "o")],
+                               f"{garbled / 'config.json'} is not valid JSON", "line 2 column 2")
+    _fails_in_one_line(["evaluate", "--model", str(tmp_path / f"{tiny_qa.name}-cut"), "--data", str(PAGES[0]),
+                        "--out", str(tmp_path / "o")], "model.safetensors cannot be read")
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_bad_line_of_classification_data_is_one_line_naming_the_file(tiny_qa, tmp_path):
+    records = tmp_path / "bad.jsonl"
+    records.write_text('{"text": "좋은 문서", "label": "a"}\n{"text": oops}\n', encoding="utf-8")
+    _fails_in_one_line(["evaluate", "--model", str(tiny_qa), "--task", "classification", "--data", str(records),
+                        "--out", str(tmp_path / "o")], f"classification data file {records} is not valid JSON Lines",
+                       "JSON parse error")

@@ -21,7 +21,7 @@ from .config import LongBirdConfig
 from .conversion import convert
 from .files import check_not_read, check_writable, write_directory_atomically
 from .precision import store_encoder_linears_in
-from .sources import resolve_model_directory, resolve_source
+from .sources import resolve_model_directory
 from .training.processes import is_main_process
 
 
@@ -30,7 +30,7 @@ def convert_to_directory(source, out: str | Path, *, preset: str = "kobigbird", 
     """Convert `source` (default: the embedded MiniLM) and save model + source tokenizer to `out` atomically.
     Returns (model, whether a tokenizer was found beside the source). A longbird directory (a fine-tuned reader too)
     is reconverted instead (`reconvert_directory`)."""
-    source = resolve_source(source)
+    source = resolve_model_directory(source)  # a missing, damaged or foreign directory named before anything runs
     check_not_read(out, (source,))  # converting a directory onto itself would delete the source
     check_writable(out, overwrite)  # before the conversion, not after it
     if (source / "config.json").is_file() and \

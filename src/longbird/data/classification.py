@@ -9,6 +9,7 @@ most documents are a single window, which is the point of a long model.
 from __future__ import annotations
 
 import codecs
+import logging
 from pathlib import Path
 
 from datasets import Dataset
@@ -26,6 +27,9 @@ def read_classification(path: str | Path, text_field: str = "text", label_field:
     read_text_file(path, "classification data file")  # missing, empty, binary or non-UTF-8: named here
     if path.read_bytes()[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE):  # the loaders below read UTF-8 only
         raise ValueError(f"classification data file {path} is UTF-16 text; re-save it as UTF-8")
+    datasets_logger = logging.getLogger("datasets")
+    level = datasets_logger.level
+    datasets_logger.setLevel(logging.CRITICAL)  # its loader logs the parse error before raising: said once, below
     try:
         if path.suffix in (".jsonl", ".json"):
             dataset = Dataset.from_json(str(path))
@@ -34,8 +38,12 @@ def read_classification(path: str | Path, text_field: str = "text", label_field:
     except Exception as error:  # pyarrow/pandas parse errors carry no file name
         kind = ("JSON Lines (one JSON object per line)" if path.suffix in (".jsonl", ".json")
                 else path.suffix[1:].upper())
+        while error.__cause__ is not None:  # the parser's words, not "An error occurred while generating the dataset"
+            error = error.__cause__
         raise ValueError(f"classification data file {path} is not valid {kind}: "
                          f"{str(error).splitlines()[0] if str(error) else type(error).__name__}") from None
+    finally:
+        datasets_logger.setLevel(level)
     for field in (text_field, label_field):
         if field not in dataset.column_names:
             option = "--text-field" if field == text_field else "--label-field"

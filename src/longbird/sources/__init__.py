@@ -51,7 +51,33 @@ def resolve_model_directory(source: str | os.PathLike | None) -> Path:
         raise FileNotFoundError(f"not a longbird or transformers model directory: {path} ({why}); give a directory "
                                 f"written by save_pretrained or `longbird convert`, or a named embedded source: "
                                 f"minilm, {E5_NAME}")
+    _check_readable(path)
     return path
+
+
+def _check_readable(path: Path) -> None:
+    """A damaged config.json or weights file, named with its path (json's and safetensors' own errors name neither):
+    the config is parsed and each safetensors file's header read (it says where every tensor lies, so a file cut
+    short is caught here; the tensors themselves are not read)."""
+    import json
+
+    config = path / "config.json"
+    try:
+        json.loads(config.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{config} is not valid JSON ({error}): the model directory is damaged; write it again "
+                         "(save_pretrained or `longbird convert`)") from None
+    weights = sorted(path.glob("*.safetensors"))
+    if weights:
+        from safetensors import SafetensorError, safe_open
+
+        for file in weights:
+            try:
+                with safe_open(str(file), "pt"):
+                    pass
+            except (SafetensorError, OSError) as error:
+                raise ValueError(f"{file} cannot be read ({error}): the file is damaged or was cut short; write the "
+                                 "model directory again (save_pretrained or `longbird convert`)") from None
 
 
 def minilm_path() -> Path:
