@@ -650,3 +650,8 @@ def test_a_bad_line_of_classification_data_is_one_line_naming_the_file(tiny_qa, 
     _fails_in_one_line(["evaluate", "--model", str(tiny_qa), "--task", "classification", "--data", str(records),
                         "--out", str(tmp_path / "o")], f"classification data file {records} is not valid JSON Lines",
                        "JSON parse error")
+
+
+def test_evaluate_batch_size_below_one_is_named(tiny_qa, tmp_path):
+    _fails_in_one_line(["evaluate", "--model", str(tiny_qa), "--data", str(PAGES[0]), "--batch-size", "0",
+                        "--out", str(tmp_path / "o")], "--batch-size must be at least 1")

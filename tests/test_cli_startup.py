@@ -26,6 +26,11 @@ def test_import_longbird_loads_no_heavy_library():
     assert out.endswith("[]"), out
 
 
+def test_python_dash_m_longbird_is_the_command_line():
+    done = subprocess.run([sys.executable, "-m", "longbird", "--version"], capture_output=True, text=True, check=True)
+    assert done.stdout.strip().startswith("longbird ")
+
+
 def test_cli_help_loads_no_heavy_library():
     out = _python("import sys\nfrom typer.testing import CliRunner\nfrom longbird.cli import app\n"
                   "result = CliRunner().invoke(app, ['convert', '--help'])\n"

@@ -79,8 +79,8 @@ def test_config_values_given_to_from_pretrained_are_checked_when_the_model_is_bu
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"num_hidden_layers": 1}, r"convert cannot override \['num_hidden_layers'\]: they describe the source's"),
-    ({"max_position_embeddings": 256}, r"convert cannot override \['max_position_embeddings'\].*give the length as "
+    ({"num_hidden_layers": 1}, r"convert cannot change \['num_hidden_layers'\]: they describe the source's"),
+    ({"max_position_embeddings": 256}, r"convert cannot change \['max_position_embeddings'\].*give the length as "
                                        r"max_length"),
     ({"max_length": "128"}, r"max_length must be an integer .* got '128'"),
     ({"qa_ranking_weight": "0.5"}, r"qa_ranking_weight must be a number; got '0.5'"),
@@ -88,6 +88,10 @@ def test_config_values_given_to_from_pretrained_are_checked_when_the_model_is_bu
 def test_conversion_options_that_contradict_the_source_or_are_text_are_named(overrides, message):
     with pytest.raises(ValueError, match=message):
         longbird.convert(make_source("bert"), **{"max_length": 128, "block_size": BLOCK, **overrides})
+    # the source's own values pass: a TAPE PEFT record's base conversion carries the whole config
+    source = make_source("bert")
+    same = {"num_hidden_layers": source.config.num_hidden_layers, "max_position_embeddings": 128}
+    assert longbird.convert(source, max_length=128, block_size=BLOCK, **same).config.num_hidden_layers == 2
 
 
 def test_converting_a_longbird_model_points_to_reconvert(tmp_path):

@@ -138,9 +138,10 @@ def _build_config(source: PreTrainedModel, preset: str, max_length: int, overrid
     if unknown:
         raise ValueError(f"unknown conversion option(s) {unknown}; valid options are LongBirdConfig fields, e.g. "
                          "block_size, num_random_blocks, taper_schedule, taper_mode, taper_tau, type_vocab_size")
-    from_source = sorted(set(overrides) & FROM_THE_SOURCE)
+    # the same values pass (a PEFT record's base conversion carries the whole config); other ones are refused
+    from_source = sorted(key for key in set(overrides) & FROM_THE_SOURCE if overrides[key] != values.get(key))
     if from_source:
-        raise ValueError(f"convert cannot override {from_source}: they describe the source's architecture and weights, "
+        raise ValueError(f"convert cannot change {from_source}: they describe the source's architecture and weights, "
                          "which a conversion keeps; convert another source for other sizes, and give the length as "
                          "max_length")
     values.update(overrides)

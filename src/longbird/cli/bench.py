@@ -85,11 +85,16 @@ def _sweep(settings, out: Path, stem: str, overwrite: bool) -> dict:
     partial = out / f"{stem}.partial.json"
     steps = len(settings.sizes) * len(settings.dtypes) * len(settings.modes) * len(settings.batches) * len(
         settings.lengths)
-    with Progress(console=console) as progress:
-        task = progress.add_task("bench", total=steps)
-        report = run_sweep(settings=settings,
-                           progress=lambda message: progress.update(task, advance=1, description=message),
-                           checkpoint=lambda report: write_file_atomically(path=partial,
-                                                                            text=json.dumps(report, indent=2) + "\n"))
+    try:
+        with Progress(console=console) as progress:
+            task = progress.add_task("bench", total=steps)
+            report = run_sweep(settings=settings,
+                               progress=lambda message: progress.update(task, advance=1, description=message),
+                               checkpoint=lambda report: write_file_atomically(
+                                   path=partial, text=json.dumps(report, indent=2) + "\n"))
+    except BaseException:
+        if partial.exists():
+            console.print(f"the points measured so far are in {partial}", markup=False)
+        raise
     partial.unlink(missing_ok=True)
     return report

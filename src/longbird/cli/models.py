@@ -29,8 +29,10 @@ def convert(source: Source = None, preset: Preset = "kobigbird",
     if not has_tokenizer:
         console.print("[yellow]no tokenizer found beside the source; saved the model only[/]")
     config = model.config
+    # the extension (TAPER or copy) applies to a position table only: BiALiBi and RoPE-initialised TAPE have none
+    position = f"{config.position}/{config.position_extension}" if config.uses_position_table else config.position
     console.print(f"[green]saved[/] {type(model).__name__} to {escape(str(out))}: attention={config.attention}, "
-                  f"position={config.position}/{config.position_extension}, "
+                  f"position={position}, "
                   f"max_length={config.max_position_embeddings}, "
                   f"source L={config.source_max_positions}")
 

@@ -63,7 +63,7 @@ Compile = Annotated[bool, typer.Option(help="Compile the encoder with torch.comp
 LearningRate = Annotated[float, typer.Option()]
 Epochs = Annotated[float, typer.Option()]
 MaxSteps = Annotated[int, typer.Option()]
-BatchSize = Annotated[int, typer.Option(min=1)]
+BatchSize = Annotated[int, typer.Option()]
 Seed = Annotated[int, typer.Option()]
 Flag = Annotated[bool, typer.Option()]  # a switch without help text (finetune-cls's --padding-insertion and --bf16)
 PaddingInsertion = Annotated[bool, typer.Option(help="Padding Insertion on training batches (LittleBird 3.4)")]

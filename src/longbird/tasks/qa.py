@@ -241,6 +241,8 @@ def evaluate_qa(model_path, data, *, data_format: str = "korquad2", window_lengt
     (`qa.SCORING_RULES`); `compile`: the encoder compiled with torch.compile (compilation.py); `bf16`: read under
     bf16 autocast with the encoder's Linear weights stored in bf16 (`precision.store_encoder_linears_in`);
     `lexical_weight` (0: off) and `lexical_radius`: the lexical prior across places (lexical_prior.py)."""
+    if batch_size < 1:  # checked before the data and the model are read (it named --max-windows at the first batch)
+        raise ValueError(f"--batch-size must be at least 1 (windows per forward); got {batch_size}")
     check_output(out, overwrite, reads=(model_path,))
     rows, skipped = (data, 0) if isinstance(data, Dataset) else read_qa_data(data, data_format, split)
     rows = sample_questions(rows, max_examples)
