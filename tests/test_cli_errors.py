@@ -604,7 +604,7 @@ def test_hf_bigbird_export_takes_longbird_models_only(tiny_source, tmp_path):
     exported = tmp_path / "hf"
     assert runner.invoke(app, ["export", str(converted), "--format", "hf-bigbird", "--out", str(exported)]).exit_code == 0
     _fails_in_one_line(["export", str(exported), "--format", "hf-bigbird", "--out", str(tmp_path / "again")],
-                       "is not a longbird model (model_type 'big_bird')")
+                       "is a transformers BigBird model already")
     assert not (tmp_path / "x").exists() and not (tmp_path / "again").exists()
 
 

@@ -14,6 +14,7 @@ from longbird.heads import (
     LongBirdForSequenceClassification,
 )
 from longbird.modeling import LongBirdModel
+from test_qa_cli import tiny_qa, tiny_source  # noqa: F401  (fixtures)
 
 
 @pytest.fixture(scope="module")
@@ -96,3 +97,27 @@ def test_resize_token_embeddings_grows_the_mlm_bias_with_the_vocabulary(config):
     assert logits.shape[-1] == config.vocab_size + 10
     model.resize_token_embeddings(config.vocab_size)  # and back: the original rows, the original outputs
     torch.testing.assert_close(model(input_ids=input_ids, attention_mask=attention_mask).logits, logits_before)
+
+
+def test_positional_return_dict_false_gives_a_tuple_too(config):
+    """@can_return_tuple reads the keyword only; the encoder's seventh argument is honoured by the encoder itself."""
+    input_ids, attention_mask = make_batch(64)
+    model = _model(LongBirdModel, config)
+    assert isinstance(model(input_ids, attention_mask, None, None, None, None, False), tuple)
+
+
+def test_a_model_saved_with_return_dict_false_still_reads(tiny_qa, tmp_path):
+    """config.return_dict=False is saved in config.json; longbird's own readers ask for outputs by name."""
+    import json
+    import shutil
+
+    from longbird.reader import Reader
+
+    saved = tmp_path / "tuples"
+    shutil.copytree(tiny_qa, saved)
+    config = json.loads((saved / "config.json").read_text())
+    (saved / "config.json").write_text(json.dumps({**config, "return_dict": False}))
+    document = "서울은 대한민국의 수도이다. " * 40
+    got = Reader(saved).answer("대한민국의 수도는?", document, top_k=2)
+    want = Reader(tiny_qa).answer("대한민국의 수도는?", document, top_k=2)
+    assert got.answers == want.answers

@@ -176,7 +176,8 @@ def test_classification_finetune_and_evaluate(tiny_source, tmp_path):
     scores = lambda rows: [row["scores"][label] for row in rows for label in ("bill", "law")]  # noqa: E731
     assert len(twice) == 20 and scores(twice) == pytest.approx(scores(records) * 2)
     # options of the other task were accepted and ignored
-    for option in (["--max-examples", "2"], ["--format", "squad"], ["--scoring", "logit"]):
+    for option in (["--max-examples", "2"], ["--format", "squad"], ["--scoring", "null-relative"],
+                   ["--batch-size", "4"]):  # given, even at their defaults
         result = runner.invoke(app, ["evaluate", "--task", "classification", "--model", str(tmp_path / "cls"),
                                      "--data", str(data), "--out", str(tmp_path / "x"), *option])
         assert result.exit_code == 2 and f"{option[0]} applies to --task qa only" in result.output, result.output

@@ -36,7 +36,8 @@ __all__ = ["METHODS", "__version__", *_LAZY]
 def __getattr__(name: str):
     if name not in _LAZY:
         # a submodule (`longbird.malloc.keep_freed_memory()`) is imported on first use, like the names above
-        if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        if name.isidentifier() and not name.startswith("_") and \
+                importlib.util.find_spec(f"{__name__}.{name}") is not None:
             return importlib.import_module(f".{name}", __name__)
         raise AttributeError(f"module 'longbird' has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)

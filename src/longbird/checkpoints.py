@@ -306,8 +306,9 @@ def tokenizer_beside(path: Path):
         return None
     try:
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError, KeyError):
-        return None
+    except (OSError, ValueError, KeyError) as error:  # files that are there but cannot be read: not "no tokenizer"
+        raise ValueError(f"the tokenizer files in {path} cannot be read ({' '.join(str(error).split())[:200]}); "
+                         "save the tokenizer there again (tokenizer.save_pretrained)") from error
 
 
 def saved_tokenizer(path: Path):

@@ -221,7 +221,8 @@ class LongBirdConfig(PreTrainedConfig):
             block = max(self.block_size, 1)
             raise ValueError(
                 f"max_length ({self.max_position_embeddings}) must be a multiple of block_size ({self.block_size}); "
-                f"use max_length={-(-self.max_position_embeddings // block) * block}"
+                f"use max_length={-(-self.max_position_embeddings // block) * block} when converting, or a block_size "
+                f"that divides {self.max_position_embeddings}"
             )
         if self.attention == "littlebird" and not 0 <= self.pack_size <= self.max_position_embeddings:
             raise ValueError(f"pack_size ({self.pack_size}) must lie in 0..max_length "

@@ -7,7 +7,6 @@ import contextlib
 import json
 import logging
 import os
-import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from .config import LongBirdConfig
 from .files import check_not_read, check_writable, write_directory_atomically
 from .heads import LongBirdForMaskedLM
 from .modeling import LongBirdModel, LongBirdPreTrainedModel
+from .quiet import silenced
 from .sources import resolve_model_directory
 
 EXPORT_FORMATS = ("hf-bigbird", "onnx")
@@ -109,19 +109,22 @@ def to_bigbird(model: LongBirdPreTrainedModel) -> BigBirdModel | BigBirdForMaske
 
 
 def export(model_dir: str | os.PathLike, out: str | os.PathLike, format: str = "hf-bigbird",
-           overwrite: bool = False) -> Path:
+           overwrite: bool = False, quiet: bool = False) -> Path:
     """Load a saved longbird model from `model_dir` and write a `format` checkpoint (plus tokenizer) to `out`."""
     if format not in EXPORT_FORMATS:
         raise ValueError(f"unknown export format {format!r}; choose one of {EXPORT_FORMATS}")
     check_not_read(out, (model_dir,))
     check_writable(out, overwrite)  # before the model is loaded and traced, not after
     if format == "onnx":
-        return export_onnx(model_dir, out, overwrite=overwrite)
+        return export_onnx(model_dir, out, overwrite=overwrite, quiet=quiet)
     model_dir = resolve_model_directory(model_dir)  # a missing directory named as such, not as a Hub repo id
     if is_tape_peft(model_dir):
         raise ValueError(f"{model_dir} holds a TAPE fine-tuning (position states over a base): transformers' BigBird "
                          "has no counterpart for TAPE; export its graph with --format onnx, which takes it")
     saved = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    if saved.get("model_type") == "big_bird":
+        raise ValueError(f"{model_dir} is a transformers BigBird model already (model_type 'big_bird'): use it as "
+                         "it is (BigBirdModel.from_pretrained)")
     if saved.get("model_type") != "longbird":
         raise ValueError(f"{model_dir} is not a longbird model (model_type {saved.get('model_type')!r}); convert it "
                          "first (`longbird convert`)")
@@ -203,10 +206,12 @@ def onnx_lengths(config: LongBirdConfig) -> OnnxLengths:
     return OnnxLengths(2, longest, 1)  # torch.export specialises sizes 0 and 1
 
 
-def export_onnx(model_dir: str | os.PathLike, out: str | os.PathLike, overwrite: bool = False) -> Path:
+def export_onnx(model_dir: str | os.PathLike, out: str | os.PathLike, overwrite: bool = False,
+                quiet: bool = False) -> Path:
     """Write `out/model.onnx` (torch.onnx.export's dynamo exporter) of the saved model with its head, with a dynamic
     batch and sequence length (`onnx_lengths`), its tokenizer and config, and `longbird_onnx.json`: inputs, outputs,
-    the lengths the graph takes and ONNX Runtime's difference from PyTorch on an example batch."""
+    the lengths the graph takes and ONNX Runtime's difference from PyTorch on two check batches. `quiet`: without the
+    exporter's step messages and warnings (the command line's default; `quiet.silenced`)."""
     try:
         import onnxscript  # noqa: F401  (torch.onnx's exporter needs it)
     except ImportError as error:
@@ -227,54 +232,27 @@ def export_onnx(model_dir: str | os.PathLike, out: str | os.PathLike, overwrite:
     tokenizer = tokenizer_beside(path)
     lengths = onnx_lengths(model.config)
     example = _example_batch(model.config, lengths)
-    # checked again on two rows at the longest length: a graph whose sizes were fixed by a guard at the example's
-    # passes the example and refuses longer inputs (LittleBird's head chunks did, above 1,088 tokens a batch)
-    checks = [example, _example_batch(model.config, lengths, length=lengths.longest)]
+    checks = [example, _example_batch(model.config, lengths, length=_long_check_length(lengths))]
     with torch.no_grad():
-        expected = [model(**batch) for batch in checks]
+        expected = [model(**example, return_dict=True)]
     outputs = [name for name, value in expected[0].items() if isinstance(value, torch.Tensor)]
 
     def write(directory: Path) -> None:
         graph = directory / "model.onnx"
-        with quiet_exporter():
+        with silenced(("torch.onnx", "torch._dynamo", "torch.export", "onnxscript"), warnings_too=True) if quiet \
+                else contextlib.nullcontext():
             torch.onnx.export(model, tuple(example[name] for name in ONNX_INPUTS), graph, dynamo=True,
                               input_names=list(ONNX_INPUTS), output_names=outputs,
-                              dynamic_shapes=lengths.dynamic_shapes(), verbose=verbose())
+                              dynamic_shapes=lengths.dynamic_shapes(), verbose=not quiet)
         record = {"model": str(path), "architecture": type(model).__name__, "inputs": list(ONNX_INPUTS),
                   "outputs": outputs, "lengths": asdict(lengths), "torch": torch.__version__,
-                  "check": [_onnxruntime_check(graph, batch, reference, outputs)
-                            for batch, reference in zip(checks, expected, strict=True)]}
+                  "check": _onnxruntime_check(graph, model, checks, expected, outputs)}
         model.config.save_pretrained(directory)
         if tokenizer is not None:
             tokenizer.save_pretrained(directory)
         (directory / ONNX_RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
 
     return write_directory_atomically(out, write, overwrite=overwrite)
-
-
-def verbose() -> bool:
-    """`longbird --verbose` (LONGBIRD_VERBOSE=1): the libraries' own step messages and warnings are shown."""
-    return os.environ.get("LONGBIRD_VERBOSE") == "1"
-
-
-@contextlib.contextmanager
-def quiet_exporter():
-    """torch.onnx's exporter without its warnings and logged notes (about 16 lines an export: torchvision ops it
-    skips, deprecations inside torch, axis names it merges), unless `verbose()`."""
-    if verbose():
-        yield
-        return
-    loggers = [logging.getLogger(name) for name in ("torch.onnx", "torch._dynamo", "torch.export", "onnxscript")]
-    levels = [each.level for each in loggers]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for each in loggers:
-            each.setLevel(logging.ERROR)
-        try:
-            yield
-        finally:
-            for each, level in zip(loggers, levels, strict=True):
-                each.setLevel(level)
 
 
 def _example_batch(config: LongBirdConfig, lengths: OnnxLengths, length: int | None = None) -> dict:
@@ -291,28 +269,44 @@ def _example_batch(config: LongBirdConfig, lengths: OnnxLengths, length: int | N
 ONNX_TOLERANCE = 1e-4  # relative to an output's largest magnitude: fp32 sums in another order are ~1e-6 off
 
 
-def _onnxruntime_check(graph: Path, example: dict, expected, outputs: list[str]) -> dict:
-    """ONNX Runtime's largest difference from PyTorch per output on the example batch (None without onnxruntime);
-    a graph that computes something else is refused, so nothing is written."""
+def _long_check_length(lengths: OnnxLengths) -> int:
+    """The second check batch's length: the longest the graph takes, at most 2,048 tokens (dense presets at 8K+ would
+    need gigabytes of scores), a multiple of `lengths.multiple`. A graph whose sizes a guard fixed at the example's
+    passes the example and refuses longer inputs (LittleBird's head chunks did, above 1,088 tokens a batch)."""
+    longest = min(lengths.longest, max(2048, lengths.shortest + lengths.multiple))
+    return longest // lengths.multiple * lengths.multiple
+
+
+def _onnxruntime_check(graph: Path, model, batches: list[dict], expected: list, outputs: list[str]) -> list[dict]:
+    """ONNX Runtime's largest difference from PyTorch per output on each batch (PyTorch's outputs of the first are
+    `expected`; the others are computed here); a graph that refuses a batch or computes something else is refused, so
+    nothing is written. Without onnxruntime: one record {"onnxruntime": None}."""
     try:
         import onnxruntime
     except ImportError:
-        return {"onnxruntime": None}
-    try:
-        feed = {name: example[name].numpy() for name in ONNX_INPUTS}
-        got = onnxruntime.InferenceSession(str(graph)).run(outputs, feed)
-    except Exception as error:  # onnxruntime's own errors are not Python's
-        raise RuntimeError(f"the exported graph refuses a batch of shape {list(example['input_ids'].shape)} that it "
-                           f"should take ({' '.join(str(error).split())[:300]}): nothing was written. Please report "
-                           f"it with torch {torch.__version__} and onnxruntime {onnxruntime.__version__}") from error
-    differences = {}
-    for name, value in zip(outputs, got):
-        reference = expected[name].numpy()
-        differences[name] = float(abs(value - reference).max())
-        scale = float(abs(reference[abs(reference) < 1e30]).max(initial=0.0))  # not the masked logits' fill value
-        if differences[name] > ONNX_TOLERANCE * max(1.0, scale):
-            raise RuntimeError(f"the exported graph's {name} differs from PyTorch's by {differences[name]:.3g} on an "
-                               f"example batch (largest value {scale:.3g}): nothing was written. Please report it "
-                               f"with torch {torch.__version__} and onnxruntime {onnxruntime.__version__}")
-    return {"onnxruntime": onnxruntime.__version__, "batch": list(example["input_ids"].shape),
-            "max_abs_difference": differences}
+        return [{"onnxruntime": None}]
+    session = onnxruntime.InferenceSession(str(graph))
+    records = []
+    for index, batch in enumerate(batches):
+        if index >= len(expected):
+            with torch.no_grad():
+                expected.append(model(**batch, return_dict=True))
+        shape = list(batch["input_ids"].shape)
+        try:
+            got = session.run(outputs, {name: batch[name].numpy() for name in ONNX_INPUTS})
+        except Exception as error:  # onnxruntime's own errors are not Python's
+            raise RuntimeError(f"the exported graph refuses a batch of shape {shape} that it should take "
+                               f"({' '.join(str(error).split())[:300]}): nothing was written. Please report it with "
+                               f"torch {torch.__version__} and onnxruntime {onnxruntime.__version__}") from error
+        differences = {}
+        for name, value in zip(outputs, got):
+            reference = expected[index][name].numpy()
+            differences[name] = float(abs(value - reference).max())
+            scale = float(abs(reference[abs(reference) < 1e30]).max(initial=0.0))  # not the masked logits' fill
+            if differences[name] > ONNX_TOLERANCE * max(1.0, scale):
+                raise RuntimeError(f"the exported graph's {name} differs from PyTorch's by {differences[name]:.3g} "
+                                   f"on a batch of shape {shape} (largest value {scale:.3g}): nothing was written. "
+                                   f"Please report it with torch {torch.__version__} and onnxruntime "
+                                   f"{onnxruntime.__version__}")
+        records.append({"onnxruntime": onnxruntime.__version__, "batch": shape, "max_abs_difference": differences})
+    return records

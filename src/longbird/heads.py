@@ -65,7 +65,7 @@ class LongBirdForMaskedLM(LongBirdPreTrainedModel):
             bias = old.new_zeros(rows)
             kept = min(rows, old.shape[0])
             bias[:kept] = old.detach()[:kept]
-            self.lm_head.bias = nn.Parameter(bias)
+            self.lm_head.bias = nn.Parameter(bias, requires_grad=old.requires_grad)
         return embeddings
 
     @can_return_tuple
@@ -275,10 +275,11 @@ class LongBirdForQuestionAnswering(LongBirdPreTrainedModel):
             if selector_logits is not None and document_ids is not None:
                 loss = loss + self.config.qa_selector_weight * window_selector_loss(
                     selector_logits, start_logits, valid, start_targets, document_ids, IGNORE_INDEX)
-        return LongBirdQuestionAnsweringOutput(
+        output = LongBirdQuestionAnsweringOutput(
             loss=loss, start_logits=start_logits, end_logits=end_logits, hidden_states=outputs.hidden_states,
             start_top_index=start_top_index, end_top_logits=end_top_logits, selector_logits=selector_logits,
         )
+        return output.to_tuple() if return_dict is False else output  # positional; by keyword: @can_return_tuple
 
 
 @dataclass

@@ -282,7 +282,7 @@ class LongBirdModel(LongBirdPreTrainedModel):
         position_ids=None,
         inputs_embeds=None,
         output_hidden_states=None,
-        return_dict=None,  # read by @can_return_tuple: False (or config.return_dict False) returns a tuple
+        return_dict=None,  # @can_return_tuple: False (or config.return_dict False) returns a tuple
         document_ids=None,
         output_attentions=None,
         **kwargs,
@@ -310,7 +310,8 @@ class LongBirdModel(LongBirdPreTrainedModel):
             pooler_output=pooled,
             hidden_states=tuple(all_hidden) if all_hidden is not None else None,
         )
-        return output
+        # @can_return_tuple reads return_dict given by keyword; a positional False is honoured here
+        return output.to_tuple() if return_dict is False else output
 
 
 def refuse_attention_maps(config, output_attentions=None) -> None:

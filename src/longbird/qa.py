@@ -185,7 +185,7 @@ def run_windows(model, features: list[QAFeature], top_k: int,
     candidates = candidates.to(model.device)
     if getattr(model.config, "linked_windows", False):  # the windows of one question are linked (linked_windows.py)
         batch["document_ids"] = torch.tensor(document_ids(features), device=model.device)
-    out = model(**batch, top_k=top_k, start_candidates=candidates,
+    out = model(**batch, return_dict=True, top_k=top_k, start_candidates=candidates,
                 end_width=max_answer_tokens or model.config.qa_max_answer_tokens)
     selector = ([0.0] * len(features) if getattr(out, "selector_logits", None) is None
                 else out.selector_logits.float().cpu().tolist())

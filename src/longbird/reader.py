@@ -56,16 +56,17 @@ def reading_windows(model, model_dir, window_length: int | None, doc_stride: int
     return window_length, doc_stride, source
 
 
-CLASSIFICATION_STRIDE = 128  # tokens shared by neighbouring windows of a classified document, unless trained otherwise
+def default_stride(window_length: int) -> int:
+    """Tokens shared by neighbouring windows of a document read without a trained stride (classification, embedding,
+    a sliding teacher): 128, or a quarter of a short window (what a window holds besides its special tokens)."""
+    return min(128, window_length // 4)
 
 
 def classification_windows(model, model_dir, window_length: int | None, stride: int | None) -> tuple[int, int, str]:
-    """(window_length, stride, where the window came from) for classifying or embedding with a fine-tuned classifier,
-    as `reading_windows`: the trained window and stride unless given; a default stride is at most half the window."""
-    window_length, trained_stride, source = reading_windows(model, model_dir, window_length, stride)
-    if stride is None:
-        stride = trained_stride if trained_stride is not None else min(CLASSIFICATION_STRIDE, window_length // 2)
-    return window_length, stride, source
+    """(window_length, stride, where the window came from) for classifying with a fine-tuned classifier, as
+    `reading_windows`: the trained window and stride unless given, else `default_stride`."""
+    window_length, stride, source = reading_windows(model, model_dir, window_length, stride)
+    return window_length, default_stride(window_length) if stride is None else stride, source
 
 
 def trained_windows(model_path) -> tuple[int | None, int | None]:
@@ -90,7 +91,8 @@ def predict_documents(model, tokenizer, texts, window_length: int, stride: int) 
     collate = PaddedBatches(pad, batch_multiple(model))  # a compiled encoder: one kind of length
     def logits(text):
         batch = collate(document_windows(tokenizer, text, window_length, stride))
-        return model(**{name: tensor.to(model.device) for name, tensor in batch.items()}).logits.float().mean(dim=0)
+        inputs = {name: tensor.to(model.device) for name, tensor in batch.items()}
+        return model(**inputs, return_dict=True).logits.float().mean(dim=0)
 
     return [logits(text).cpu() for text in texts]
 
@@ -189,7 +191,8 @@ class Reader:
         self.lexical = (LexicalPrior.of(tokenizer, lexical_weight, lexical_radius)
                         if isinstance(model, LongBirdForQuestionAnswering) else None)
         # the window of calls that name none (None: the trained window, else the model length); checked now
-        self.window_length = reading_windows(model, model_dir, window_length, None)[0] if window_length else None
+        self.window_length = (reading_windows(model, model_dir, window_length, None)[0] if window_length is not None
+                              else None)
         self.template = PairTemplate.of(tokenizer)
         # A fast tokenizer keeps its truncation and padding settings as state that each call sets: two threads
         # windowing at once can cut one document with the other's settings (a 5,428-token "window" was measured).
@@ -266,7 +269,8 @@ class Reader:
         self._require("classification", "classification")
         if not document or not document.strip():
             raise ValueError("the document is empty; give the text to classify")
-        window_length, stride, _ = classification_windows(self.model, self.model_dir, window_length, stride)
+        window_length, stride, _ = self.windows_for(window_length, stride)
+        stride = default_stride(window_length) if stride is None else stride
         with self._tokenizing:
             windows = document_windows(self.tokenizer, document, window_length, stride, window_limit)
         with self._precision(), torch.no_grad():
@@ -279,19 +283,19 @@ class Reader:
     def embed(self, texts: list[str], pooling: str = "mean", window_length: int | None = None,
               normalize: bool = False, window_limit: int | None = None) -> dict:
         """One vector per text from the encoder's last hidden states: "mean" averages every real token of every
-        window of the text (windows of `window_length`, 128 tokens shared); "cls" is the first token of the first
-        window. `normalize` scales each vector to unit length. `window_limit`: TooManyWindows, before any window of
-        the text that passes it is built, where all the texts make more windows than that."""
+        window of the text (windows of `window_length`, `default_stride` tokens shared); "cls" is the first token of
+        the first window. `normalize` scales each vector to unit length. `window_limit`: TooManyWindows, before any
+        window of the text that passes it is built, where all the texts make more windows than that."""
         if pooling not in ("mean", "cls"):
             raise ValueError(f"pooling must be 'mean' or 'cls'; got {pooling!r}")
         if not texts or any(not text or not text.strip() for text in texts):
             raise ValueError("every text to embed must be non-empty")
-        window_length = self._length(window_length)
+        window_length = self.windows_for(window_length)[0]
         encoder = getattr(self.model, "longbird", self.model)
         vectors, tokens, left = [], 0, window_limit  # the texts' windows together: each text gets what is left
         for text in texts:
             with self._tokenizing:
-                windows = document_windows(self.tokenizer, text, window_length, min(128, window_length // 4), left)
+                windows = document_windows(self.tokenizer, text, window_length, default_stride(window_length), left)
             left = None if left is None else left - len(windows)
             tokens += sum(len(w["input_ids"]) for w in windows)
             with self._precision(), torch.no_grad():
@@ -316,7 +320,7 @@ class Reader:
         first three requests of the compiled long reader took 27.7, 5.2 and 21.5 s (docs/serve.md). Shapes the
         warm-up does not bring can still compile later. Returns one record per document: its tokens, windows and
         seconds."""
-        window_length = self.windows_for()[0] if self.task == "qa" else self._length(None)
+        window_length = self.windows_for()[0]
         unit = "문서를 읽는다. "
         per_unit = max(1, len(self.tokenizer(unit, add_special_tokens=False)["input_ids"]))
         records = []
@@ -337,13 +341,6 @@ class Reader:
             records.append({"tokens": read, "windows": windows, "seconds": time.perf_counter() - started})
         return records
 
-    def _length(self, window_length: int | None) -> int:
-        limit = self.model.config.max_position_embeddings
-        window_length = limit if window_length is None else window_length
-        if not 1 <= window_length <= limit:
-            raise ValueError(f"window_length {window_length} must lie in 1..{limit} (the model's maximum length)")
-        return window_length
-
     def _forward(self, windows: list[dict], pick, module=None, pooled: bool = False) -> torch.Tensor:
         """`pick(outputs)` of `module` (default: the model) over `windows`, in padded batches of at most
         `FORWARD_TOKENS` (a document of thousands of windows in one batch would not fit in memory; each row reads
@@ -356,7 +353,7 @@ class Reader:
         picks, total, count = [], 0, 0
         for first in range(0, len(windows), per_batch):
             batch = {k: v.to(self.model.device) for k, v in collate(windows[first:first + per_batch]).items()}
-            picked = pick((module or self.model)(**batch))
+            picked = pick((module or self.model)(**batch, return_dict=True))
             if not pooled:
                 picks.append(picked.cpu())
                 continue
@@ -371,8 +368,7 @@ class Reader:
     def info(self) -> dict:
         """What is being served: model directory, preset parts, lengths, head, dtype and device."""
         config = self.model.config
-        window_length, _, source = self.windows_for() if self.task == "qa" else (config.max_position_embeddings,
-                                                                                 None, "model length")
+        window_length, _, source = self.windows_for()
         return {"model": str(self.model_dir) if self.model_dir else None, "task": self.task,
                 "attention": config.attention,
                 "position": config.position, "max_length": config.max_position_embeddings,

@@ -45,12 +45,8 @@ def bench(ctx: typer.Context,
     from ..bench.report import markdown, write_report
     from ..bench.sweep import SweepSettings
 
-    if smoke and ctx.get_parameter_source("sizes").name != "DEFAULT":
-        raise typer.BadParameter("--size does not apply with --smoke, whose model is tiny (2 layers, 128 hidden); "
-                                 "leave one of them out")
-    if smoke:  # a quick check: shorter lengths and one timed call, unless the user chose them
-        lengths = [512, 1024] if ctx.get_parameter_source("lengths").name == "DEFAULT" else lengths
-        repeats = 1 if ctx.get_parameter_source("repeats").name == "DEFAULT" else repeats
+    if smoke:
+        lengths, repeats = _smoke_defaults(ctx, lengths, repeats)
     settings = SweepSettings(models=list(models), lengths=list(lengths), modes=list(modes), dtypes=list(dtypes),
                              repeats=repeats, max_seconds=max_seconds, max_memory_gib=max_memory_gib,
                              device=resolve_device(device), sizes=["smoke"] if smoke else list(sizes),
@@ -68,6 +64,16 @@ def bench(ctx: typer.Context,
     paths = write_report(report, out, command=command, stem=stem)
     console.print(markdown(report=report | {"command": command}, command=command), markup=False)
     console.print("wrote " + ", ".join(str(path) for path in paths), markup=False)
+
+
+def _smoke_defaults(ctx: typer.Context, lengths, repeats):
+    """--smoke: a quick check with shorter lengths and one timed call, unless the user chose them; its model is
+    tiny, so a --size is refused rather than ignored."""
+    given = lambda name: ctx.get_parameter_source(name).name != "DEFAULT"
+    if given("sizes"):
+        raise typer.BadParameter("--size does not apply with --smoke, whose model is tiny (2 layers, 128 hidden); "
+                                 "leave one of them out")
+    return (lengths if given("lengths") else [512, 1024]), (repeats if given("repeats") else 1)
 
 
 def _sweep(settings, out: Path, stem: str, overwrite: bool) -> dict:

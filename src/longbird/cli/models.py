@@ -48,7 +48,7 @@ def export(model_dir: Annotated[Path, typer.Argument(help="A saved longbird mode
     from ..export import export as export_model
 
     with console.status(escape(f"exporting {model_dir} as {format}")):
-        export_model(model_dir=model_dir, out=out, format=format, overwrite=overwrite)
+        export_model(model_dir=model_dir, out=out, format=format, overwrite=overwrite, quiet=True)
     if format == "onnx":
         record = json.loads((Path(out) / ONNX_RECORD).read_text(encoding="utf-8"))
         lengths = record["lengths"]

@@ -171,7 +171,7 @@ def finetune_qa(
 
 
 def evaluate(
-    model: EvaluatedModel, data: EvaluationData, out: EvaluationOut, task: Task = "qa",
+    ctx: typer.Context, model: EvaluatedModel, data: EvaluationData, out: EvaluationOut, task: Task = "qa",
     data_format: QAFormat = "korquad2", window_length: QAReadWindow = None, doc_stride: QAReadStride = None,
     max_windows: MaxWindows = None, max_examples: FirstExamples = None, split: Split = None,
     max_answer_tokens: MaxAnswerTokens = None, scoring: str = SCORING, batch_size: BatchSize = 4,
@@ -180,7 +180,7 @@ def evaluate(
     text_field: TextField = "text", label_field: LabelField = "label",
 ):
     """Predict and score with the official metric; writes predictions.json and metrics.json."""
-    _refuse_options_of_the_other_task(task, locals())
+    _refuse_options_of_the_other_task(ctx, task)
     device = resolve_device(device)
     warn_if_bf16_is_slow(device, bf16)  # evaluate_qa / evaluate_cls read under bf16 autocast themselves
     if task == "qa":
@@ -236,20 +236,19 @@ def answer(
         raise typer.Exit(1)
 
 
-# evaluate's options that only one task reads, with their defaults: given to the other task they were ignored
-QA_ONLY = {"data_format": ("--format", "korquad2"), "max_windows": ("--max-windows", None),
-           "max_examples": ("--max-examples", None), "split": ("--split", None),
-           "max_answer_tokens": ("--max-answer-tokens", None), "scoring": ("--scoring", SCORING.default),
-           "compile": ("--compile", False), "lexical_weight": ("--lexical-weight", LEXICAL_WEIGHT),
-           "lexical_radius": ("--lexical-radius", LEXICAL_RADIUS)}
-CLASSIFICATION_ONLY = {"text_field": ("--text-field", "text"), "label_field": ("--label-field", "label")}
+# evaluate's options that only one task reads: given to the other task they were ignored
+QA_ONLY = {"data_format": "--format", "max_windows": "--max-windows", "max_examples": "--max-examples",
+           "split": "--split", "max_answer_tokens": "--max-answer-tokens", "scoring": "--scoring",
+           "compile": "--compile", "lexical_weight": "--lexical-weight", "lexical_radius": "--lexical-radius",
+           "batch_size": "--batch-size"}
+CLASSIFICATION_ONLY = {"text_field": "--text-field", "label_field": "--label-field"}
 
 
-def _refuse_options_of_the_other_task(task: str, given: dict) -> None:
+def _refuse_options_of_the_other_task(ctx: typer.Context, task: str) -> None:
     if task not in ("qa", "classification"):
         raise ValueError(f"--task must be qa or classification; got {task!r}")
     others = QA_ONLY if task == "classification" else CLASSIFICATION_ONLY
-    ignored = [option for name, (option, default) in others.items() if given[name] != default]
+    ignored = [option for name, option in others.items() if ctx.get_parameter_source(name).name != "DEFAULT"]
     if ignored:
         raise typer.BadParameter(f"{', '.join(ignored)} {'applies' if len(ignored) == 1 else 'apply'} to --task "
                                  f"{'qa' if task == 'classification' else 'classification'} only; leave "

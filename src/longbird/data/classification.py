@@ -9,12 +9,12 @@ most documents are a single window, which is the point of a long model.
 from __future__ import annotations
 
 import codecs
-import logging
 from pathlib import Path
 
 from datasets import Dataset
 
 from ..data.korquad import MalformedRecordError
+from ..quiet import silenced
 from .reading import read_text_file
 from .window_limit import check_window_limit
 
@@ -27,14 +27,12 @@ def read_classification(path: str | Path, text_field: str = "text", label_field:
     read_text_file(path, "classification data file")  # missing, empty, binary or non-UTF-8: named here
     if path.read_bytes()[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE):  # the loaders below read UTF-8 only
         raise ValueError(f"classification data file {path} is UTF-16 text; re-save it as UTF-8")
-    datasets_logger = logging.getLogger("datasets")
-    level = datasets_logger.level
-    datasets_logger.setLevel(logging.CRITICAL)  # its loader logs the parse error before raising: said once, below
     try:
-        if path.suffix in (".jsonl", ".json"):
-            dataset = Dataset.from_json(str(path))
-        else:
-            dataset = Dataset.from_csv(str(path), sep="\t" if path.suffix == ".tsv" else ",")
+        with silenced(("datasets",)):  # its loader logs the parse error before raising: said once, below
+            if path.suffix in (".jsonl", ".json"):
+                dataset = Dataset.from_json(str(path))
+            else:
+                dataset = Dataset.from_csv(str(path), sep="\t" if path.suffix == ".tsv" else ",")
     except Exception as error:  # pyarrow/pandas parse errors carry no file name
         kind = ("JSON Lines (one JSON object per line)" if path.suffix in (".jsonl", ".json")
                 else path.suffix[1:].upper())
@@ -42,8 +40,6 @@ def read_classification(path: str | Path, text_field: str = "text", label_field:
             error = error.__cause__
         raise ValueError(f"classification data file {path} is not valid {kind}: "
                          f"{str(error).splitlines()[0] if str(error) else type(error).__name__}") from None
-    finally:
-        datasets_logger.setLevel(level)
     for field in (text_field, label_field):
         if field not in dataset.column_names:
             option = "--text-field" if field == text_field else "--label-field"

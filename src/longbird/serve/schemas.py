@@ -107,7 +107,8 @@ class Info(BaseModel):
 
 class ClassifyRequest(Strict):
     document: str = Field(description="The text to classify")
-    window_length: Count | None = Field(None, ge=1, description="Window in tokens (default: the model length)")
+    window_length: Count | None = Field(None, ge=1, description="Window in tokens (default: `serve --window-length`, "
+                                        "else the window the model was fine-tuned at, else the model length)")
     stride: Count | None = Field(None, ge=0, description="Tokens shared by neighbouring windows (default: the "
                                   "stride the model was fine-tuned with, else 128)")
 

@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 import torch
-from datasets import Dataset, concatenate_datasets
+from datasets import Dataset, Value, concatenate_datasets
 from transformers import set_seed
 
 from ..checkpoints import check_tokenizer, load_on_device, load_task_model, training_window
@@ -35,8 +35,9 @@ def _classification_rows(data, text_field: str, label_field: str):
     """A Dataset as it is; a file, or several files read as one dataset in their order."""
     if isinstance(data, Dataset):
         return data
-    if isinstance(data, (list, tuple)):
-        return concatenate_datasets([read_classification(path, text_field, label_field) for path in data])
+    if isinstance(data, (list, tuple)):  # labels as text: files may spell them as numbers in one, strings in another
+        return concatenate_datasets([read_classification(path, text_field, label_field).cast_column(
+            "label", Value("string")) for path in data])
     return read_classification(data, text_field, label_field)
 
 def finetune_cls(model_path, train_data, out: str | Path, *, preset: str = "kobigbird", max_length: int = 4096,

@@ -24,7 +24,7 @@ from ..lexical_prior import DEFAULT_RADIUS, DEFAULT_WEIGHT
 from ..metrics.korquad import korquad_v1, korquad_v2, squad_v1
 from ..precision import bf16_autocast
 from ..qa import DEFAULT_SCORING, predict_rows
-from ..reader import Reader, check_question, reading_windows, trained_windows
+from ..reader import Reader, check_question, default_stride, reading_windows, trained_windows
 from ..runs import (
     check_output,
     data_record,
@@ -221,7 +221,7 @@ def distillation_teacher(teacher_path, tokenizer, items: QAWindows | LayoutCuts,
                             "trainer_kwargs": {"teacher": teacher, "teacher_weight": weight}}, "teacher": record}
     window, stride = trained_windows(teacher_path)
     window = window or model.config.max_position_embeddings
-    stride = stride if stride is not None else min(128, window // 4)
+    stride = stride if stride is not None else default_stride(window)
     teacher = SlidingTeacher(model, items.template, window, stride, temperature, token_types=items.token_types)
     record = {"model": str(teacher_path), "window_length": window, "doc_stride": stride, "weight": weight,
               "temperature": temperature}

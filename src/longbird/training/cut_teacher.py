@@ -118,7 +118,7 @@ class CutTeacher:
         items, kept = self.windows(batch)
         device = next(self.model.parameters()).device
         with bf16_autocast(device.type, self.bf16):
-            taught = self.model(**{k: v.to(device) for k, v in self.collate(items).items()}, top_k=1)
+            taught = self.model(**{k: v.to(device) for k, v in self.collate(items).items()}, top_k=1, return_dict=True)
         shape = batch["input_ids"].shape
         relative = torch.full(shape, float("-inf"))
         end = torch.full(shape, float("-inf"))
@@ -207,7 +207,7 @@ class CutTeacherTrainer(TeacherTrainer):
     """`TeacherTrainer` whose soft targets are a `CutTeacher`'s (module docstring)."""
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        outputs = model(**inputs)
+        outputs = model(**inputs, return_dict=True)
         targets = self.teacher.targets(inputs)
         temperature = self.teacher.temperature
         config = self.model.config

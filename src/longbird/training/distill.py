@@ -75,12 +75,12 @@ def distillation_loss(teacher, student, batch: dict, alpha: float = 1.0, beta: f
         teacher_inputs["input_ids"] = teacher_inputs["input_ids"].masked_fill(inputs["input_ids"] == student_id,
                                                                               teacher_id)
     with torch.no_grad():
-        taught = teacher(**teacher_inputs, output_attentions=True)
+        taught = teacher(**teacher_inputs, output_attentions=True, return_dict=True)
     implementation = student.config._attn_implementation
     student.config._attn_implementation = REFERENCE
     try:
         with recording_attention() as records:
-            learnt = student(**batch)
+            learnt = student(**batch, return_dict=True)
     finally:
         student.config._attn_implementation = implementation
     attention, pack_mass = attention_kl(taught.attentions, records, key_mask)

@@ -111,7 +111,7 @@ class SlidingTeacher:
         for begin in range(0, len(items), self.batch_size):
             chunk = items[begin:begin + self.batch_size]
             batch = {k: v.to(device) for k, v in self.collate(chunk).items()}
-            result = self.model(**batch, top_k=1)
+            result = self.model(**batch, top_k=1, return_dict=True)
             for row, item in enumerate(chunk):
                 n = len(item["input_ids"])
                 out.append((result.start_logits[row, :n].float().cpu(), result.end_logits[row, :n].float().cpu()))
@@ -193,7 +193,7 @@ class SlidingTeacherTrainer(TeacherTrainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         question_tokens = inputs.pop(QUESTION_TOKENS)
-        outputs = model(**inputs)
+        outputs = model(**inputs, return_dict=True)
         targets = self.teacher.targets(inputs["input_ids"].cpu(), inputs["attention_mask"].cpu(), question_tokens.cpu(),
                                        inputs["start_positions"].cpu())
         every_row = torch.ones(len(question_tokens), dtype=torch.bool)

@@ -9,7 +9,6 @@ dataset's own lengths; checkpoints written whole or not at all; and a quiet prog
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +20,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from ..files import ordinary_permissions
 from ..linked_windows import GATES
+from ..quiet import verbose
 from ..window_selector import SELECTOR
 from .budget import TrainingBudget, budgeted_linear_factor
 from .padding_insertion import PaddingInsertion
@@ -32,7 +32,7 @@ class QuietProgressCallback(ProgressCallback):
     is kept in the run's summary file. `longbird --verbose` (LONGBIRD_VERBOSE=1) keeps transformers' printing."""
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if os.environ.get("LONGBIRD_VERBOSE") == "1":
+        if verbose():
             super().on_log(args, state, control, logs=logs, **kwargs)
 
 
