@@ -158,7 +158,8 @@ class GoldLogits(StandInReader):
         super().__init__(top_k)
         self.gold = gold
 
-    def __call__(self, input_ids, attention_mask, top_k, token_type_ids=None, start_candidates=None, end_width=None):
+    def __call__(self, input_ids, attention_mask, top_k, token_type_ids=None, start_candidates=None, end_width=None,
+                 return_dict=True):
         batch, length = input_ids.shape
         start = torch.zeros(batch, length)
         end = torch.zeros(batch, top_k, length)
@@ -301,7 +302,8 @@ class FixedLogits(StandInReader):
         super().__init__(top_k=2)
         self.start_logits = torch.tensor(start_logits)
 
-    def __call__(self, input_ids, attention_mask, top_k, token_type_ids=None, start_candidates=None, end_width=None):
+    def __call__(self, input_ids, attention_mask, top_k, token_type_ids=None, start_candidates=None, end_width=None,
+                 return_dict=True):
         batch, length = input_ids.shape
         start = self.start_logits[self.calls:self.calls + batch, :length]
         self.calls += batch
