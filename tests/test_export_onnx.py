@@ -189,3 +189,16 @@ def test_onnx_with_a_dynamic_sequence_length_runs_other_lengths(preset, tmp_path
         with torch.no_grad():
             eager = model(input_ids=other, attention_mask=mask).last_hidden_state
         assert abs(out - eager.numpy()).max() <= 1e-5
+
+
+def test_a_pretrained_span_selection_model_exports_its_encoder(tmp_path, caplog):
+    """`pretrain` saves LongBirdForSpanSelection, whose head needs question_positions: the export failed with that
+    head's error; it writes the encoder, with a warning."""
+    from longbird.heads import LongBirdForSpanSelection
+
+    encoder = longbird.convert(make_source("bert"), preset="littlebird", max_length=128, block_size=16).eval()
+    LongBirdForSpanSelection(encoder.config).save_pretrained(tmp_path / "rss")
+    out = export_onnx(tmp_path / "rss", tmp_path / "onnx")
+    record = json.loads((out / "longbird_onnx.json").read_text())
+    assert record["architecture"] == "LongBirdModel" and record["outputs"][0] == "last_hidden_state"
+    assert "the encoder alone is exported" in caplog.text

@@ -540,3 +540,34 @@ def test_a_checkpoint_saved_before_the_phase_existed_loads_as_it_was(tmp_path):
     with torch.no_grad():
         assert torch.equal(loaded(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state,
                            model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state)
+
+
+@pytest.mark.parametrize("trained_as", ["LongBirdModel", "LongBirdForSpanSelection"])
+def test_a_peft_checkpoint_of_distill_or_pretrain_loads_into_another_head(tmp_path, trained_as):
+    """`distill --peft tape` trains a bare encoder (names without the heads' `longbird.` prefix) and `pretrain --peft
+    tape` the span-selection head: both directories were refused by every later command ('does not fit its base',
+    or 'LongBirdModel' object has no attribute 'longbird'). The trained TAPE maps carry over into a QA head and into
+    the encoder alone; the pretraining head's own parameters stay behind."""
+    import longbird.heads as heads
+    from longbird.checkpoints import load_task_model, load_tape_peft
+    from longbird.modeling import LongBirdModel
+    from longbird.runs import save_trained
+    from longbird.training.finetune import FinetuneSettings
+    from longbird.training.peft import tape_peft
+    from test_qa_cli import write_tiny_source
+
+    source = write_tiny_source(tmp_path / "source")
+    task_class = LongBirdModel if trained_as == "LongBirdModel" else heads.LongBirdForSpanSelection
+    model, _ = load_task_model(source, task_class, "tape", 256)
+    tape_peft(model)
+    _perturb_tape(model, seed=3)
+    (tmp_path / "peft").mkdir()
+    save_trained(model, tmp_path / "peft", FinetuneSettings(peft="tape"), source, "tape", 256)
+    trained = getattr(model, "longbird", model).state_dict()
+    tape_names = [name for name in trained if "tape_" in name]
+    assert tape_names
+    for target in (heads.LongBirdForQuestionAnswering, LongBirdModel):
+        loaded = load_tape_peft(tmp_path / "peft", target)
+        state = getattr(loaded, "longbird", loaded).state_dict()
+        for name in tape_names:
+            torch.testing.assert_close(state[name], trained[name], rtol=0, atol=0)

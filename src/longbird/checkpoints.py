@@ -152,7 +152,7 @@ def load_task_model(model_path: str | Path | None, task_class, preset: str = "ko
             setattr(config, key, value)
     model = task_class(config)
     source = base.longbird if hasattr(base, "longbird") else base
-    model.longbird.load_state_dict(source.state_dict())
+    getattr(model, "longbird", model).load_state_dict(source.state_dict())  # a head's encoder, or the encoder
     return model, _fit_tokenizer(tokenizer, model)
 
 def _fit_tokenizer(tokenizer, model):
@@ -234,11 +234,13 @@ def load_tape_peft(directory: str | Path, task_class):
     conversion = base.get("conversion")
     if conversion is None:
         conversion = _settings_of_a_record_without_them(directory, base)
-    model = task_class(AutoConfig.from_pretrained(directory, local_files_only=True))
-    state = load_task_model(base["model"], task_class, base["preset"], base["max_length"],
-                            **conversion)[0].longbird.state_dict()
+    config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    model = task_class(config)
+    encoder = getattr(model, "longbird", model)  # a task head's encoder, or the encoder itself (distill's students)
+    rebuilt = load_task_model(base["model"], task_class, base["preset"], base["max_length"], **conversion)[0]
+    state = getattr(rebuilt, "longbird", rebuilt).state_dict()
     word = "embeddings.word_embeddings.weight"
-    table = model.longbird.state_dict()[word].clone()
+    table = encoder.state_dict()[word].clone()
     if table.shape[0] < state[word].shape[0]:  # written when adding tokens cut the table to the tokenizer's length
         raise ValueError(f"{directory}: its word embeddings have {table.shape[0]} rows, fewer than the "
                          f"{state[word].shape[0]} of its base {base['model']}: a PEFT checkpoint of a longbird before "
@@ -249,21 +251,40 @@ def load_tape_peft(directory: str | Path, task_class):
                          "the record is damaged: fine-tune again")
     table[: state[word].shape[0]] = state[word]
     state[word] = table
-    missing, unexpected = model.longbird.load_state_dict(state, strict=False)
-    saved = load_file(str(directory / PEFT_WEIGHTS))
+    missing, unexpected = encoder.load_state_dict(state, strict=False)
+    saved = _as_encoder_names(load_file(str(directory / PEFT_WEIGHTS)))
     added = saved.pop("added_word_embeddings", None)
+    trained = set(_as_encoder_names(dict.fromkeys(record["trained"])))
+    saved_as = (config.architectures or [task_class.__name__])[0]
+    if saved_as != task_class.__name__:
+        # another head than the one trained (RSS pretraining's span selection, then QA): the trained encoder parts
+        # carry over, that head's own parameters stay behind, as when a full checkpoint is loaded into another head
+        heads = {name for name in saved if not name.startswith(ENCODER)}
+        saved, trained = ({name: value for name, value in saved.items() if name not in heads}, trained - heads)
+    prefix = ENCODER if encoder is not model else ""
     with torch.no_grad():
         if added is not None:
             model.get_input_embeddings().weight[first_added:] = added
         for name, parameter in model.named_parameters():
-            if name in saved:
-                parameter.copy_(saved.pop(name))
-    not_restored = {f"longbird.{name}" for name in missing} - set(record["trained"])
+            key = name if prefix else ENCODER + name
+            if key in saved:
+                parameter.copy_(saved.pop(key))
+    not_restored = {ENCODER + name for name in missing} - trained
     if unexpected or saved or not_restored:
         raise ValueError(f"{directory}: the PEFT checkpoint does not fit its base {base['model']} (not restored: "
                          f"{sorted(not_restored)[:5]}, unexpected: {sorted(unexpected)[:5]}, "
                          f"unused: {sorted(saved)[:5]})")
     return model.eval()
+
+
+ENCODER = "longbird."  # the encoder's parameters inside a task head
+
+
+def _as_encoder_names(tensors: dict) -> dict:
+    """A PEFT file's names as a task head's: those saved from a bare encoder (distill's and pretrain's students are
+    LongBirdModel) gain the head's `longbird.` prefix; a head's own parameters and the added rows keep theirs."""
+    heads = ("qa_", "classifier", "lm_head", "start_query", "end_query", "added_word_embeddings")
+    return {name if name.startswith((ENCODER, *heads)) else ENCODER + name: value for name, value in tensors.items()}
 
 
 def _settings_of_a_record_without_them(directory: Path, base: dict) -> dict:

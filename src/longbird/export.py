@@ -229,6 +229,11 @@ def export_onnx(model_dir: str | os.PathLike, out: str | os.PathLike, overwrite:
     # a PEFT directory holds what TAPE trained and where its base is (load_task_model rebuilds it)
     model = load_task_model(path, model_class)[0] if peft else model_class.from_pretrained(path)
     model = model.float().eval()
+    if type(model).__name__ == "LongBirdForSpanSelection":  # pretrain's RSS head reads [QUESTION] positions too
+        logger.warning("%s holds a pretraining head (Recurring Span Selection), which reads the [QUESTION] tokens' "
+                       "positions as a third input: the encoder alone is exported (last_hidden_state), the model "
+                       "that fine-tuning starts from", path)
+        model = model.longbird
     tokenizer = tokenizer_beside(path)
     lengths = onnx_lengths(model.config)
     example = _example_batch(model.config, lengths)
