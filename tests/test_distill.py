@@ -107,6 +107,11 @@ def test_distill_command_runs_checkpoints_and_resumes_to_the_same_losses(tiny_so
     assert result.exit_code == 0, result.output
     assert len(losses(straight)) == 4 and losses(straight)[0] != losses(straight)[-1]
     assert losses(resumed) == pytest.approx(losses(straight), rel=1e-5)
+    # the summary records the run's own checkpoint settings (it recorded save_steps 0 and resume false) and how many
+    # documents were held out for pretrain's RSS score
+    summary = json.loads((resumed / "model" / "longbird_distill.json").read_text())
+    assert (summary["settings"]["save_steps"], summary["settings"]["resume"]) == (2, True)
+    assert summary["held_out_documents"] == 0 and len(summary["training_document_sha256"]) == 1  # one document: kept
     result = runner.invoke(app, common + ["--output-dir", str(tmp_path / "none"), "--resume"])
     assert result.exit_code == 1 and "no checkpoint" in result.output
     bad = tmp_path / "bad.txt"

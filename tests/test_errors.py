@@ -120,3 +120,16 @@ def test_submodules_and_convert_to_directory_are_reached_from_the_package(tmp_pa
     model, has_tokenizer = longbird.convert_to_directory(source, tmp_path / "long", max_length=256)
     assert has_tokenizer and model.config.max_position_embeddings == 256
     assert AutoTokenizer.from_pretrained(tmp_path / "long").model_max_length == 256
+
+
+def test_a_json_document_given_as_corpus_is_refused(tmp_path):
+    """A KorQuAD/SQuAD .json given to --corpus was trained on as its raw JSON text."""
+    from longbird.data.corpus import corpus_documents
+
+    squad = tmp_path / "squad.json"
+    squad.write_text('{"data": [{"title": "t", "paragraphs": []}]}', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"squad.json is a JSON document, not text: .*JSON Lines \(\.jsonl\)"):
+        corpus_documents([squad])
+    text = tmp_path / "notes.txt"
+    text.write_text("plain text", encoding="utf-8")
+    assert corpus_documents([text]) == ["plain text"]

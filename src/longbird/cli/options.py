@@ -22,9 +22,11 @@ TAPE_LR_HELP = ("Learning rate of the TAPE maps (every tape_* parameter of a TAP
 PEFT_HELP = "tape: train only the TAPE maps (+ the task head) of a TAPE model; saves only what was trained"
 TASK_PEFT_HELP = ("tape: train only the TAPE maps and the task head of a TAPE model (--preset tape); OUT then holds "
                   "only what was trained")
-SAVE_STEPS_HELP = "Checkpoint every N steps into OUT.checkpoints/ (0: none; Ctrl-C then keeps the model too)"
-RESUME_HELP = ("Continue from the last complete checkpoint in OUT.checkpoints/ (same options as the interrupted run; "
-               "incomplete ones are skipped and reported)")
+SAVE_STEPS_HELP = ("Checkpoint every N steps into OUT.checkpoints/ (distill, pretrain: OUTPUT_DIR/checkpoints/; 0: "
+                   "none; Ctrl-C then keeps the model too)")
+RESUME_HELP = ("Continue from the last complete checkpoint in OUT.checkpoints/ (distill, pretrain: "
+               "OUTPUT_DIR/checkpoints/; same options as the interrupted run; incomplete ones are skipped and "
+               "reported)")
 SAVE_TOTAL_LIMIT_HELP = "Keep only the newest N checkpoints (default: all of them)"
 WORD_EMBEDDINGS_HELP = ("Also train the word embeddings (frozen by default: with a 250K vocabulary they dominate a "
                         "CPU step)")

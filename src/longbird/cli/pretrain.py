@@ -31,7 +31,8 @@ from .options import (
 Teacher = Annotated[str, typer.Option(help="The short source model: a directory or a named embedded source")]
 Student = Annotated[Path | None, typer.Option(help="A longbird directory (default: the teacher converted with "
                                                    "--preset and --max-length)")]
-StudentPreset = Annotated[str, typer.Option(help="Preset when the student is converted: littlebird, kobigbird, full")]
+StudentPreset = Annotated[str, typer.Option(help="Preset when the student is converted: littlebird, kobigbird, full, "
+                                                "tape")]
 StudentLength = Annotated[int, typer.Option(help="Student length when converted")]
 TeacherWindow = Annotated[int | None, typer.Option(help="Training window in tokens (default and maximum: the "
                                                         "teacher's)")]

@@ -44,6 +44,9 @@ def corpus_documents(paths) -> list[str]:
     documents = []
     for file in corpus_files(paths):
         text = read_text_file(file, "corpus file")
+        if file.suffix == ".json":  # a KorQuAD/SQuAD file given by mistake would be trained on as its raw JSON
+            raise ValueError(f"corpus file {file} is a JSON document, not text: give plain-text files, or JSON Lines "
+                             "(.jsonl) with a \"text\" field per line")
         if file.suffix != ".jsonl":
             documents.append(text)
             continue

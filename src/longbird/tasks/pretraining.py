@@ -59,7 +59,7 @@ def distill(teacher_source, output_dir: str | Path, *, student_path=None, preset
     if length > source_length:
         raise ValueError(f"--length {length} is above the teacher's {source_length} tokens: distillation reads short "
                          f"inputs the teacher sees whole; use at most {source_length}")
-    documents = corpus_split(corpus)[0]
+    documents, held_out = corpus_split(corpus)  # the documents pretrain scores RSS on are not distilled on either
     collator, teacher_ids = None, None
     if rss:
         new = QUESTION_TOKEN not in tokenizer.get_vocab()
@@ -78,8 +78,10 @@ def distill(teacher_source, output_dir: str | Path, *, student_path=None, preset
     summary = {"teacher": str(teacher_dir), "student": str(student_path) if student_path else f"{preset}-{max_length}",
                "overrides": overrides, "objective": "rss + attention" if rss else "attention (+ soft targets)",
                "corpus": corpus_record(corpus), "training_document_sha256": [text_hash(d) for d in documents],
-               "windows": len(windows), "length": length, "alpha": alpha,
-               "beta": beta, "temperature": temperature, "settings": vars(settings), "processes": world_size(),
+               "held_out_documents": len(held_out), "windows": len(windows), "length": length, "alpha": alpha,
+               "beta": beta, "temperature": temperature,
+               # distillation's own checkpoint settings, not the FinetuneSettings defaults the command passes
+               "settings": {**vars(settings), "save_steps": save_steps, "resume": resume}, "processes": world_size(),
                **training_record(metrics)}
 
     write_trained_model(model_dir, student, tokenizer, "longbird_distill.json", summary, overwrite, settings,

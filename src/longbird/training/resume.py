@@ -78,7 +78,8 @@ def prepare_checkpoints(checkpoint_dir: str | Path, resume: bool, max_steps: int
         if complete:
             names = ", ".join(path.name for path in complete)
             raise FileExistsError(f"{checkpoint_dir} holds checkpoints of an earlier run ({names}): --resume "
-                                  "continues that run; for a fresh one remove that directory or choose another --out")
+                                  "continues that run; for a fresh one remove that directory (--overwrite replaces "
+                                  "the model, not them) or choose another --out (distill, pretrain: --output-dir)")
         return None
     for path in candidates:
         if path not in complete:
