@@ -112,6 +112,16 @@ def test_distill_command_runs_checkpoints_and_resumes_to_the_same_losses(tiny_so
     summary = json.loads((resumed / "model" / "longbird_distill.json").read_text())
     assert (summary["settings"]["save_steps"], summary["settings"]["resume"]) == (2, True)
     assert summary["held_out_documents"] == 0 and len(summary["training_document_sha256"]) == 1  # one document: kept
+    # a resume with another --length or Padding Insertion is refused (it went on, and the summary recorded the new
+    # values for the whole run); the checkpoint records them
+    for changed, difference in ((["--length", "32"], "length 64 -> 32"),
+                                (["--padding-insertion"], "padding_insertion False -> True"),
+                                (["--beta", "0.5"], "beta 1.0 -> 0.5")):
+        again = tmp_path / f"again-{changed[0]}"
+        shutil.copytree(straight / "checkpoints" / "checkpoint-2", again / "checkpoints" / "checkpoint-2")
+        result = runner.invoke(app, common + ["--output-dir", str(again), "--max-steps", "4", "--resume", *changed])
+        assert result.exit_code == 1 and "saved by a run with other settings" in result.output, result.output
+        assert difference in " ".join(result.output.split()), result.output
     result = runner.invoke(app, common + ["--output-dir", str(tmp_path / "none"), "--resume"])
     assert result.exit_code == 1 and "no checkpoint" in result.output
     bad = tmp_path / "bad.txt"

@@ -74,7 +74,8 @@ def distill(teacher_source, output_dir: str | Path, *, student_path=None, preset
         windows = corpus_windows(documents, tokenizer, length)
     tokenizer.model_max_length = student.config.max_position_embeddings
     metrics = run_distillation(student.train(), teacher, tokenizer, windows, output_dir, settings, alpha, beta,
-                               temperature, save_steps, resume, gradient_checkpointing, collator, teacher_ids)
+                               temperature, save_steps, resume, gradient_checkpointing, collator, teacher_ids,
+                               run_settings={"length": length})
     summary = {"teacher": str(teacher_dir), "student": str(student_path) if student_path else f"{preset}-{max_length}",
                "overrides": overrides, "objective": "rss + attention" if rss else "attention (+ soft targets)",
                "corpus": corpus_record(corpus), "training_document_sha256": [text_hash(d) for d in documents],
@@ -141,7 +142,7 @@ def pretrain(model_path, output_dir: str | Path, *, corpus=None, length: int = 5
     before = rss_accuracy(model, held_items) if held_items else None
     metrics = train(model.train(), tokenizer, train_items, output_dir / ".work", settings,
                     checkpoint_dir=output_dir / "checkpoints",
-                    collator=RSSCollator(tokenizer.pad_token_id or 0))
+                    collator=RSSCollator(tokenizer.pad_token_id or 0), run_settings={"length": length})
     after = rss_accuracy(model, held_items) if held_items else None
     summary = {"model": str(model_path), "corpus": corpus_record(corpus), "length": length,
                "training_document_sha256": [text_hash(d) for d in training],

@@ -140,11 +140,12 @@ def load_teacher(source):
 
 def run_distillation(student, teacher, tokenizer, windows: list[dict], output_dir, settings, alpha: float = 1.0,
                      beta: float = 1.0, temperature: float = 1.0, save_steps: int = 50, resume: bool = False,
-                     gradient_checkpointing: bool = False, collator=None, teacher_ids: dict[int, int] | None = None
-                     ) -> dict:
+                     gradient_checkpointing: bool = False, collator=None, teacher_ids: dict[int, int] | None = None,
+                     run_settings: dict | None = None) -> dict:
     """Train `student` on corpus windows against `teacher` (`finetune.train` with DistillationTrainer); checkpoints
-    every `save_steps` steps under `output_dir`/checkpoints, from which `resume` continues. Returns the training
-    metrics; saving the final student is the caller's job."""
+    every `save_steps` steps under `output_dir`/checkpoints, from which `resume` continues (with the same weights,
+    objective and `run_settings`: `finetune.train`). Returns the training metrics; saving the final student is the
+    caller's job."""
     import dataclasses
     from pathlib import Path
 
@@ -156,4 +157,6 @@ def run_distillation(student, teacher, tokenizer, windows: list[dict], output_di
     return train(student, tokenizer, windows, Path(output_dir) / ".work", settings,
                  checkpoint_dir=Path(output_dir) / "checkpoints", collator=collator, trainer_class=DistillationTrainer,
                  trainer_kwargs={"teacher": teacher, "alpha": alpha, "beta": beta, "temperature": temperature,
-                                 "teacher_ids": teacher_ids})
+                                 "teacher_ids": teacher_ids},
+                 run_settings={"alpha": alpha, "beta": beta, "temperature": temperature, "rss": collator is not None,
+                               **(run_settings or {})})

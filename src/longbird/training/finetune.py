@@ -197,13 +197,16 @@ def check_training_device(settings: FinetuneSettings) -> None:
 
 def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: FinetuneSettings,
           checkpoint_dir: str | Path | None = None, collator=None, trainer_class=None,
-          trainer_kwargs: dict | None = None, checkpoint_record: dict | None = None) -> dict:
+          trainer_kwargs: dict | None = None, checkpoint_record: dict | None = None,
+          run_settings: dict | None = None) -> dict:
     """Fine-tune `model` on prepared items with Trainer (scratch space: `out_dir`/trainer, removed after). With
     `settings.save_steps`, checkpoints (model, tokenizer, optimiser, scheduler and RNG states) go to `checkpoint_dir`
     and stay (the newest `settings.save_total_limit` of them, if set), each renamed into place when complete;
     `settings.resume` continues from the last complete one (`prepare_checkpoints`). Returns the training metrics, the
-    log history and "resume" (None, or where the run resumed and what its metrics cover). Saving the final model is
-    the caller's job (atomically)."""
+    log history and "resume" (None, or where the run resumed and what its metrics cover). `run_settings`: the
+    command's own settings that change what a step computes (a pretraining --length, distillation's weights),
+    written into every checkpoint with Padding Insertion's and compared on --resume. Saving the final model is the
+    caller's job (atomically)."""
     check_training_device(settings)
     if not items:
         raise ValueError("no training items: every window was filtered out or the dataset is empty")
@@ -253,8 +256,10 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
         dataloader_num_workers=0,
         torch_compile=settings.compile,
     )
-    resume = (prepare_checkpoints(checkpoint_dir, settings.resume, settings.max_steps, arguments, model.config)
-              if keep else None)
+    run_settings = {"padding_insertion": settings.padding_insertion, **(run_settings or {})}
+    checkpoint_record = {**(checkpoint_record or {}), "run": run_settings}
+    resume = (prepare_checkpoints(checkpoint_dir, settings.resume, settings.max_steps, arguments, model.config,
+                                  run_settings) if keep else None)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     budget = training_budget(settings.cpu_minutes, settings.wall_minutes)
     trainer = (trainer_class or LongBirdTrainer)(

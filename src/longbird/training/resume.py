@@ -51,7 +51,7 @@ def _step_of(path: Path) -> int:
 
 
 def prepare_checkpoints(checkpoint_dir: str | Path, resume: bool, max_steps: int = -1, arguments=None,
-                        config=None) -> dict | None:
+                        config=None, run_settings: dict | None = None) -> dict | None:
     """Before a run that keeps checkpoints in `checkpoint_dir`: remove the hidden leftovers of saves that were killed
     (each reported), and with `resume` choose the last complete checkpoint, skipping (and reporting) any
     `checkpoint-N` without trainer_state.json (what a kill mid-save left before saves were atomic). Says in one line
@@ -59,8 +59,8 @@ def prepare_checkpoints(checkpoint_dir: str | Path, resume: bool, max_steps: int
     the directory to pass to Trainer. `max_steps` (-1: from the checkpoint) is only for the report. A run without
     `resume` is refused where complete checkpoints of an earlier run are there (a fresh run would save its own among
     them, and a later --resume would pick whichever is newest); with `resume`, the chosen checkpoint must have been
-    saved with the same `arguments` (TrainingArguments, `RUN_ARGUMENTS`) and a model of the same `config`
-    (`RUN_CONFIG`)."""
+    saved with the same `arguments` (TrainingArguments, `RUN_ARGUMENTS`), a model of the same `config` (`RUN_CONFIG`)
+    and the same `run_settings` (the command's own, recorded in the checkpoint by `finetune.train`)."""
     checkpoint_dir = Path(checkpoint_dir)
     entries = sorted(checkpoint_dir.iterdir()) if checkpoint_dir.is_dir() else []
     skipped = []
@@ -91,7 +91,7 @@ def prepare_checkpoints(checkpoint_dir: str | Path, resume: bool, max_steps: int
             f"no checkpoint under {checkpoint_dir}"
         raise FileNotFoundError(f"--resume: {found}; start without --resume")
     chosen = complete[-1]
-    check_same_run(chosen, arguments, config)
+    check_same_run(chosen, arguments, config, run_settings)
     state = json.loads((chosen / TRAINER_STATE).read_text(encoding="utf-8"))
     step = int(state["global_step"])
     total = max_steps if max_steps > 0 else state.get("max_steps")
@@ -100,9 +100,11 @@ def prepare_checkpoints(checkpoint_dir: str | Path, resume: bool, max_steps: int
     return {"checkpoint": str(chosen), "from_step": step, "skipped": skipped}
 
 
-def check_same_run(checkpoint: Path, arguments=None, config=None) -> None:
+def check_same_run(checkpoint: Path, arguments=None, config=None, run_settings: dict | None = None) -> None:
     """ValueError naming every difference between the run being resumed and the one that saved `checkpoint`: its
-    TrainingArguments (`training_args.bin`, `RUN_ARGUMENTS`) and its model's config (`config.json`, `RUN_CONFIG`)."""
+    TrainingArguments (`training_args.bin`, `RUN_ARGUMENTS`), its model's config (`config.json`, `RUN_CONFIG`) and
+    the command's own settings (`run` in its `longbird_finetune.json`; checkpoints written before 2026-12-06 have
+    none)."""
     import torch
 
     differences = []
@@ -117,6 +119,11 @@ def check_same_run(checkpoint: Path, arguments=None, config=None) -> None:
         saved = json.loads(saved_config.read_text(encoding="utf-8"))
         differences += [f"{name} {saved.get(name)} -> {getattr(config, name, None)}" for name in RUN_CONFIG
                         if name in saved and saved[name] != getattr(config, name, None)]
+    saved_record = checkpoint / "longbird_finetune.json"
+    if run_settings and saved_record.is_file():
+        saved = json.loads(saved_record.read_text(encoding="utf-8")).get("run") or {}
+        differences += [f"{name} {saved[name]} -> {value}" for name, value in run_settings.items()
+                        if name in saved and saved[name] != value]
     if differences:
         raise ValueError(f"--resume: {checkpoint} was saved by a run with other settings ({'; '.join(differences)}); "
                          f"resume with the options that run was started with, or start a fresh run into another --out")
