@@ -33,8 +33,7 @@ def convert_to_directory(source, out: str | Path, *, preset: str = "kobigbird", 
     source = resolve_model_directory(source)  # a missing, damaged or foreign directory named before anything runs
     check_not_read(out, (source,))  # converting a directory onto itself would delete the source
     check_writable(out, overwrite)  # before the conversion, not after it
-    if (source / "config.json").is_file() and \
-            json.loads((source / "config.json").read_text(encoding="utf-8")).get("model_type") == "longbird":
+    if json.loads((source / "config.json").read_text(encoding="utf-8")).get("model_type") == "longbird":
         return reconvert_directory(source, out, preset=preset, max_length=max_length, overwrite=overwrite,
                                    **overrides), True
     model = convert(source, preset=preset, max_length=max_length, **overrides)
@@ -252,21 +251,20 @@ def load_tape_peft(directory: str | Path, task_class):
     table[: state[word].shape[0]] = state[word]
     state[word] = table
     missing, unexpected = encoder.load_state_dict(state, strict=False)
-    saved = _as_encoder_names(load_file(str(directory / PEFT_WEIGHTS)))
-    added = saved.pop("added_word_embeddings", None)
-    trained = set(_as_encoder_names(dict.fromkeys(record["trained"])))
     saved_as = (config.architectures or [task_class.__name__])[0]
+    saved = _as_head_names(load_file(str(directory / PEFT_WEIGHTS)), saved_as)
+    added = saved.pop("added_word_embeddings", None)
+    trained = set(_as_head_names(dict.fromkeys(record["trained"]), saved_as))
     if saved_as != task_class.__name__:
         # another head than the one trained (RSS pretraining's span selection, then QA): the trained encoder parts
         # carry over, that head's own parameters stay behind, as when a full checkpoint is loaded into another head
         heads = {name for name in saved if not name.startswith(ENCODER)}
         saved, trained = ({name: value for name, value in saved.items() if name not in heads}, trained - heads)
-    prefix = ENCODER if encoder is not model else ""
     with torch.no_grad():
         if added is not None:
             model.get_input_embeddings().weight[first_added:] = added
         for name, parameter in model.named_parameters():
-            key = name if prefix else ENCODER + name
+            key = name if encoder is not model else ENCODER + name
             if key in saved:
                 parameter.copy_(saved.pop(key))
     not_restored = {ENCODER + name for name in missing} - trained
@@ -280,11 +278,12 @@ def load_tape_peft(directory: str | Path, task_class):
 ENCODER = "longbird."  # the encoder's parameters inside a task head
 
 
-def _as_encoder_names(tensors: dict) -> dict:
-    """A PEFT file's names as a task head's: those saved from a bare encoder (distill's and pretrain's students are
-    LongBirdModel) gain the head's `longbird.` prefix; a head's own parameters and the added rows keep theirs."""
-    heads = ("qa_", "classifier", "lm_head", "start_query", "end_query", "added_word_embeddings")
-    return {name if name.startswith((ENCODER, *heads)) else ENCODER + name: value for name, value in tensors.items()}
+def _as_head_names(tensors: dict, saved_as: str) -> dict:
+    """A PEFT file's names as a task head's: those saved from a bare encoder (`saved_as` "LongBirdModel": distill's
+    students) gain the head's `longbird.` prefix; the added rows keep their name."""
+    if saved_as != "LongBirdModel":
+        return tensors
+    return {name if name == "added_word_embeddings" else ENCODER + name: value for name, value in tensors.items()}
 
 
 def _settings_of_a_record_without_them(directory: Path, base: dict) -> dict:
@@ -336,11 +335,12 @@ def saved_tokenizer(path: Path):
     """The tokenizer saved in a model directory; a directory without one (`model.save_pretrained(dir)` alone, a
     Trainer `save_model` without a processing class) is named as such, not as transformers' guess at a missing
     sentencepiece."""
-    if path.is_dir() and not any((path / name).is_file() for name in TOKENIZER_FILES):
+    tokenizer = tokenizer_beside(path)
+    if tokenizer is None:
         raise ValueError(f"{path} has a model but no tokenizer: save the source's tokenizer beside it "
                          f"(`tokenizer.save_pretrained('{path}')`), or write the directory with `longbird convert`, "
                          "which copies it")
-    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return tokenizer
 
 
 def training_window(model, window_length: int | None) -> int:

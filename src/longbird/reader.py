@@ -269,8 +269,8 @@ class Reader:
         self._require("classification", "classification")
         if not document or not document.strip():
             raise ValueError("the document is empty; give the text to classify")
-        window_length, stride, _ = self.windows_for(window_length, stride)
-        stride = default_stride(window_length) if stride is None else stride
+        window_length = self.window_length if window_length is None else window_length  # the reader's, as windows_for
+        window_length, stride, _ = classification_windows(self.model, self.model_dir, window_length, stride)
         with self._tokenizing:
             windows = document_windows(self.tokenizer, document, window_length, stride, window_limit)
         with self._precision(), torch.no_grad():

@@ -28,6 +28,7 @@ PRESET_SETTINGS = {
                          num_random_blocks=3),
 }
 BASELINES = ("hf-bigbird", "hf-longformer", "sdpa-roberta")
+HF_BIGBIRD_BLOCK = 64  # transformers' BigBird baseline: kobigbird's blocks and random blocks
 
 
 def compiled_name(name: str, mode: str) -> str:
@@ -56,7 +57,7 @@ def build_model(name: str, max_length: int, base: dict | None = None) -> torch.n
 
     if name == "hf-bigbird":
         config = transformers.BigBirdConfig(**base, max_position_embeddings=max_length, attention_type="block_sparse",
-                                            block_size=64, num_random_blocks=3)
+                                            block_size=HF_BIGBIRD_BLOCK, num_random_blocks=3)
         return transformers.BigBirdModel(config).eval()
     if name == "hf-longformer":
         config = transformers.LongformerConfig(**base, max_position_embeddings=max_length + 2, attention_window=512,

@@ -22,6 +22,7 @@ import torch
 from .memory import peak_allocated_bytes, peak_cuda_bytes
 from .models import (
     BASELINES,
+    HF_BIGBIRD_BLOCK,
     PRESET_SETTINGS,
     SIZES,
     build_model,
@@ -79,7 +80,7 @@ class SweepSettings:
         for name in self.models:  # refused here, before the progress bar and the first model, not at its turn
             if name not in PRESET_SETTINGS and name not in BASELINES:
                 raise ValueError(f"unknown benchmark model {name!r}; choose from {tuple(PRESET_SETTINGS) + BASELINES}")
-            block = 64 if name == "hf-bigbird" else PRESET_SETTINGS.get(name, {}).get("block_size")
+            block = HF_BIGBIRD_BLOCK if name == "hf-bigbird" else PRESET_SETTINGS.get(name, {}).get("block_size")
             for length in self.lengths:
                 if length < 2 or (block and length % block):
                     fix = f"use {-(-length // block) * block}" if block and length >= 2 else "use 512 or more"

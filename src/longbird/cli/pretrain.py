@@ -69,7 +69,7 @@ def distill(
     overwrite: OverwriteRun = False,
 ):
     """Distil the short source into a long student (LittleBird 3.4): attention KL per layer + soft targets."""
-    # --save-steps and --resume are the distillation's own: the settings keep their defaults (and record them so)
+    # --save-steps and --resume are the distillation's own (tasks.pretraining.distill puts them into the settings)
     settings = training_settings(locals(), save_steps=0, resume=False)
     from ..tasks.pretraining import distill as run
 

@@ -110,7 +110,7 @@ class ClassifyRequest(Strict):
     window_length: Count | None = Field(None, ge=1, description="Window in tokens (default: `serve --window-length`, "
                                         "else the window the model was fine-tuned at, else the model length)")
     stride: Count | None = Field(None, ge=0, description="Tokens shared by neighbouring windows (default: the "
-                                  "stride the model was fine-tuned with, else 128)")
+                                  "stride the model was fine-tuned with, else 128, a quarter of a shorter window)")
 
 
 class LabelProbability(BaseModel):

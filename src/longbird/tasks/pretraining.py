@@ -3,6 +3,7 @@ on long inputs with Recurring Span Selection (§3.4 step 3, §4.1), and RSS accu
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,8 @@ def distill(teacher_source, output_dir: str | Path, *, student_path=None, preset
     from ..training.distill import load_teacher, run_distillation
     from ..training.rss import QUESTION_TOKEN, RSSCollator, add_question_token, rss_examples
 
-    settings = settings or FinetuneSettings()
+    # distillation's own checkpoint settings (its default differs from fine-tuning's), recorded as the run's
+    settings = dataclasses.replace(settings or FinetuneSettings(), save_steps=save_steps, resume=resume)
     output_dir = Path(output_dir)
     model_dir = output_dir / "model"
     check_output(model_dir, overwrite, reads=(teacher_source,))
@@ -74,15 +76,13 @@ def distill(teacher_source, output_dir: str | Path, *, student_path=None, preset
         windows = corpus_windows(documents, tokenizer, length)
     tokenizer.model_max_length = student.config.max_position_embeddings
     metrics = run_distillation(student.train(), teacher, tokenizer, windows, output_dir, settings, alpha, beta,
-                               temperature, save_steps, resume, gradient_checkpointing, collator, teacher_ids,
+                               temperature, gradient_checkpointing, collator, teacher_ids,
                                run_settings={"length": length})
     summary = {"teacher": str(teacher_dir), "student": str(student_path) if student_path else f"{preset}-{max_length}",
                "overrides": overrides, "objective": "rss + attention" if rss else "attention (+ soft targets)",
                "corpus": corpus_record(corpus), "training_document_sha256": [text_hash(d) for d in documents],
                "held_out_documents": len(held_out), "windows": len(windows), "length": length, "alpha": alpha,
-               "beta": beta, "temperature": temperature,
-               # distillation's own checkpoint settings, not the FinetuneSettings defaults the command passes
-               "settings": {**vars(settings), "save_steps": save_steps, "resume": resume}, "processes": world_size(),
+               "beta": beta, "temperature": temperature, "settings": vars(settings), "processes": world_size(),
                **training_record(metrics)}
 
     write_trained_model(model_dir, student, tokenizer, "longbird_distill.json", summary, overwrite, settings,

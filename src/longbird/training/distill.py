@@ -139,21 +139,18 @@ def load_teacher(source):
 
 
 def run_distillation(student, teacher, tokenizer, windows: list[dict], output_dir, settings, alpha: float = 1.0,
-                     beta: float = 1.0, temperature: float = 1.0, save_steps: int = 50, resume: bool = False,
-                     gradient_checkpointing: bool = False, collator=None, teacher_ids: dict[int, int] | None = None,
-                     run_settings: dict | None = None) -> dict:
+                     beta: float = 1.0, temperature: float = 1.0, gradient_checkpointing: bool = False, collator=None,
+                     teacher_ids: dict[int, int] | None = None, run_settings: dict | None = None) -> dict:
     """Train `student` on corpus windows against `teacher` (`finetune.train` with DistillationTrainer); checkpoints
-    every `save_steps` steps under `output_dir`/checkpoints, from which `resume` continues (with the same weights,
-    objective and `run_settings`: `finetune.train`). Returns the training metrics; saving the final student is the
-    caller's job."""
-    import dataclasses
+    every `settings.save_steps` steps under `output_dir`/checkpoints, from which `settings.resume` continues (with the
+    same weights, objective and `run_settings`: `finetune.train`). Returns the training metrics; saving the final
+    student is the caller's job."""
     from pathlib import Path
 
     from .finetune import train
 
     if gradient_checkpointing:
         enable_checkpointing(student)
-    settings = dataclasses.replace(settings, save_steps=save_steps, resume=resume)
     return train(student, tokenizer, windows, Path(output_dir) / ".work", settings,
                  checkpoint_dir=Path(output_dir) / "checkpoints", collator=collator, trainer_class=DistillationTrainer,
                  trainer_kwargs={"teacher": teacher, "alpha": alpha, "beta": beta, "temperature": temperature,
