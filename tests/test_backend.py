@@ -213,7 +213,11 @@ def test_the_failure_is_remembered_by_the_next_process(tmp_path):
     import subprocess
     import sys
 
-    environment = {**os.environ, "LONGBIRD_CACHE": str(tmp_path / "cache")}
+    from longbird.attention import cpu_kernel
+
+    # a fresh record directory; the kernels already built stay where they are (else each child rebuilds them)
+    environment = {**os.environ, "LONGBIRD_CACHE": str(tmp_path / "cache"),
+                   "LONGBIRD_KERNEL_CACHE": str(cpu_kernel.cache_dir())}
     runs = [subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=environment, timeout=300)
             for _ in range(2)]
     for run in runs:

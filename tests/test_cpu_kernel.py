@@ -555,3 +555,20 @@ def test_littlebird_usw_attention_in_the_kernel_equals_the_dense_reference(pack,
     bound = _bound(query, every_key, every_value, pack + 4 * block, distance)
     assert ((out.double() - expected).abs() * real).max().item() <= bound
     assert torch.equal(alone, out[1:])
+
+
+def test_the_kernel_cache_follows_longbirds_cache_directory(tmp_path, monkeypatch):
+    """One setting moves the unpacked sources and the built kernels together: without $LONGBIRD_KERNEL_CACHE the
+    kernels go to `kernels/` of the directory `sources.cache_root` chooses ($LONGBIRD_CACHE, then $XDG_CACHE_HOME)."""
+    from longbird.sources import cache_root
+
+    for name in ("LONGBIRD_KERNEL_CACHE", "LONGBIRD_CACHE", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cpu_kernel.cache_dir() == cache_root() / "kernels" == tmp_path / "home" / ".cache" / "longbird" / "kernels"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cpu_kernel.cache_dir() == cache_root() / "kernels" == tmp_path / "xdg" / "longbird" / "kernels"
+    monkeypatch.setenv("LONGBIRD_CACHE", str(tmp_path / "lb"))
+    assert cpu_kernel.cache_dir() == cache_root() / "kernels" == tmp_path / "lb" / "kernels"
+    monkeypatch.setenv("LONGBIRD_KERNEL_CACHE", str(tmp_path / "k"))
+    assert cpu_kernel.cache_dir() == tmp_path / "k"

@@ -12,7 +12,7 @@ not made.
 
 Each instruction set's shared library (`LIBRARIES`: the AVX-512 one holds the bf16 and the fp32 kernel, the AVX2
 one the fp32 kernel under the same function names) is compiled once per machine with the system's C++ compiler
-(`$CXX`, else `g++`) into `~/.cache/longbird/kernels/` (`$LONGBIRD_KERNEL_CACHE`), named by a hash of its sources
+(`$CXX`, else `g++`) into `kernels/` of longbird's cache directory (`$LONGBIRD_KERNEL_CACHE`), named by a hash of its sources
 and flags, written to a temporary file and renamed. A kernel is used only for CPU inference (no autograd, no
 dropout, not while traced): bf16 on CPUs with AVX-512 BF16; fp32 with the AVX-512 kernel on CPUs with AVX-512, else
 with the AVX2 kernel on CPUs with AVX2 and FMA. Everywhere else (fp16, GPUs, other CPUs, no compiler, or
@@ -132,7 +132,14 @@ def instruction_set(dtype: torch.dtype = torch.bfloat16) -> str | None:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("LONGBIRD_KERNEL_CACHE", Path.home() / ".cache" / "longbird" / "kernels"))
+    """$LONGBIRD_KERNEL_CACHE, else `kernels/` in longbird's cache directory as `sources.cache_root` finds it
+    ($LONGBIRD_CACHE, else $XDG_CACHE_HOME/longbird, else ~/.cache/longbird), so one setting moves both; the rule is
+    repeated here because this package imports only torch and the standard library."""
+    if os.environ.get("LONGBIRD_KERNEL_CACHE"):
+        return Path(os.environ["LONGBIRD_KERNEL_CACHE"])
+    if os.environ.get("LONGBIRD_CACHE"):
+        return Path(os.environ["LONGBIRD_CACHE"]) / "kernels"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "longbird" / "kernels"
 
 
 def compiler() -> str | None:
