@@ -10,16 +10,15 @@ in fp32 (as SDPA's bf16 kernel), the fp32 kernels with fp32 products; all take t
 query group's key blocks in place through offset tables, so BigBird's gathered copies of key and value blocks are
 not made.
 
-Each instruction set's shared library (`LIBRARIES`: the AVX-512 one holds the bf16 and the fp32 kernel, the AVX2
-one the fp32 kernel under the same function names) is compiled once per machine with the system's C++ compiler
-(`$CXX`, else `g++`) into `kernels/` of longbird's cache directory (`$LONGBIRD_KERNEL_CACHE`), named by a hash of its sources
+Each instruction set's shared library (`LIBRARIES`: the AVX-512 one holds the bf16 and the fp32 kernel, the AVX2 one
+the fp32 kernel under the same function names) is compiled once per machine with the system's C++ compiler (`$CXX`,
+else `g++`) into `kernels/` of longbird's cache directory (`$LONGBIRD_KERNEL_CACHE`), named by a hash of its sources
 and flags, written to a temporary file and renamed. A kernel is used only for CPU inference (no autograd, no
 dropout, not while traced): bf16 on CPUs with AVX-512 BF16; fp32 with the AVX-512 kernel on CPUs with AVX-512, else
 with the AVX2 kernel on CPUs with AVX2 and FMA. Everywhere else (fp16, GPUs, other CPUs, no compiler, or
 `LONGBIRD_CPU_KERNEL=0`) the callers run SDPA as before; `LONGBIRD_CPU_KERNEL=avx2` takes the AVX2 kernel for fp32
 even where AVX-512 exists (and SDPA for bf16), which is how its tests run on AVX-512 machines. A failed build is
-logged once and the process falls back to SDPA.
-"""
+logged once and the process falls back to SDPA. """
 
 from __future__ import annotations
 
