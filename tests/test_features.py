@@ -166,3 +166,24 @@ def test_the_window_count_is_the_windows_made_and_a_limit_refuses_before_buildin
         if len(windows) > 1:
             with pytest.raises(TooManyWindows):
                 document_windows(tokenizer, text, max_length, doc_stride, window_limit=len(windows) - 1)
+
+
+def test_answers_are_whole_characters_in_text_written_decomposed():
+    """A normalising tokenizer gives the token 일 of NFD text (ᄋ ᅵ ᆯ) the offsets of its first jamo only: spans are
+    widened to whole syllables (and combining marks), and never change in NFC text."""
+    import unicodedata
+
+    from longbird.data.features import whole_characters
+
+    composed = "1989년 2월 15일 임종석"
+    decomposed = unicodedata.normalize("NFD", composed)
+    end_of_il = decomposed.index("15") + 3  # the token's end as the tokenizer reports it: after ᄋ
+    begin, end = whole_characters(decomposed, decomposed.index("15"), end_of_il)
+    assert unicodedata.normalize("NFC", decomposed[begin:end]) == "15일"
+    start_in_syllable = decomposed.index("ᄋ", end) + 1  # a start on the vowel of 임 moves back to its consonant
+    begin, end = whole_characters(decomposed, start_in_syllable, start_in_syllable + 1)
+    assert unicodedata.normalize("NFC", decomposed[begin:end]) == "임"
+    assert whole_characters(composed, 0, 4) == (0, 4) and whole_characters(composed, 11, 13) == (11, 13)
+    accent = "cafe\u0301 noir"  # e + combining acute
+    assert whole_characters(accent, 0, 4) == (0, 5)
+

@@ -369,7 +369,7 @@ def test_embed_pools_the_encoders_last_states(reader):
     torch.testing.assert_close(torch.tensor(cls["embeddings"][0]),
                                torch.nn.functional.normalize(states[0], dim=-1), atol=1e-5, rtol=1e-5)
     empty = client.post("/embed", json={"inputs": ["text", " "]})
-    assert empty.status_code == 422 and "inputs: empty" in empty.json()["detail"]
+    assert empty.status_code == 422 and "inputs.1: empty" in empty.json()["detail"]
     # the texts' windows together: three 2-window texts pass a limit of 6 and not of 5
     two_windows = "신대철의 아버지는 신중현이다. " * 3
     assert len(reader.embed([two_windows], window_length=16)["embeddings"]) == 1
@@ -426,3 +426,161 @@ def test_a_server_with_a_compiled_model_warms_up_before_its_first_request(tiny_q
         assert calls == [compiled]
         context, question = page
         assert client.post("/answer", json={"question": question, "document": context[:2000]}).status_code == 200
+
+
+def test_one_requests_failure_in_a_shared_pass_fails_only_that_request(reader, monkeypatch):
+    """Requests read in one model pass: a request whose decoding raises gets the error, the others their answers
+    (each is read again alone), as they would have been answered alone."""
+    from longbird.serve import batching
+
+    batcher = batching.WindowBatcher(reader)
+    requests = [reader.prepare("q", "some text " * 40, top_k=k) for k in (1, 7, 2)]
+    decode = batching.decode_outputs
+    monkeypatch.setattr(batching, "decode_outputs", lambda model, feature, output, top_k, max_tokens: (
+        (_ for _ in ()).throw(RuntimeError("poisoned")) if top_k == max(7, reader.model.config.qa_top_k) + 100
+        else decode(model, feature, output, top_k, max_tokens)))
+    requests[1].decode_top_k = max(7, reader.model.config.qa_top_k) + 100  # the poisoned one
+    jobs = [batching._Job(request, windows=[None] * len(request.features)) for request in requests]
+    for job in jobs:  # queued before the worker starts: one pass takes all three
+        batcher.jobs.put(job)
+    batcher.start()
+    for job in jobs:
+        assert job.done.wait(60)
+    batcher.close()
+    assert isinstance(jobs[1].error, RuntimeError) and jobs[0].error is None and jobs[2].error is None
+    for job, request in ((jobs[0], requests[0]), (jobs[2], requests[2])):
+        alone = reader.answer("q", "some text " * 40, top_k=request.top_k).answers
+        assert [answer_record["start"] for answer_record in reader.finish(request, job.windows).answers] == [
+            answer["start"] for answer in alone]
+
+
+def test_a_huge_max_answer_tokens_is_read_as_the_window(client, reader):
+    huge = client.post("/answer", json={"question": "q", "document": "some text " * 40,
+                                        "max_answer_tokens": 2**70, "window_length": 64})
+    window = client.post("/answer", json={"question": "q", "document": "some text " * 40,
+                                          "max_answer_tokens": 64, "window_length": 64})
+    assert huge.status_code == 200, huge.text
+    assert huge.json()["answers"] == window.json()["answers"]
+    pipeline = client.post("/predict", json={"inputs": {"question": "q", "context": "some text"},
+                                             "parameters": {"max_answer_len": 2**70}})
+    assert pipeline.status_code == 200, pipeline.text
+
+
+def test_a_500_is_counted_and_the_connection_stays_usable(reader):
+    """A route's unexpected exception is answered as JSON by the guard (not re-raised to uvicorn, which dropped the
+    keep-alive connection and left the 500 out of /metrics), with CORS headers for an allowed origin."""
+    client = TestClient(create_app(reader, ServeSettings(cors_origins=["https://search.example"])),
+                        raise_server_exceptions=True)  # a re-raised exception would fail this test
+    origin = {"Origin": "https://search.example"}
+    reader.finish = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom"))
+    try:
+        failed = client.post("/answer", json={"question": "q", "document": "text"}, headers=origin)
+    finally:
+        del reader.finish
+    assert failed.status_code == 500 and failed.json()["error"] == "internal error"
+    assert failed.headers["access-control-allow-origin"] == "https://search.example"
+    text = client.get("/metrics").text
+    assert 'longbird_requests_total{code="500",method="POST",route="/answer"} 1.0' in text
+    assert 'longbird_request_seconds_count{method="POST",route="/answer"} 1.0' in text
+    for refused in (client.post("/answer", content=b"q", headers={**origin, "content-type": "text/plain"}),
+                    client.post("/answer", content=b"{}", headers={**origin, "content-type": "application/json",
+                                                                   "content-length": str(10**9)})):
+        assert refused.status_code in (413, 415)
+        assert refused.headers["access-control-allow-origin"] == "https://search.example"
+    text = client.get("/metrics").text
+    assert 'longbird_request_seconds_count{method="POST",route="/answer"} 3.0' in text
+
+
+def test_a_streamed_body_is_refused_once_it_passes_the_limit(reader):
+    settings = ServeSettings(max_document_chars=1_000, max_question_chars=100)
+    client = TestClient(create_app(reader, settings))
+    sent = []
+
+    def chunks():  # no Content-Length: a chunked body
+        for _ in range(1_000):
+            sent.append(1)
+            yield b" " * 1_000
+
+    refused = client.post("/answer", content=chunks(), headers={"content-type": "application/json"})
+    assert refused.status_code == 413 and "passed" in refused.json()["detail"]
+    assert settings.max_body_bytes < 1_000_000
+    # a document within the characters limit passes whatever its escaping: 12 bytes per emoji as \ud83d\ude00
+    emoji = json.dumps({"question": "q", "document": "😀" * 1_000}).encode()
+    assert len(emoji) > 6 * 1_100
+    within = client.post("/answer", content=emoji, headers={"content-type": "application/json"})
+    assert within.status_code == 200, within.text
+
+
+def test_texts_the_tokenizer_cannot_read_are_named_not_crashed_on(client):
+    for body, field in (('{"question": "\\ud800 q", "document": "some text"}', "question"),
+                        ('{"question": "q", "document": "some \\udfff text"}', "document")):
+        response = client.post("/answer", content=body.encode(), headers={"content-type": "application/json"})
+        assert response.status_code == 422 and f"{field}: holds a lone surrogate" in response.json()["detail"]
+    response = client.post("/embed", content=b'{"inputs": ["ok", "\\ud800"]}',
+                           headers={"content-type": "application/json"})
+    assert response.status_code == 422 and "inputs.1: holds a lone surrogate" in response.json()["detail"]
+    invisible = client.post("/answer", json={"question": "q", "document": "\u200b\u200b\ufeff"})
+    assert invisible.status_code == 422 and "document: empty" in invisible.json()["detail"]
+
+
+def test_api_keys_are_compared_as_bytes_and_unusable_keys_refused(reader):
+    for key in ("", "clé", "two words"):
+        with pytest.raises(ValueError, match="printable ASCII"):
+            ServeSettings(api_key=key)
+    guarded = TestClient(create_app(reader, ServeSettings(api_key="s3cret")))
+    request = {"question": "q", "document": "some text"}
+    foreign = guarded.post("/answer", json=request, headers={"Authorization": "Bearer s3cré".encode()})
+    assert foreign.status_code == 401
+    assert guarded.post("/answer", json=request, headers={"Authorization": "Bearer s3cret"}).status_code == 200
+
+
+def test_what_clients_probe_and_read_about_the_server(client, reader):
+    assert client.head("/health").status_code == 200 and client.head("/").status_code == 200
+    info = client.get("/info").json()
+    assert info["task"] == "qa" and info["labels"] is None
+    broken = client.post("/answer", content=b'{"question": ', headers={"content-type": "application/json"})
+    assert "the body is not valid JSON (at character 13" in broken.json()["detail"][0]
+    wide = client.post("/predict", json={"inputs": {"question": "q", "context": "text"},
+                                         "parameters": {"max_seq_len": 5000}})
+    assert wide.status_code == 422 and wide.json()["detail"].startswith("parameters.max_seq_len: ")
+    for body in ({"inputs": "a", "normalize": "true"}, {"inputs": "a", "normalize": 1}):
+        assert client.post("/embed", json=body).status_code == 422
+    flag = client.post("/predict", json={"inputs": {"question": "q", "context": "text"},
+                                         "parameters": {"handle_impossible_answer": "yes"}})
+    assert flag.status_code == 422
+    schema = client.get("/openapi.json").json()["components"]["schemas"]
+    bounds = [option for option in schema["AnswerRequest"]["properties"]["max_answer_tokens"]["anyOf"]
+              if option.get("type") == "integer"]
+    assert bounds == [{"type": "integer", "minimum": 1}]
+    before = counter(client.get("/metrics").text, "longbird_windows_total")
+    texts = client.post("/embed", json={"inputs": ["one text", "another text"]}).json()
+    assert texts["windows"] == 2 == counter(client.get("/metrics").text, "longbird_windows_total") - before
+
+
+def counter(metrics: str, name: str) -> float:
+    import re
+
+    return float(re.search(rf"^{name} (\S+)$", metrics, re.MULTILINE).group(1))
+
+
+def test_a_classifier_says_what_it_serves_and_where_to_go(tiny_classifier):
+    model_dir, _ = tiny_classifier
+    client = TestClient(create_app(Reader(model_dir)))
+    info = client.get("/info").json()
+    assert info["task"] == "classification" and info["labels"] == ["bill", "law"]
+    client.post("/classify", json={"document": "법률안 제1조"})
+    assert counter(client.get("/metrics").text, "longbird_tokens_total") > 0
+    encoder = TestClient(create_app(Reader.of(Reader(model_dir).model.longbird, Reader(model_dir).tokenizer)))
+    refused = encoder.post("/answer", json={"question": "q", "document": "text"}).json()["detail"]
+    assert "use /embed" in refused and "/classify" not in refused
+
+
+def test_a_reader_never_cuts_a_decomposed_syllable(reader):
+    import unicodedata
+
+    from longbird.data.features import _continues
+
+    document = unicodedata.normalize("NFD", "임종석이 지명수배 된 날은 1989년 2월 15일이다. " * 6)
+    for answer in reader.answer("임종석이 지명수배 된 날은?", document, top_k=10).answers:
+        assert not _continues(document[answer["start"]]), answer
+        assert answer["end"] == len(document) or not _continues(document[answer["end"]]), answer

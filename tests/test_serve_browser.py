@@ -139,7 +139,8 @@ def test_plain_text_is_highlighted_and_errors_are_shown(server, browser):
     from selenium.webdriver.common.by import By
 
     url, reader = server
-    text = "첫 문장이다. " * 200 + "신대철의 아버지는 신중현이다. " + "마지막 문장이다. " * 200
+    # characters beyond the BMP before the answer: one code point each for the server, two UTF-16 units for the page
+    text = "😀𠀀 " * 3 + "첫 문장이다. " * 200 + "신대철의 아버지는 신중현이다. " + "마지막 문장이다. " * 200
     question = "신대철의 아버지는 누구야?"
     expected = reader.answer(question, text).answers[0]
     ask(browser, url, text, question)

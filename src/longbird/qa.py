@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 
 from .compilation import batch_multiple
 from .data.batching import PaddedBatches, plan_batches
-from .data.features import MAX_QUESTION_TOKENS, QAFeature, features_for_rows
+from .data.features import MAX_QUESTION_TOKENS, QAFeature, features_for_rows, whole_characters
 from .data.html import ProcessedDocument
 from .data.null_regions import NullRegions
 from .lexical_prior import DEFAULT_RADIUS, DEFAULT_WEIGHT, LexicalPrior
@@ -90,7 +90,8 @@ def decode_window(feature: QAFeature, start_top_index, end_top_logits, start_log
 
 def _without_edge_spaces(text: str, begin: int, end: int) -> tuple[int, int]:
     """A Metaspace token ("▁word", XLM-R/SentencePiece) carries the space before the word in its offsets:
-    an answer never starts or ends with whitespace."""
+    an answer never starts or ends with whitespace; nor inside a character (`whole_characters`)."""
+    begin, end = whole_characters(text, begin, end)
     while begin < end and text[begin].isspace():
         begin += 1
     while end > begin and text[end - 1].isspace():

@@ -22,6 +22,7 @@ from .data.batching import PaddedBatches
 from .data.classification import document_windows
 from .data.features import QAFeature, question_token_cap, question_token_count, question_token_limit
 from .data.html import ProcessedDocument, looks_like_html
+from .data.reading import text_problem
 from .data.windows import PairTemplate
 from .heads import LongBirdForQuestionAnswering, LongBirdForSequenceClassification
 from .lexical_prior import DEFAULT_RADIUS, DEFAULT_WEIGHT, LexicalPrior
@@ -98,8 +99,17 @@ def predict_documents(model, tokenizer, texts, window_length: int, stride: int) 
 
 
 def check_question(question: str) -> None:
-    if not question or not question.strip():
-        raise ValueError("the question is empty; ask a question about the document")
+    problem = text_problem(question or "")
+    if problem is not None:
+        raise ValueError("the question is empty; ask a question about the document" if problem.startswith("empty")
+                         else f"the question {problem}")
+
+
+def check_document(document: str, task: str) -> None:
+    problem = text_problem(document or "")
+    if problem is not None:
+        raise ValueError(f"the document is empty; give the {task}" if problem.startswith("empty")
+                         else f"the document {problem}")
 
 
 @dataclass
@@ -219,7 +229,7 @@ class Reader:
                                max_question_tokens=max_question_tokens)
         with self._precision():
             windows = score_windows(self.model, request.features, top_k=request.decode_top_k,
-                                    max_answer_tokens=max_answer_tokens)
+                                    max_answer_tokens=request.max_answer_tokens)
         return self.finish(request, windows)
 
     def prepare(self, question: str, document: str, *, is_html: bool | None = None, top_k: int = 1,
@@ -231,11 +241,14 @@ class Reader:
         is built, for a document that makes more windows."""
         self._require("qa", "answering")
         check_question(question)
-        if not document or not document.strip():
-            raise ValueError("the document is empty; give the text or HTML page to read")
+        check_document(document, "text or HTML page to read")
         if top_k < 1:
             raise ValueError(f"top_k must be at least 1; got {top_k}")
+        if max_answer_tokens is not None and max_answer_tokens < 1:
+            raise ValueError(f"max_answer_tokens must be at least 1; got {max_answer_tokens}")
         window_length, doc_stride, source = self.windows_for(window_length, doc_stride)
+        if max_answer_tokens is not None:  # no span is longer than its window (and 2**70 would overflow a tensor)
+            max_answer_tokens = min(max_answer_tokens, window_length)
         cap = question_token_cap(self.model.config, window_length, len(self.template.prefix))
         if max_question_tokens is not None and cap is not None and max_question_tokens > cap:
             raise ValueError(f"--max-question-tokens {max_question_tokens} is more than this model reads: its "
@@ -267,8 +280,7 @@ class Reader:
         classification` scores it (the trained window and stride unless given: `classification_windows`); `windows`
         read and their `tokens` (special tokens included); `window_limit` as in `prepare`."""
         self._require("classification", "classification")
-        if not document or not document.strip():
-            raise ValueError("the document is empty; give the text to classify")
+        check_document(document, "text to classify")
         window_length = self.window_length if window_length is None else window_length  # the reader's, as windows_for
         window_length, stride, _ = classification_windows(self.model, self.model_dir, window_length, stride)
         with self._tokenizing:
@@ -288,16 +300,22 @@ class Reader:
         window of the text that passes it is built, where all the texts make more windows than that."""
         if pooling not in ("mean", "cls"):
             raise ValueError(f"pooling must be 'mean' or 'cls'; got {pooling!r}")
-        if not texts or any(not text or not text.strip() for text in texts):
-            raise ValueError("every text to embed must be non-empty")
+        if not texts:
+            raise ValueError("no text to embed; give at least one")
+        for index, text in enumerate(texts):
+            problem = text_problem(text or "")
+            if problem is not None:
+                raise ValueError(f"text {index} to embed is {problem}" if problem.startswith("empty")
+                                 else f"text {index} to embed {problem}")
         window_length = self.windows_for(window_length)[0]
         encoder = getattr(self.model, "longbird", self.model)
-        vectors, tokens, left = [], 0, window_limit  # the texts' windows together: each text gets what is left
+        vectors, tokens, read, left = [], 0, 0, window_limit  # the texts' windows together: each gets what is left
         for text in texts:
             with self._tokenizing:
                 windows = document_windows(self.tokenizer, text, window_length, default_stride(window_length), left)
             left = None if left is None else left - len(windows)
             tokens += sum(len(w["input_ids"]) for w in windows)
+            read += 1 if pooling == "cls" else len(windows)
             with self._precision(), torch.no_grad():
                 if pooling == "cls":
                     vector = self._forward(windows[:1], lambda out: out.last_hidden_state[:, 0].float(), encoder)[0]
@@ -305,7 +323,7 @@ class Reader:
                     vector = self._forward(windows, lambda out: out.last_hidden_state.float(), encoder, pooled=True)
             vectors.append(torch.nn.functional.normalize(vector, dim=-1) if normalize else vector)
         return {"embeddings": [v.tolist() for v in vectors], "dimension": int(vectors[0].shape[-1]),
-                "tokens": tokens}
+                "windows": read, "tokens": tokens}
 
     @property
     def compiled(self) -> bool:
@@ -376,4 +394,6 @@ class Reader:
                 "dtype": "bf16 autocast" if self.bf16 else str(next(self.model.parameters()).dtype).replace(
                     "torch.", ""), "device": str(self.model.device), "scoring": self.scoring,
                 "lexical_weight": self.lexical.weight if self.lexical else 0.0,
-                "lexical_radius": self.lexical.radius if self.lexical else None}
+                "lexical_radius": self.lexical.radius if self.lexical else None,
+                "labels": ([config.id2label[i] for i in range(config.num_labels)] if self.task == "classification"
+                           else None)}

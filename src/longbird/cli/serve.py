@@ -47,16 +47,18 @@ def serve(model: ServedModel, host: Host = "127.0.0.1", port: Port = 8000, devic
     from ..reader import Reader
     from ..serve import ServeSettings, create_app
 
+    settings = ServeSettings(max_document_chars=max_document_chars, max_question_chars=max_question_chars,
+                             max_queue=max_queue, max_batch_tokens=max_batch_tokens,
+                             max_request_windows=max_request_windows, api_key=api_key,
+                             cors_origins=list(cors_origin or []))
     listening = bound_sockets(host, port)  # before the model loads: a taken port fails in a second, in one line
     if threads is not None:
         torch.set_num_threads(threads)
     reader = Reader(model, resolve_device(device), bf16=bf16, window_length=window_length, compile=compile,
                     lexical_weight=lexical_weight, lexical_radius=lexical_radius)
-    settings = ServeSettings(max_document_chars=max_document_chars, max_question_chars=max_question_chars,
-                             max_queue=max_queue, max_batch_tokens=max_batch_tokens,
-                             max_request_windows=max_request_windows, api_key=api_key,
-                             cors_origins=list(cors_origin or []))
-    console.print(f"serving {model} on http://{host}:{port} (schema: http://{host}:{port}/docs)", markup=False)
+    # one line whatever the terminal's width (a log collector reads it as one record)
+    console.print(f"serving {model} on http://{host}:{port} (schema: http://{host}:{port}/docs)", markup=False,
+                  soft_wrap=True)
     server = uvicorn.Server(uvicorn.Config(create_app(reader, settings), host=host, port=port, log_level="info"))
     server.run(sockets=listening)
 

@@ -10,6 +10,7 @@ the final separator 1) also where the tokenizer emits none (RoBERTa/XLM-R family
 from __future__ import annotations
 
 import logging
+import unicodedata
 from dataclasses import dataclass
 
 from .html import ProcessedDocument, plain_document, preprocess_html
@@ -209,3 +210,22 @@ def features_for_rows(tokenizer, rows, max_length: int, doc_stride: int | None =
                                       max_question_tokens=max_question_tokens, null_regions=null_regions,
                                       window_limit=window_limit))
     return features
+
+
+def _continues(char: str) -> bool:
+    """A code point that belongs to the character before it: a combining mark, a variation selector, a zero-width
+    joiner, or a Hangul vowel or final jamo (U+1160–U+11FF, U+D7B0–U+D7FF) of a syllable written decomposed."""
+    point = ord(char)
+    return (unicodedata.category(char) in ("Mn", "Mc", "Me") or point == 0x200D or 0x1160 <= point <= 0x11FF
+            or 0xD7B0 <= point <= 0xD7FF)
+
+
+def whole_characters(text: str, begin: int, end: int) -> tuple[int, int]:
+    """[begin, end) widened to whole characters. A tokenizer that normalises text (NFC, NFKC) gives a composed
+    token the offsets of the first code point it came from: in Korean written decomposed (NFD, as text copied on
+    macOS often is) the token 일 spans only its first jamo, and an answer ended "15ᄋ" instead of "15일"."""
+    while 0 < begin < len(text) and _continues(text[begin]):
+        begin -= 1
+    while end < len(text) and end > begin and _continues(text[end]):
+        end += 1
+    return begin, end

@@ -1,10 +1,12 @@
 """Reading a user's input file with errors that name the file and the fix (missing, empty, binary, not JSON,
-the wrong one of the QA formats), instead of UnicodeDecodeError / StopIteration / JSONDecodeError."""
+the wrong one of the QA formats), instead of UnicodeDecodeError / StopIteration / JSONDecodeError; and what makes a
+text given directly (a question, a document sent to the server) unreadable."""
 
 from __future__ import annotations
 
 import codecs
 import json
+import unicodedata
 from pathlib import Path
 
 QA_FORMAT_HINT = "use --format korquad2 (KorQuAD 2.x pages), korquad1 / squad (paragraphs) or korquad1-articles"
@@ -85,3 +87,18 @@ def check_qa_format(document, path, expected: str, requested: str) -> None:
                          "use --format korquad2")
     raise ValueError(f"{path} is not {requested} JSON: expected an object with a non-empty 'data' list; "
                      f"{QA_FORMAT_HINT}")
+
+
+def text_problem(text: str) -> str | None:
+    """What makes `text` unreadable, or None: nothing visible in it (whitespace, zero-width characters and byte-order
+    marks only: a document of them was "answered" with a BOM), or a lone surrogate (not Unicode; the tokenizer fails
+    on it with a TypeError)."""
+    visible = next((char for char in text if not (char.isspace() or unicodedata.category(char) == "Cf")), None)
+    if visible is None:
+        return "empty or only whitespace"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return (f"holds a lone surrogate ({text[error.start]!r} at character {error.start}), which is not Unicode "
+                "text; send valid UTF-8")
+    return None

@@ -27,9 +27,11 @@ from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.exceptions import HTTPException
 
+from ..data.reading import text_problem
 from ..data.window_limit import TooManyWindows
 from ..reader import FORWARD_TOKENS, Reader
 from .batching import WindowBatcher
+from .guard import Guard
 from .schemas import (
     AnswerRequest,
     AnswerResponse,
@@ -69,6 +71,19 @@ class ServeSettings:
     retry_after_seconds: int = 1
     api_key: str | None = None  # Bearer token required on every route but /health when set
     cors_origins: list[str] = field(default_factory=list)  # CORS is off unless origins are given
+
+    def __post_init__(self):
+        # an empty key let no one in; a non-ASCII one failed every request with a 500 (HTTP headers are bytes)
+        if self.api_key is not None and not (self.api_key and self.api_key.isascii() and self.api_key.isprintable()
+                                             and " " not in self.api_key):
+            raise ValueError("--api-key (or LONGBIRD_API_KEY) must be a non-empty string of printable ASCII without "
+                             "spaces: clients send it in an HTTP header; leave both unset to serve without a key")
+
+    @property
+    def max_body_bytes(self) -> int:
+        """No admissible request is larger: a character takes at most 12 bytes of JSON (an escaped surrogate pair,
+        \\ud83d\\ude00, for one emoji); /embed's texts share --max-document-chars."""
+        return 12 * (self.max_document_chars + self.max_question_chars) + 65_536
 
 
 class ServeError(Exception):
@@ -121,43 +136,34 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
         app.router.on_startup.append(lambda: _warm_up(reader))
     app.router.on_startup.append(batcher.start)
     app.router.on_shutdown.append(batcher.close)
-    if settings.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type"])
 
     def authorised(credentials: Credentials) -> None:
         if settings.api_key is None:
             return
-        if credentials is None or not secrets.compare_digest(credentials.credentials, settings.api_key):
+        # compared as bytes: the header arrives decoded as Latin-1, and compare_digest refuses non-ASCII str
+        if credentials is None or not secrets.compare_digest(credentials.credentials.encode("latin-1", "replace"),
+                                                             settings.api_key.encode("ascii")):
             raise ServeError(401, "unauthorised", "send the API key as 'Authorization: Bearer KEY'",
                              {"WWW-Authenticate": "Bearer"})
 
     paths: set[str] = set()  # the paths of this app's routes and mounts (filled at the first request): their labels
 
-    def route_label(request: Request) -> tuple[str, str]:
+    def route_label(scope) -> tuple[str, str]:
         """(route, method) of a request: a route's path, a mount's prefix (the schema pages' files), or "unmatched";
         the method if HTTP names it, else "other" (neither label may grow with what clients make up)."""
         if not paths:
             paths.update(route.path for route in app.routes)
-        path, method = request.url.path, request.method if request.method in HTTP_METHODS else "other"
+        path, method = scope["path"], scope["method"] if scope["method"] in HTTP_METHODS else "other"
         if path in paths:
             return path, method
         mount = next((prefix for prefix in paths if prefix != "/" and path.startswith(prefix + "/")), None)
         return (mount or "unmatched"), method
 
-    @app.middleware("http")
-    async def observe(request: Request, call_next):
-        started = time.perf_counter()
-        route, method = route_label(request)
-        if request.method == "POST":
-            problem = _body_problem(request, settings)
-            if problem is not None:
-                metrics.requests.labels(route, method, str(problem.status_code)).inc()
-                return problem
-        response = await call_next(request)
-        metrics.requests.labels(route, method, str(response.status_code)).inc()
-        metrics.latency.labels(route, method).observe(time.perf_counter() - started)
-        return response
+    # the guard inside CORS, so that its own refusals and the 500s reach a browser with CORS headers
+    app.add_middleware(Guard, settings=settings, metrics=metrics, route_label=route_label)
+    if settings.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
 
     @app.exception_handler(ServeError)
     async def serve_error(request: Request, error: ServeError):
@@ -165,7 +171,9 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, error: RequestValidationError):
-        detail = [f"{_field(e['loc'])}: {e['msg']}" for e in error.errors()]
+        detail = [f"the body is not valid JSON (at character {e['loc'][-1]}: {e['ctx'].get('error', e['msg'])}); "
+                  "send one JSON object" if e["type"] == "json_invalid" else f"{_field(e['loc'])}: {e['msg']}"
+                  for e in error.errors()]
         return JSONResponse({"error": "invalid request", "detail": detail}, 422)
 
     @app.exception_handler(HTTPException)
@@ -177,10 +185,6 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
                              "detail": f"{request.method} {request.url.path}"}, error.status_code,
                             headers=getattr(error, "headers", None))
 
-    @app.exception_handler(Exception)
-    async def crashed(request: Request, error: Exception):
-        logger.exception("request %s %s failed", request.method, request.url.path)
-        return JSONResponse({"error": "internal error", "detail": "the server could not answer; see its log"}, 500)
 
     def read(prepare, alone=None):
         """Admit a request if the queue has room (else 503), window it (`prepare()`), batch its windows with those of
@@ -209,8 +213,10 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
     def check_text(name: str, value: str, limit: int, status: int, field: str | None = None) -> None:
         """`name`: question or document (its limit's option); `field`: the request field that holds it."""
         field = field or name
-        if not value.strip():
-            raise ServeError(422, "invalid request", f"{field}: empty or only whitespace; send the {name} text")
+        problem = text_problem(value)
+        if problem is not None:
+            raise ServeError(422, "invalid request", f"{field}: {problem}" + (f"; send the {name} text"
+                                                                              if problem.startswith("empty") else ""))
         if len(value) > limit:
             raise ServeError(status, "too large", f"{field}: {len(value):,} characters; this server reads at most "
                                                   f"{limit:,} (its --max-{name}-chars)")
@@ -219,12 +225,13 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
                fields=ANSWER_FIELDS):
         """`fields`: the request's names of question, document, window_length and doc_stride, for error messages."""
         if reader.task != "qa":
+            routes = "/classify or /embed" if reader.task == "classification" else "/embed"
             raise ServeError(422, "invalid request", f"this server holds a {reader.task} model: it cannot answer "
-                                                     "questions; use /classify or /embed")
+                                                     f"questions; use {routes}")
         check_text("question", question, settings.max_question_chars, 422, fields["question"])
         check_text("document", document, settings.max_document_chars, 413, fields["document"])
+        window, _, _ = _windows(reader, window_length, fields["window_length"])
         if doc_stride is not None:
-            window, _, _ = _windows(reader, window_length, fields["window_length"])
             if doc_stride >= window:
                 raise ServeError(422, "invalid request", f"{fields['doc_stride']}: {doc_stride} must be below the "
                                                          f"window ({window} tokens); send a smaller "
@@ -261,7 +268,7 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
         return [PipelineAnswer(answer=a["answer"], score=a["probability"] if a["probability"] is not None
                                else a["score"], start=a["start"], end=a["end"]) for a in found]
 
-    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    @app.api_route("/", methods=["GET", "HEAD"], response_class=HTMLResponse, include_in_schema=False)
     def page() -> HTMLResponse:
         """The web page: paste or load a document, ask, see the answers highlighted in it (static/index.html)."""
         return HTMLResponse(PAGE.read_text(encoding="utf-8"))
@@ -282,6 +289,7 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
         result = exclusive(lambda: reader.classify(request.document, request.window_length, request.stride,
                                                    settings.max_request_windows))
         metrics.windows.inc(result["windows"])
+        metrics.tokens.inc(result["tokens"])
         return ClassifyResponse(**result, model=str(reader.model_dir) if reader.model_dir else None,
                                 elapsed_ms=1000 * (time.perf_counter() - started))
 
@@ -290,10 +298,16 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
         """Vectors of texts from the encoder's last hidden states (any longbird model)."""
         started = time.perf_counter()
         texts = [request.inputs] if isinstance(request.inputs, str) else request.inputs
-        for text in texts:
-            check_text("document", text, settings.max_document_chars, 413, "inputs")
+        for index, text in enumerate(texts):
+            check_text("document", text, settings.max_document_chars, 413,
+                       "inputs" if isinstance(request.inputs, str) else f"inputs.{index}")
+        if sum(map(len, texts)) > settings.max_document_chars:  # together, as their windows share one limit
+            raise ServeError(413, "too large", f"inputs: {sum(map(len, texts)):,} characters in all; this server "
+                                               f"embeds at most {settings.max_document_chars:,} per request (its "
+                                               "--max-document-chars); send fewer texts at a time")
         result = exclusive(lambda: reader.embed(texts, request.pooling, request.window_length, request.normalize,
                                                 settings.max_request_windows))
+        metrics.windows.inc(result["windows"])
         metrics.tokens.inc(result["tokens"])
         return EmbedResponse(**result, model=str(reader.model_dir) if reader.model_dir else None,
                              elapsed_ms=1000 * (time.perf_counter() - started))
@@ -302,14 +316,17 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
     def health() -> dict:
         return {"status": "ok"}
 
-    @app.get("/info", response_model=Info, dependencies=[Depends(authorised)])
+    app.head("/health", include_in_schema=False)(health)  # what load balancers and uptime checks send
+
+    @app.get("/info", response_model=Info, responses={401: {"model": ErrorResponse}},
+             dependencies=[Depends(authorised)])
     def info() -> Info:
         limits = {"max_document_chars": settings.max_document_chars,
                   "max_question_chars": settings.max_question_chars, "max_queue": settings.max_queue,
                   "max_request_windows": settings.max_request_windows}
         return Info(**reader.info(), version=__version__, limits=limits)
 
-    @app.get("/metrics", dependencies=[Depends(authorised)])
+    @app.get("/metrics", responses={401: {"model": ErrorResponse}}, dependencies=[Depends(authorised)])
     def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -321,19 +338,3 @@ def _windows(reader: Reader, window_length, field: str = "window_length"):
         return reader.windows_for(window_length)
     except ValueError as error:
         raise ServeError(422, "invalid request", f"{field}: {error}") from None
-
-
-def _body_problem(request: Request, settings: ServeSettings) -> JSONResponse | None:
-    """415 for a body that is not JSON, 413 for one larger than any admissible request (checked before it is read)."""
-    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if kind != "application/json":
-        return JSONResponse({"error": "unsupported media type",
-                             "detail": f"send JSON with 'Content-Type: application/json' (got {kind or 'none'})"}, 415)
-    length = request.headers.get("content-length")
-    # UTF-8 takes at most 4 bytes a character, and JSON escapes at most 6 (\uXXXX): beyond this no body can fit
-    limit = 6 * (settings.max_document_chars + settings.max_question_chars) + 65_536
-    if length is not None and length.isdigit() and int(length) > limit:
-        return JSONResponse({"error": "too large", "detail": f"the body has {int(length):,} bytes; this server "
-                                                             f"reads documents of at most "
-                                                             f"{settings.max_document_chars:,} characters"}, 413)
-    return None

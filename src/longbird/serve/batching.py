@@ -108,8 +108,14 @@ class WindowBatcher:
             jobs = [pending for pending in jobs if pending.request is not None]
             try:
                 self._run(jobs)
-            except BaseException as error:  # the requests get the error; the worker keeps serving
-                logger.exception("a batch of %d requests failed", len(jobs))
+            except Exception:  # one request's fault must not fail the others: each is read again alone
+                logger.exception("a pass over %d requests failed; reading each alone", len(jobs))
+                for pending in jobs:
+                    try:
+                        self._run([pending])
+                    except BaseException as error:  # this request gets the error; the worker keeps serving
+                        pending.error = error
+            except BaseException as error:
                 for pending in jobs:
                     pending.error = error
             for pending in jobs:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
 
 
 class Strict(BaseModel):
@@ -21,6 +21,9 @@ def _a_json_number(value):
 
 
 Count = Annotated[int, BeforeValidator(_a_json_number)]
+# the bound inside the type, so that the OpenAPI schema of an optional field keeps it ({"minimum": 1} in its anyOf)
+PositiveCount = Annotated[int, Field(ge=1), BeforeValidator(_a_json_number)]
+NonNegativeCount = Annotated[int, Field(ge=0), BeforeValidator(_a_json_number)]
 
 
 class AnswerRequest(Strict):
@@ -29,9 +32,9 @@ class AnswerRequest(Strict):
     format: Literal["text", "html", "auto"] = Field("auto", description="auto: HTML when it starts with '<'")
     top_k: Count = Field(1, ge=1, le=20, description="At most how many answers to return, best first, each a "
                                                      "distinct place in the document")
-    max_answer_tokens: Count | None = Field(None, ge=1, description="Longest span in tokens (default: the model's)")
-    window_length: Count | None = Field(None, ge=1, description="Window in tokens (default: the trained window)")
-    doc_stride: Count | None = Field(None, ge=0, description="Tokens shared by neighbouring windows")
+    max_answer_tokens: PositiveCount | None = Field(None, description="Longest span in tokens (default: the model's)")
+    window_length: PositiveCount | None = Field(None, description="Window in tokens (default: the trained window)")
+    doc_stride: NonNegativeCount | None = Field(None, description="Tokens shared by neighbouring windows")
 
 
 class AnswerRecord(BaseModel):
@@ -62,10 +65,10 @@ class PipelineInputs(Strict):
 
 class PipelineParameters(Strict):
     top_k: Count = Field(1, ge=1, le=20)
-    doc_stride: Count | None = Field(None, ge=0)
-    max_answer_len: Count | None = Field(None, ge=1, description="Longest answer in tokens")
-    max_seq_len: Count | None = Field(None, ge=1, description="Window length in tokens")
-    handle_impossible_answer: bool = Field(False, description="Return an empty answer when none is found")
+    doc_stride: NonNegativeCount | None = None
+    max_answer_len: PositiveCount | None = Field(None, description="Longest answer in tokens")
+    max_seq_len: PositiveCount | None = Field(None, description="Window length in tokens")
+    handle_impossible_answer: StrictBool = Field(False, description="Return an empty answer when none is found")
 
 
 class PipelineRequest(Strict):
@@ -90,6 +93,9 @@ class ErrorResponse(BaseModel):
 
 class Info(BaseModel):
     model: str | None
+    task: Literal["qa", "classification", "encoder"] = Field(
+        description="What the model serves: qa (/answer, /predict), classification (/classify); every model /embed")
+    labels: list[str] | None = Field(description="A classifier's labels, by class id")
     attention: str
     position: str
     max_length: int
@@ -107,9 +113,9 @@ class Info(BaseModel):
 
 class ClassifyRequest(Strict):
     document: str = Field(description="The text to classify")
-    window_length: Count | None = Field(None, ge=1, description="Window in tokens (default: `serve --window-length`, "
+    window_length: PositiveCount | None = Field(None, description="Window in tokens (default: `serve --window-length`, "
                                         "else the window the model was fine-tuned at, else the model length)")
-    stride: Count | None = Field(None, ge=0, description="Tokens shared by neighbouring windows (default: the "
+    stride: NonNegativeCount | None = Field(None, description="Tokens shared by neighbouring windows (default: the "
                                   "stride the model was fine-tuned with, else 128, a quarter of a shorter window)")
 
 
@@ -130,13 +136,14 @@ class EmbedRequest(Strict):
     inputs: str | list[str] = Field(description="A text or a list of texts")
     pooling: Literal["mean", "cls"] = Field("mean", description="mean: every real token of every window; cls: the "
                                                                 "first token of the first window")
-    normalize: bool = Field(False, description="Scale each vector to unit length")
-    window_length: Count | None = Field(None, ge=1)
+    normalize: StrictBool = Field(False, description="Scale each vector to unit length")
+    window_length: PositiveCount | None = None
 
 
 class EmbedResponse(BaseModel):
     embeddings: list[list[float]]
     dimension: int
+    windows: int = Field(description="Windows read (all texts; one per text with cls pooling)")
     tokens: int
     model: str | None
     elapsed_ms: float
