@@ -185,5 +185,8 @@ def test_answers_are_whole_characters_in_text_written_decomposed():
     assert unicodedata.normalize("NFC", decomposed[begin:end]) == "임"
     assert whole_characters(composed, 0, 4) == (0, 4) and whole_characters(composed, 11, 13) == (11, 13)
     accent = "cafe\u0301 noir"  # e + combining acute
-    assert whole_characters(accent, 0, 4) == (0, 5)
+    assert whole_characters(accent, 0, 4) == (0, 5) and whole_characters(accent, 4, 4) == (4, 4)  # empty stays
+    family, thumb = "👨\u200d👩\u200d👧 가족", "👍🏽 좋다"  # a joiner sequence; a skin-tone modifier
+    assert whole_characters(family, 0, 1) == (0, 5) and whole_characters(family, 2, 3) == (0, 5)
+    assert whole_characters(thumb, 0, 1) == (0, 2)
 

@@ -82,7 +82,7 @@ def test_the_pipeline_format_of_transformers_is_served_at_root_and_predict(clien
     assert answers[0]["start"] == best["start"] and answers[0]["end"] == best["end"]
     # errors name the pipeline format's own fields
     empty = client.post("/predict", json={"inputs": {"question": question, "context": " "}})
-    assert empty.status_code == 422 and empty.json()["detail"].startswith("inputs.context: empty")
+    assert empty.status_code == 422 and empty.json()["detail"].startswith("inputs.context: is empty")
     stride = client.post("/predict", json={"inputs": {"question": question, "context": document},
                                            "parameters": {"max_seq_len": 64, "doc_stride": 64}})
     assert stride.status_code == 422 and stride.json()["detail"].startswith("parameters.doc_stride: 64 must be")
@@ -136,8 +136,8 @@ def test_health_info_and_metrics(client, tiny_qa):
 
 
 @pytest.mark.parametrize("request_body, status, names", [
-    ({"question": "  ", "document": "text"}, 422, "question: empty"),
-    ({"question": "q", "document": "\n\t "}, 422, "document: empty"),
+    ({"question": "  ", "document": "text"}, 422, "question: is empty"),
+    ({"question": "q", "document": "\n\t "}, 422, "document: is empty"),
     ({"question": "q" * 201, "document": "text"}, 422, "--max-question-chars"),
     ({"question": "q", "document": "x" * 400_001}, 413, "--max-document-chars"),
     ({"question": "q"}, 422, "document: Field required"),
@@ -369,7 +369,7 @@ def test_embed_pools_the_encoders_last_states(reader):
     torch.testing.assert_close(torch.tensor(cls["embeddings"][0]),
                                torch.nn.functional.normalize(states[0], dim=-1), atol=1e-5, rtol=1e-5)
     empty = client.post("/embed", json={"inputs": ["text", " "]})
-    assert empty.status_code == 422 and "inputs.1: empty" in empty.json()["detail"]
+    assert empty.status_code == 422 and "inputs.1: is empty" in empty.json()["detail"]
     # the texts' windows together: three 2-window texts pass a limit of 6 and not of 5
     two_windows = "신대철의 아버지는 신중현이다. " * 3
     assert len(reader.embed([two_windows], window_length=16)["embeddings"]) == 1
@@ -482,33 +482,60 @@ def test_a_500_is_counted_and_the_connection_stays_usable(reader):
     text = client.get("/metrics").text
     assert 'longbird_requests_total{code="500",method="POST",route="/answer"} 1.0' in text
     assert 'longbird_request_seconds_count{method="POST",route="/answer"} 1.0' in text
-    for refused in (client.post("/answer", content=b"q", headers={**origin, "content-type": "text/plain"}),
-                    client.post("/answer", content=b"{}", headers={**origin, "content-type": "application/json",
-                                                                   "content-length": str(10**9)})):
-        assert refused.status_code in (413, 415)
+    for status, refused in ((415, client.post("/answer", content=b"q", headers={**origin, "content-type": "text/plain"})),
+                            (413, client.post("/answer", content=b"{}", headers={
+                                **origin, "content-type": "application/json", "content-length": str(10**9)}))):
+        assert refused.status_code == status
         assert refused.headers["access-control-allow-origin"] == "https://search.example"
     text = client.get("/metrics").text
     assert 'longbird_request_seconds_count{method="POST",route="/answer"} 3.0' in text
 
 
 def test_a_streamed_body_is_refused_once_it_passes_the_limit(reader):
+    """A chunked body (no Content-Length) is read only until it passes the limit, then refused without reaching the
+    route; one under the limit reaches the route whole."""
+    import asyncio
+
+    from longbird.serve.app import Metrics
+    from longbird.serve.guard import Guard
+
     settings = ServeSettings(max_document_chars=1_000, max_question_chars=100)
+    chunk, reached = 10_000, []
+
+    async def route(scope, receive, send):
+        reached.append((await receive())["body"])
+
+    def stream(chunks: int):
+        consumed, sent = [], []
+
+        async def receive():
+            consumed.append(1)
+            return {"type": "http.request", "body": b" " * chunk, "more_body": len(consumed) < chunks}
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": "/answer",
+                 "headers": [(b"content-type", b"application/json")]}
+        asyncio.run(Guard(route, settings, Metrics(), lambda scope: ("/answer", "POST"))(scope, receive, send))
+        return len(consumed), sent
+
+    consumed, sent = stream(10_000)  # 100 MB offered
+    assert sent[0]["status"] == 413 and b"passed" in sent[1]["body"] and not reached
+    assert consumed == settings.max_body_bytes // chunk + 1  # read up to the limit, not to the end
+    consumed, sent = stream(2)
+    assert consumed == 2 and reached == [b" " * 2 * chunk]
+
+
+def test_a_document_within_the_character_limit_passes_whatever_its_escaping(reader):
+    """The body limit allows 16 bytes a character: a document of emoji escaped as surrogate pairs (12 bytes each) is
+    within --max-document-chars and is not refused for its size in bytes (it was, at 6 bytes a character)."""
+    settings = ServeSettings(max_document_chars=20_000, max_question_chars=100)
     client = TestClient(create_app(reader, settings))
-    sent = []
-
-    def chunks():  # no Content-Length: a chunked body
-        for _ in range(1_000):
-            sent.append(1)
-            yield b" " * 1_000
-
-    refused = client.post("/answer", content=chunks(), headers={"content-type": "application/json"})
-    assert refused.status_code == 413 and "passed" in refused.json()["detail"]
-    assert settings.max_body_bytes < 1_000_000
-    # a document within the characters limit passes whatever its escaping: 12 bytes per emoji as \ud83d\ude00
-    emoji = json.dumps({"question": "q", "document": "😀" * 1_000}).encode()
-    assert len(emoji) > 6 * 1_100
-    within = client.post("/answer", content=emoji, headers={"content-type": "application/json"})
-    assert within.status_code == 200, within.text
+    body = json.dumps({"question": "q", "document": "😀" * 19_000}).encode()  # one word: one unknown token
+    assert len(body) > 6 * 20_100 + 65_536  # over the old limit
+    response = client.post("/answer", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 200, response.text
 
 
 def test_texts_the_tokenizer_cannot_read_are_named_not_crashed_on(client):
@@ -519,8 +546,9 @@ def test_texts_the_tokenizer_cannot_read_are_named_not_crashed_on(client):
     response = client.post("/embed", content=b'{"inputs": ["ok", "\\ud800"]}',
                            headers={"content-type": "application/json"})
     assert response.status_code == 422 and "inputs.1: holds a lone surrogate" in response.json()["detail"]
-    invisible = client.post("/answer", json={"question": "q", "document": "\u200b\u200b\ufeff"})
-    assert invisible.status_code == 422 and "document: empty" in invisible.json()["detail"]
+    for nothing in ("\u200b\u200b\ufeff", "\x00\x01\x02", "\u3164\u3164 \u115f"):  # format, control, fillers
+        invisible = client.post("/answer", json={"question": "q", "document": nothing})
+        assert invisible.status_code == 422 and "document: is empty" in invisible.json()["detail"], nothing
 
 
 def test_api_keys_are_compared_as_bytes_and_unusable_keys_refused(reader):
@@ -578,9 +606,10 @@ def test_a_classifier_says_what_it_serves_and_where_to_go(tiny_classifier):
 def test_a_reader_never_cuts_a_decomposed_syllable(reader):
     import unicodedata
 
-    from longbird.data.features import _continues
+    from longbird.data.features import whole_characters
 
     document = unicodedata.normalize("NFD", "임종석이 지명수배 된 날은 1989년 2월 15일이다. " * 6)
-    for answer in reader.answer("임종석이 지명수배 된 날은?", document, top_k=10).answers:
-        assert not _continues(document[answer["start"]]), answer
-        assert answer["end"] == len(document) or not _continues(document[answer["end"]]), answer
+    answers = reader.answer("임종석이 지명수배 된 날은?", document, top_k=10).answers
+    assert len(answers) == 10
+    for answer in answers:  # each span already whole characters: widening it changes nothing
+        assert whole_characters(document, answer["start"], answer["end"]) == (answer["start"], answer["end"]), answer

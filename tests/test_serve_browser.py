@@ -155,7 +155,7 @@ def test_plain_text_is_highlighted_and_errors_are_shown(server, browser):
         if "error" in status.get_attribute("class"):
             break
         time.sleep(0.1)
-    assert "document: empty" in status.text  # the server's 422, shown to the person
+    assert "document: is empty" in status.text  # the server's 422, shown to the person
 
 
 def error_shown(browser) -> str:

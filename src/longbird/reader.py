@@ -99,17 +99,15 @@ def predict_documents(model, tokenizer, texts, window_length: int, stride: int) 
 
 
 def check_question(question: str) -> None:
-    problem = text_problem(question or "")
+    problem = text_problem(question or "", "ask a question about the document")
     if problem is not None:
-        raise ValueError("the question is empty; ask a question about the document" if problem.startswith("empty")
-                         else f"the question {problem}")
+        raise ValueError(f"the question {problem}")
 
 
-def check_document(document: str, task: str) -> None:
-    problem = text_problem(document or "")
+def check_document(document: str, fix: str) -> None:
+    problem = text_problem(document or "", fix)
     if problem is not None:
-        raise ValueError(f"the document is empty; give the {task}" if problem.startswith("empty")
-                         else f"the document {problem}")
+        raise ValueError(f"the document {problem}")
 
 
 @dataclass
@@ -241,7 +239,7 @@ class Reader:
         is built, for a document that makes more windows."""
         self._require("qa", "answering")
         check_question(question)
-        check_document(document, "text or HTML page to read")
+        check_document(document, "give the text or HTML page to read")
         if top_k < 1:
             raise ValueError(f"top_k must be at least 1; got {top_k}")
         if max_answer_tokens is not None and max_answer_tokens < 1:
@@ -280,7 +278,7 @@ class Reader:
         classification` scores it (the trained window and stride unless given: `classification_windows`); `windows`
         read and their `tokens` (special tokens included); `window_limit` as in `prepare`."""
         self._require("classification", "classification")
-        check_document(document, "text to classify")
+        check_document(document, "give the text to classify")
         window_length = self.window_length if window_length is None else window_length  # the reader's, as windows_for
         window_length, stride, _ = classification_windows(self.model, self.model_dir, window_length, stride)
         with self._tokenizing:
@@ -303,10 +301,9 @@ class Reader:
         if not texts:
             raise ValueError("no text to embed; give at least one")
         for index, text in enumerate(texts):
-            problem = text_problem(text or "")
+            problem = text_problem(text or "", "every text to embed needs one")
             if problem is not None:
-                raise ValueError(f"text {index} to embed is {problem}" if problem.startswith("empty")
-                                 else f"text {index} to embed {problem}")
+                raise ValueError(f"text {index} to embed {problem}")
         window_length = self.windows_for(window_length)[0]
         encoder = getattr(self.model, "longbird", self.model)
         vectors, tokens, read, left = [], 0, 0, window_limit  # the texts' windows together: each gets what is left
@@ -314,11 +311,12 @@ class Reader:
             with self._tokenizing:
                 windows = document_windows(self.tokenizer, text, window_length, default_stride(window_length), left)
             left = None if left is None else left - len(windows)
+            windows = windows[:1] if pooling == "cls" else windows  # cls reads the first window only
             tokens += sum(len(w["input_ids"]) for w in windows)
-            read += 1 if pooling == "cls" else len(windows)
+            read += len(windows)
             with self._precision(), torch.no_grad():
                 if pooling == "cls":
-                    vector = self._forward(windows[:1], lambda out: out.last_hidden_state[:, 0].float(), encoder)[0]
+                    vector = self._forward(windows, lambda out: out.last_hidden_state[:, 0].float(), encoder)[0]
                 else:
                     vector = self._forward(windows, lambda out: out.last_hidden_state.float(), encoder, pooled=True)
             vectors.append(torch.nn.functional.normalize(vector, dim=-1) if normalize else vector)

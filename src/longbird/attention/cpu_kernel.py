@@ -18,7 +18,8 @@ dropout, not while traced): bf16 on CPUs with AVX-512 BF16; fp32 with the AVX-51
 with the AVX2 kernel on CPUs with AVX2 and FMA. Everywhere else (fp16, GPUs, other CPUs, no compiler, or
 `LONGBIRD_CPU_KERNEL=0`) the callers run SDPA as before; `LONGBIRD_CPU_KERNEL=avx2` takes the AVX2 kernel for fp32
 even where AVX-512 exists (and SDPA for bf16), which is how its tests run on AVX-512 machines. A failed build is
-logged once and the process falls back to SDPA. """
+logged once and the process falls back to SDPA.
+"""
 
 from __future__ import annotations
 
@@ -131,9 +132,10 @@ def instruction_set(dtype: torch.dtype = torch.bfloat16) -> str | None:
 
 
 def cache_dir() -> Path:
-    """$LONGBIRD_KERNEL_CACHE, else `kernels/` in longbird's cache directory as `sources.cache_root` finds it
-    ($LONGBIRD_CACHE, else $XDG_CACHE_HOME/longbird, else ~/.cache/longbird), so one setting moves both; the rule is
-    repeated here because this package imports only torch and the standard library."""
+    """$LONGBIRD_KERNEL_CACHE, else `kernels/` in longbird's cache directory ($LONGBIRD_CACHE, else
+    $XDG_CACHE_HOME/longbird, else ~/.cache/longbird, as `sources.cache_root`), so one setting moves both; the rule is
+    repeated here because this package imports only torch and the standard library. Unlike `cache_root` it has no
+    temporary fallback: a directory that cannot be created fails the build, and the process keeps SDPA."""
     if os.environ.get("LONGBIRD_KERNEL_CACHE"):
         return Path(os.environ["LONGBIRD_KERNEL_CACHE"])
     if os.environ.get("LONGBIRD_CACHE"):

@@ -10,8 +10,9 @@ the final separator 1) also where the tokenizer emits none (RoBERTa/XLM-R family
 from __future__ import annotations
 
 import logging
-import unicodedata
 from dataclasses import dataclass
+
+import regex
 
 from .html import ProcessedDocument, plain_document, preprocess_html
 from .null_regions import NullRegions
@@ -212,20 +213,24 @@ def features_for_rows(tokenizer, rows, max_length: int, doc_stride: int | None =
     return features
 
 
-def _continues(char: str) -> bool:
-    """A code point that belongs to the character before it: a combining mark, a variation selector, a zero-width
-    joiner, or a Hangul vowel or final jamo (U+1160–U+11FF, U+D7B0–U+D7FF) of a syllable written decomposed."""
-    point = ord(char)
-    return (unicodedata.category(char) in ("Mn", "Mc", "Me") or point == 0x200D or 0x1160 <= point <= 0x11FF
-            or 0xD7B0 <= point <= 0xD7FF)
+GRAPHEME = regex.compile(r"\X")  # a user-perceived character (Unicode's extended grapheme cluster, UAX #29)
+
+
+def _character_at(text: str, position: int) -> tuple[int, int]:
+    """[start, end) of the user-perceived character holding text[position] (clusters read from 32 code points
+    before it: longer ones are not written)."""
+    for cluster in GRAPHEME.finditer(text, max(0, position - 32), min(len(text), position + 33)):
+        if cluster.start() <= position < cluster.end():
+            return cluster.start(), cluster.end()
+    return position, position + 1
 
 
 def whole_characters(text: str, begin: int, end: int) -> tuple[int, int]:
-    """[begin, end) widened to whole characters. A tokenizer that normalises text (NFC, NFKC) gives a composed
-    token the offsets of the first code point it came from: in Korean written decomposed (NFD, as text copied on
-    macOS often is) the token 일 spans only its first jamo, and an answer ended "15ᄋ" instead of "15일"."""
-    while 0 < begin < len(text) and _continues(text[begin]):
-        begin -= 1
-    while end < len(text) and end > begin and _continues(text[end]):
-        end += 1
-    return begin, end
+    """[begin, end) widened to whole user-perceived characters (grapheme clusters). A tokenizer that normalises text
+    (NFC, NFKC) gives a composed token the offsets of the first code point it came from: in Korean written decomposed
+    (NFD, as text copied on macOS often is) the token 일 spans only its first jamo, and an answer ended "15ᄋ"
+    instead of "15일"; the same holds for a letter and its combining accent, or an emoji and its modifier. An empty
+    span stays."""
+    if not 0 <= begin < end <= len(text):
+        return begin, end
+    return _character_at(text, begin)[0], _character_at(text, end - 1)[1]

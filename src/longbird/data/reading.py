@@ -89,16 +89,22 @@ def check_qa_format(document, path, expected: str, requested: str) -> None:
                      f"{QA_FORMAT_HINT}")
 
 
-def text_problem(text: str) -> str | None:
-    """What makes `text` unreadable, or None: nothing visible in it (whitespace, zero-width characters and byte-order
-    marks only: a document of them was "answered" with a BOM), or a lone surrogate (not Unicode; the tokenizer fails
-    on it with a TypeError)."""
-    visible = next((char for char in text if not (char.isspace() or unicodedata.category(char) == "Cf")), None)
+# characters that show nothing: Hangul fillers (default-ignorable, yet letters to Unicode) besides the categories below
+INVISIBLE = frozenset("\u115f\u1160\u3164\uffa0")
+
+
+def text_problem(text: str, fix: str) -> str | None:
+    """What makes `text` unreadable, said so that it follows its name ("the question ...", "document: ..."), or None:
+    nothing visible in it (whitespace, control and format characters such as zero-width spaces and byte-order marks,
+    Hangul fillers: a document of them was "answered" with a BOM), then `fix`; or a lone surrogate (not Unicode: the
+    tokenizer fails on it with a TypeError)."""
+    visible = next((char for char in text if not (char.isspace() or char in INVISIBLE
+                                                  or unicodedata.category(char) in ("Cc", "Cf"))), None)
     if visible is None:
-        return "empty or only whitespace"
+        return f"is empty (nothing but whitespace or invisible characters); {fix}"
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:
         return (f"holds a lone surrogate ({text[error.start]!r} at character {error.start}), which is not Unicode "
-                "text; send valid UTF-8")
+                "text: a JSON escape such as \\ud800 without its pair, or text decoded wrongly; remove it")
     return None

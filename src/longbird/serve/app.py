@@ -11,6 +11,7 @@ answer never depends on what it was batched with.
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 import threading
 import time
@@ -74,16 +75,16 @@ class ServeSettings:
 
     def __post_init__(self):
         # an empty key let no one in; a non-ASCII one failed every request with a 500 (HTTP headers are bytes)
-        if self.api_key is not None and not (self.api_key and self.api_key.isascii() and self.api_key.isprintable()
-                                             and " " not in self.api_key):
+        if self.api_key is not None and not re.fullmatch(r"[!-~]+", self.api_key):
             raise ValueError("--api-key (or LONGBIRD_API_KEY) must be a non-empty string of printable ASCII without "
                              "spaces: clients send it in an HTTP header; leave both unset to serve without a key")
 
     @property
     def max_body_bytes(self) -> int:
-        """No admissible request is larger: a character takes at most 12 bytes of JSON (an escaped surrogate pair,
-        \\ud83d\\ude00, for one emoji); /embed's texts share --max-document-chars."""
-        return 12 * (self.max_document_chars + self.max_question_chars) + 65_536
+        """No admissible request is larger: a character takes at most 16 bytes of JSON (an emoji escaped as a
+        surrogate pair is 12; as a one-character text of /embed's list, "\\ud83d\\ude00", 15), and /embed's texts
+        share --max-document-chars."""
+        return 16 * (self.max_document_chars + self.max_question_chars) + 65_536
 
 
 class ServeError(Exception):
@@ -141,7 +142,7 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
         if settings.api_key is None:
             return
         # compared as bytes: the header arrives decoded as Latin-1, and compare_digest refuses non-ASCII str
-        if credentials is None or not secrets.compare_digest(credentials.credentials.encode("latin-1", "replace"),
+        if credentials is None or not secrets.compare_digest(credentials.credentials.encode("latin-1"),
                                                              settings.api_key.encode("ascii")):
             raise ServeError(401, "unauthorised", "send the API key as 'Authorization: Bearer KEY'",
                              {"WWW-Authenticate": "Bearer"})
@@ -213,13 +214,12 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
     def check_text(name: str, value: str, limit: int, status: int, field: str | None = None) -> None:
         """`name`: question or document (its limit's option); `field`: the request field that holds it."""
         field = field or name
-        problem = text_problem(value)
-        if problem is not None:
-            raise ServeError(422, "invalid request", f"{field}: {problem}" + (f"; send the {name} text"
-                                                                              if problem.startswith("empty") else ""))
         if len(value) > limit:
             raise ServeError(status, "too large", f"{field}: {len(value):,} characters; this server reads at most "
                                                   f"{limit:,} (its --max-{name}-chars)")
+        problem = text_problem(value, f"send the {name} text")
+        if problem is not None:
+            raise ServeError(422, "invalid request", f"{field}: {problem}")
 
     def answer(question, document, is_html, top_k, max_answer_tokens, window_length, doc_stride,
                fields=ANSWER_FIELDS):

@@ -108,16 +108,10 @@ class WindowBatcher:
             jobs = [pending for pending in jobs if pending.request is not None]
             try:
                 self._run(jobs)
-            except Exception:  # one request's fault must not fail the others: each is read again alone
-                logger.exception("a pass over %d requests failed; reading each alone", len(jobs))
+            except BaseException as error:  # the requests get the error; the worker keeps serving
+                logger.exception("a pass over %d requests failed", len(jobs))
                 for pending in jobs:
-                    try:
-                        self._run([pending])
-                    except BaseException as error:  # this request gets the error; the worker keeps serving
-                        pending.error = error
-            except BaseException as error:
-                for pending in jobs:
-                    pending.error = error
+                    pending.error = pending.error or error
             for pending in jobs:
                 pending.done.set()
 
@@ -133,15 +127,34 @@ class WindowBatcher:
                    if getattr(model.config, "linked_windows", False)
                    else plan_batches(lengths, max_tokens=self.max_batch_tokens))
         for batch in batches:
-            members = [windows[i] for i in batch]
-            features = [job.request.features[index] for job, index in members]
-            with self.reader._precision():
-                outputs = run_windows(model, features, max(job.request.decode_top_k for job, _ in members),
-                                      max_answer_tokens=max(job.request.max_answer_tokens
-                                                            or model.config.qa_max_answer_tokens
-                                                            for job, _ in members))
-            for (job, index), feature, output in zip(members, features, outputs):
-                job.windows[index] = decode_outputs(model, feature, output, job.request.decode_top_k,
-                                                    job.request.max_answer_tokens)
-            self.stats["batches"] += 1
-            self.stats["windows"] += len(batch)
+            members = [windows[i] for i in batch if windows[i][0].error is None]
+            owners = list({id(job): job for job, _ in members}.values())
+            try:
+                self._read(members)
+            except Exception as error:
+                if len(owners) == 1:  # its own fault: its error, and its other windows are not read
+                    owners[0].error = error
+                    continue
+                # one request's fault must not fail the others: this batch is read again per request
+                logger.exception("a batch of %d requests failed; reading each of them alone", len(owners))
+                for owner in owners:
+                    try:
+                        self._read([member for member in members if member[0] is owner])
+                    except Exception as own:
+                        owner.error = own
+
+    def _read(self, members: list[tuple[_Job, int]]) -> None:
+        """Run and decode the windows `members` (job, window index), each with its own request's settings."""
+        if not members:
+            return
+        model = self.reader.model
+        features = [job.request.features[index] for job, index in members]
+        with self.reader._precision():
+            outputs = run_windows(model, features, max(job.request.decode_top_k for job, _ in members),
+                                  max_answer_tokens=max(job.request.max_answer_tokens
+                                                        or model.config.qa_max_answer_tokens for job, _ in members))
+        for (job, index), feature, output in zip(members, features, outputs):
+            job.windows[index] = decode_outputs(model, feature, output, job.request.decode_top_k,
+                                                job.request.max_answer_tokens)
+        self.stats["batches"] += 1
+        self.stats["windows"] += len(members)

@@ -8,13 +8,15 @@ import time
 from fastapi.responses import JSONResponse
 
 logger = logging.getLogger("longbird.serve.app")  # the app's log: a failed request's traceback is one of its records
+LEFT = object()  # `Guard._body`'s answer for a client that disconnected before its body was in
 
 
 class Guard:
     """ASGI middleware around every route: 415 for a POST body that is not JSON, 413 for one larger than any
     admissible request (from Content-Length before reading, else while it streams in: a chunked body is read only up
     to the limit), 500 as JSON for anything a route raised (logged with its traceback; the connection stays usable),
-    and every request counted in the metrics with its status and latency, refusals and 500s included."""
+    and every answer counted in the metrics with its status and latency, refusals and 500s included (CORS answers
+    preflight requests outside it: they are not counted)."""
 
     def __init__(self, app, settings, metrics, route_label):
         """`settings`: the app's `ServeSettings`; `metrics`: its `Metrics`; `route_label(scope)`: (route, method)."""
@@ -35,16 +37,19 @@ class Guard:
             refusal = None
             if scope["method"] == "POST":
                 refusal, receive = await self._body(scope, receive)
+                if refusal is LEFT:
+                    return  # the client left while sending its body: no one to answer, nothing to count
             await (refusal or self.app)(scope, receive, sending)
         except Exception:
-            logger.exception("request %s %s failed", scope["method"], scope["path"])
-            if "code" in status:  # the response had begun: nothing more can be said to this client
+            if "code" in status:  # the response had begun: nothing more can be said (uvicorn logs it)
                 raise
+            logger.exception("request %s %s failed", scope["method"], scope["path"])
             await JSONResponse({"error": "internal error", "detail": "the server could not answer; see its log"},
                                500)(scope, receive, sending)
-        finally:
-            self.metrics.requests.labels(route, method, str(status.get("code", 500))).inc()
-            self.metrics.latency.labels(route, method).observe(time.perf_counter() - started)
+        finally:  # every answer sent, by a route, a refusal or the 500 above (a cancelled request sent none)
+            if "code" in status:
+                self.metrics.requests.labels(route, method, str(status["code"])).inc()
+                self.metrics.latency.labels(route, method).observe(time.perf_counter() - started)
 
     async def _body(self, scope, receive):
         """(a refusal or None, the `receive` the route reads the body from)."""
@@ -59,8 +64,8 @@ class Guard:
         body, more = bytearray(), True
         while more:
             message = await receive()
-            if message["type"] != "http.request":  # the client left: the route sees it as it would have
-                return None, _replay(message, receive)
+            if message["type"] != "http.request":  # http.disconnect
+                return LEFT, receive
             body += message.get("body", b"")
             more = message.get("more_body", False)
             if len(body) > limit:
