@@ -250,3 +250,32 @@ def test_a_checkpoint_is_read_at_the_window_its_run_trains_at(tiny_source, tmp_p
     assert result.exit_code == 0, result.output
     metrics = json.loads((evaluated / "metrics.json").read_text())
     assert (metrics["window_length"], metrics["window_source"]) == (64, "trained")
+
+
+def test_ctrl_c_keeps_the_model_whole_with_ordinary_permissions(tiny_source, tmp_path, monkeypatch):
+    """Ctrl-C during training saves `interrupted-step-N` through a temporary sibling renamed into place (a second
+    Ctrl-C mid-save leaves no half-written model), with the permissions every output gets (safetensors writes 0600),
+    and the run's record, so that evaluate reads it at the trained window."""
+    from longbird.files import OUTPUT_MARKER
+    from longbird.training.trainer import LongBirdTrainer
+
+    steps, step = [], LongBirdTrainer.training_step
+
+    def interrupted(self, *args, **kwargs):
+        steps.append(1)
+        if len(steps) == 3:
+            raise KeyboardInterrupt
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(LongBirdTrainer, "training_step", interrupted)
+    out = tmp_path / "qa"
+    result = runner.invoke(app, _finetune(tiny_source, out))
+    assert result.exit_code != 0 and not out.exists()
+    saved = _checkpoints(out) / "interrupted-step-2"
+    assert sorted(p.name for p in _checkpoints(out).iterdir()) == ["checkpoint-2", "interrupted-step-2"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (saved / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask
+    assert (saved / OUTPUT_MARKER).is_file()
+    record = json.loads((saved / "longbird_finetune.json").read_text())
+    assert record["window_length"] == 64 and record["checkpoint_step"] == 2

@@ -37,7 +37,8 @@ def source_without_dropout(tmp_path_factory):
                              attention_probs_dropout_prob=0.0)
 
 
-def _finetune(command_prefix, source, data, out, batch_size, *extra, stderr: list | None = None):
+def _finetune(command_prefix, source, data, out, batch_size, *extra, stderr: list | None = None,
+              stdout: list | None = None):
     args = ["finetune-cls", "--model", str(source), "--max-length", "128", "--window-length", "128", "--stride", "32", "--train",
             str(data), "--out", str(out), "--max-steps", "3", "--batch-size", str(batch_size), "--learning-rate",
             "1e-3", "--device", "cpu", "--logging-steps", "1", *extra]
@@ -46,6 +47,8 @@ def _finetune(command_prefix, source, data, out, batch_size, *extra, stderr: lis
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     if stderr is not None:
         stderr.append(result.stderr)
+    if stdout is not None:
+        stdout.append(result.stdout)
     return json.loads((out / "longbird_finetune.json").read_text())
 
 
@@ -64,11 +67,14 @@ def straight_torchrun(source_without_dropout, tmp_path_factory):
     each torchrun start costs two interpreters importing torch and transformers (about 20 s on 2 cores)."""
     root = tmp_path_factory.mktemp("torchrun")
     data = _law_and_bill_documents(root / "docs.jsonl")
-    return root, data, _finetune(_torchrun(), source_without_dropout, data, root / "straight", 1, *SAVING)
+    stdout: list[str] = []
+    summary = _finetune(_torchrun(), source_without_dropout, data, root / "straight", 1, *SAVING, stdout=stdout)
+    return root, data, summary, stdout[0]
 
 
 def test_two_processes_equal_one_process_with_twice_the_batch(source_without_dropout, straight_torchrun):
-    root, data, two = straight_torchrun
+    root, data, two, printed = straight_torchrun
+    assert printed.count("fine-tuned classifier saved to") == 1  # the first process prints; each trained
     one = _finetune([sys.executable, "-m", "longbird.cli"], source_without_dropout, data, root / "one", 2, *SAVING)
     losses = lambda summary: [entry["loss"] for entry in summary["log_history"] if "loss" in entry]  # noqa: E731
     assert one["processes"] == 1 and two["processes"] == 2
@@ -85,7 +91,7 @@ def test_checkpoints_under_torchrun_hold_every_process_and_resume(source_without
     """Issue 22 under torchrun: every process writes its RNG state into a checkpoint, all into the same temporary
     directory, which is renamed once all have written. A resume removes a killed save's leftover and says where it
     resumes once (not once per process), and ends at the uninterrupted run's weights."""
-    root, data, _ = straight_torchrun
+    root, data, _, _ = straight_torchrun
     checkpoints = root / "straight.checkpoints"
     assert sorted(p.name for p in checkpoints.iterdir()) == ["checkpoint-2", "checkpoint-4"]
     for step in (2, 4):
@@ -109,3 +115,14 @@ def test_checkpoints_under_torchrun_hold_every_process_and_resume(source_without
     a, b = (LongBirdForSequenceClassification.from_pretrained(root / name) for name in ("straight", "resumed"))
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         torch.testing.assert_close(x, y, atol=1e-6, rtol=0, msg=lambda m: f"{name}: {m}")
+
+
+def test_the_launchers_world_size_counts_before_the_process_group_exists(monkeypatch):
+    """The memorisation check runs before Trainer sets up the process group: the launcher's WORLD_SIZE counts the
+    processes (it counted 1, and the warning never came under torchrun); no collective is tried without the group."""
+    from longbird.training.processes import agreed_across_processes, world_size
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert world_size() == 2 and agreed_across_processes(3.5) == 3.5
+    monkeypatch.delenv("WORLD_SIZE")
+    assert world_size() == 1

@@ -1,6 +1,7 @@
 """finetune-qa -> evaluate -> answer, and finetune-cls -> evaluate, end to end on a tiny model with real text."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -209,7 +210,7 @@ def test_malformed_classification_records_are_named(tmp_path):
 
     path = tmp_path / "bad.jsonl"
     path.write_text('{"text": "좋은 문서", "label": "a"}\n{"text": "", "label": "b"}\n', encoding="utf-8")
-    with pytest.raises(MalformedRecordError, match="record 1 of bad.jsonl"):
+    with pytest.raises(MalformedRecordError, match="record 2 of bad.jsonl"):  # counted from 1, as lines are
         read_classification(path)
     with pytest.raises(MalformedRecordError, match="no 'category' field"):
         read_classification(path, label_field="category")
@@ -366,3 +367,96 @@ def test_answer_and_evaluate_read_with_the_window_the_model_was_trained_at(tiny_
     assert result.exit_code == 0, result.output
     metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert metrics["window_length"] == 64 and metrics["doc_stride"] == 16 and metrics["window_source"] == "trained"
+
+
+def test_a_classifier_trained_further_keeps_its_labels_and_its_checkpoints_their_window(tiny_source, tmp_path):
+    """Further fine-tuning of a classifier keeps its class ids (a fresh sorted order swapped the meaning of a head
+    saved with another order), refuses labels it does not know in one line, and its checkpoints carry the trained
+    window and stride, as a QA run's do."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    data = _law_and_bill_documents(tmp_path / "docs.jsonl")
+    first = tmp_path / "cls"
+    result = runner.invoke(app, ["finetune-cls", "--model", str(tiny_source), "--max-length", "256",
+                                 "--window-length", "128", "--stride", "32", "--train", str(data), "--out",
+                                 str(first), "--max-steps", "2", "--save-steps", "1"])
+    assert result.exit_code == 0, result.output
+    record = json.loads((tmp_path / "cls.checkpoints" / "checkpoint-1" / "longbird_finetune.json").read_text())
+    assert (record["task"], record["window_length"], record["stride"]) == ("classification", 128, 32)
+    for window, stride in ((256, 32), (64, 16)):  # another window keeps the trained stride where it fits
+        out = tmp_path / f"eval-{window}"
+        result = runner.invoke(app, ["evaluate", "--task", "classification", "--model", str(first), "--data",
+                                     str(data), "--window-length", str(window), "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        metrics = json.loads((out / "metrics.json").read_text())
+        assert (metrics["window_length"], metrics["stride"], metrics["window_source"]) == (window, stride, "given")
+    # the same classifier with its classes stored the other way round: rows swapped, names swapped
+    swapped = tmp_path / "swapped"
+    shutil.copytree(first, swapped)
+    config = json.loads((swapped / "config.json").read_text())
+    config["id2label"], config["label2id"] = {"0": "law", "1": "bill"}, {"law": 0, "bill": 1}
+    (swapped / "config.json").write_text(json.dumps(config))
+    weights = load_file(str(swapped / "model.safetensors"))
+    head = [name for name in weights if name.startswith("classifier.") and weights[name].shape[0] == 2]
+    assert head
+    save_file({name: (tensor.flip(0).contiguous() if name in head else tensor) for name, tensor in weights.items()},
+              str(swapped / "model.safetensors"), metadata={"format": "pt"})
+    result = runner.invoke(app, ["finetune-cls", "--model", str(swapped), "--train", str(data), "--out",
+                                 str(tmp_path / "again"), "--max-steps", "1", "--learning-rate", "1e-12"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "again" / "config.json").read_text())["id2label"] == {"0": "law", "1": "bill"}
+    again = load_file(str(tmp_path / "again" / "model.safetensors"))
+    for name in head:  # the rows kept their classes (a learning rate of 1e-12 moves nothing visible)
+        torch.testing.assert_close(again[name], weights[name].flip(0), atol=1e-6, rtol=0)
+    other = tmp_path / "other.jsonl"
+    other.write_text("\n".join(json.dumps({"text": f"문서 {i}", "label": label})
+                               for i, label in enumerate(["law", "tax"])), encoding="utf-8")
+    result = runner.invoke(app, ["finetune-cls", "--model", str(first), "--train", str(other), "--out",
+                                 str(tmp_path / "taxes"), "--max-steps", "1"])
+    assert result.exit_code == 1 and "labels it does not know: ['tax']" in result.output
+
+
+def test_classification_records_of_several_formats_and_label_kinds(tiny_source, tmp_path):
+    """JSON Lines and CSV files read as one test set; labels are one class each, text or whole numbers (1.0 is "1"),
+    a list refused; a classifier with transformers' default names (LABEL_0, ...) scores integer labels by class id;
+    a short training window works with the default stride."""
+    from transformers import AutoModelForSequenceClassification
+
+    from longbird.data.classification import read_classification
+    from longbird.data.korquad import MalformedRecordError
+
+    rows = [("좋은 법률 문서", 1), ("나쁜 법안 문서", 0), ("또 다른 법률", 1.0)]
+    jsonl, csv = tmp_path / "a.jsonl", tmp_path / "b.csv"
+    jsonl.write_text("\n".join(json.dumps({"text": t, "label": y}, ensure_ascii=False) for t, y in rows),
+                     encoding="utf-8")
+    csv.write_text("text,label\n" + "\n".join(f"{t},{int(y)}" for t, y in rows), encoding="utf-8")
+    assert read_classification(jsonl)["label"] == ["1", "0", "1"]
+    listed = tmp_path / "multi.jsonl"
+    listed.write_text('{"text": "문서", "label": ["a", "b"]}\n', encoding="utf-8")
+    with pytest.raises(MalformedRecordError, match="record 1 of multi.jsonl: 'label' is \\['a', 'b'\\]; a label is one"):
+        read_classification(listed)
+    model = tmp_path / "short"
+    result = runner.invoke(app, ["finetune-cls", "--model", str(tiny_source), "--max-length", "256",
+                                 "--window-length", "64", "--train", str(jsonl), "--out", str(model), "--max-steps",
+                                 "1"])
+    assert result.exit_code == 0, result.output  # the default stride fits a 64-token window (128 did not)
+    assert json.loads((model / "longbird_finetune.json").read_text())["stride"] == 16
+    default_names = tmp_path / "default-names"
+    import longbird  # noqa: F401  (the Auto classes learn longbird)
+
+    hf = AutoModelForSequenceClassification.from_pretrained(model)
+    hf.config.id2label, hf.config.label2id = {0: "LABEL_0", 1: "LABEL_1"}, {"LABEL_0": 0, "LABEL_1": 1}
+    hf.save_pretrained(default_names)
+    shutil.copy(model / "tokenizer.json", default_names)
+    shutil.copy(model / "tokenizer_config.json", default_names)
+    for directory in (model, default_names):
+        out = tmp_path / f"{directory.name}-eval"
+        result = runner.invoke(app, ["evaluate", "--task", "classification", "--model", str(directory), "--data",
+                                     str(jsonl), "--data", str(csv), "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        metrics = json.loads((out / "metrics.json").read_text())
+        assert metrics["documents"] == 6 and "unseen_labels" not in metrics
+    predictions = [json.loads((tmp_path / f"{d}-eval" / "predictions.json").read_text()) for d in ("short",
+                                                                                                    "default-names")]
+    assert [p["prediction"] for p in predictions[0]] == [p["prediction"] for p in predictions[1]]

@@ -65,8 +65,12 @@ def default_stride(window_length: int) -> int:
 
 def classification_windows(model, model_dir, window_length: int | None, stride: int | None) -> tuple[int, int, str]:
     """(window_length, stride, where the window came from) for classifying with a fine-tuned classifier, as
-    `reading_windows`: the trained window and stride unless given, else `default_stride`."""
+    `reading_windows`: the trained window and stride unless given, else `default_stride`; with another window, the
+    trained stride where it is at most that window's default (a quarter of it, or 128)."""
     window_length, stride, source = reading_windows(model, model_dir, window_length, stride)
+    if stride is None and source == "given" and model_dir is not None:  # another window: the trained stride if it fits
+        trained = trained_windows(model_dir)[1]
+        stride = trained if trained is not None and trained <= default_stride(window_length) else None
     return window_length, default_stride(window_length) if stride is None else stride, source
 
 
@@ -84,18 +88,33 @@ def trained_windows(model_path) -> tuple[int | None, int | None]:
     return (data.get("window_length"), data.get(stride)) if stride else (None, None)
 
 
-@torch.no_grad()
-def predict_documents(model, tokenizer, texts, window_length: int, stride: int) -> list[torch.Tensor]:
-    """Per document, the mean of its windows' logits (num_labels,) (windows: `classification_windows`)."""
-    model.eval()
+def forward_windows(model, tokenizer, windows: list[dict], pick, module=None, pooled: bool = False) -> torch.Tensor:
+    """`pick(outputs)` of `module` (default: the model) over `windows`, in padded batches of at most `FORWARD_TOKENS`
+    (a document of thousands of windows in one batch would not fit in memory; each row reads alike in any batch);
+    with `pooled`, the mean over every real token of all the windows of `pick`'s (B, l, h) states."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     collate = PaddedBatches(pad, batch_multiple(model))  # a compiled encoder: one kind of length
-    def logits(text):
-        batch = collate(document_windows(tokenizer, text, window_length, stride))
-        inputs = {name: tensor.to(model.device) for name, tensor in batch.items()}
-        return model(**inputs, return_dict=True).logits.float().mean(dim=0)
+    per_batch = max(1, FORWARD_TOKENS // max(len(window["input_ids"]) for window in windows))
+    picks, total, count = [], 0, 0
+    for first in range(0, len(windows), per_batch):
+        batch = {k: v.to(model.device) for k, v in collate(windows[first:first + per_batch]).items()}
+        picked = pick((module or model)(**batch, return_dict=True))
+        if not pooled:
+            picks.append(picked.cpu())
+            continue
+        mask = batch["attention_mask"].to(picked.dtype)[..., None]
+        total = total + (picked * mask).sum((0, 1))
+        count = count + mask.sum()
+    return torch.cat(picks) if not pooled else (total / count).cpu()
 
-    return [logits(text).cpu() for text in texts]
+
+@torch.no_grad()
+def predict_documents(model, tokenizer, texts, window_length: int, stride: int) -> list[torch.Tensor]:
+    """Per document, the mean of its windows' logits (num_labels,) (windows: `classification_windows`), read as
+    `forward_windows` reads (all of a long document's windows in one batch grew memory with its length)."""
+    model.eval()
+    return [forward_windows(model, tokenizer, document_windows(tokenizer, text, window_length, stride),
+                            lambda out: out.logits.float()).mean(0) for text in texts]
 
 
 def check_question(question: str) -> None:
@@ -284,7 +303,7 @@ class Reader:
         with self._tokenizing:
             windows = document_windows(self.tokenizer, document, window_length, stride, window_limit)
         with self._precision(), torch.no_grad():
-            logits = self._forward(windows, lambda out: out.logits.float()).mean(0)
+            logits = forward_windows(self.model, self.tokenizer, windows, lambda out: out.logits.float()).mean(0)
         probabilities = torch.softmax(logits, -1).tolist()
         labels = [{"label": self.model.config.id2label[i], "probability": p} for i, p in enumerate(probabilities)]
         return {"labels": sorted(labels, key=lambda item: -item["probability"]), "windows": len(windows),
@@ -316,9 +335,11 @@ class Reader:
             read += len(windows)
             with self._precision(), torch.no_grad():
                 if pooling == "cls":
-                    vector = self._forward(windows, lambda out: out.last_hidden_state[:, 0].float(), encoder)[0]
+                    vector = forward_windows(self.model, self.tokenizer, windows,
+                                            lambda out: out.last_hidden_state[:, 0].float(), encoder)[0]
                 else:
-                    vector = self._forward(windows, lambda out: out.last_hidden_state.float(), encoder, pooled=True)
+                    vector = forward_windows(self.model, self.tokenizer, windows,
+                                            lambda out: out.last_hidden_state.float(), encoder, pooled=True)
             vectors.append(torch.nn.functional.normalize(vector, dim=-1) if normalize else vector)
         return {"embeddings": [v.tolist() for v in vectors], "dimension": int(vectors[0].shape[-1]),
                 "windows": read, "tokens": tokens}
@@ -357,27 +378,6 @@ class Reader:
             records.append({"tokens": read, "windows": windows, "seconds": time.perf_counter() - started})
         return records
 
-    def _forward(self, windows: list[dict], pick, module=None, pooled: bool = False) -> torch.Tensor:
-        """`pick(outputs)` of `module` (default: the model) over `windows`, in padded batches of at most
-        `FORWARD_TOKENS` (a document of thousands of windows in one batch would not fit in memory; each row reads
-        alike in any batch); with `pooled`, the mean over every real token of all the windows of `pick`'s (B, l, h)
-        states."""
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        collate = PaddedBatches(pad, batch_multiple(self.model))
-        longest = max(len(window["input_ids"]) for window in windows)
-        per_batch = max(1, FORWARD_TOKENS // longest)
-        picks, total, count = [], 0, 0
-        for first in range(0, len(windows), per_batch):
-            batch = {k: v.to(self.model.device) for k, v in collate(windows[first:first + per_batch]).items()}
-            picked = pick((module or self.model)(**batch, return_dict=True))
-            if not pooled:
-                picks.append(picked.cpu())
-                continue
-            mask = batch["attention_mask"].to(picked.dtype)[..., None]
-            total = total + (picked * mask).sum((0, 1))
-            count = count + mask.sum()
-        return torch.cat(picks) if not pooled else (total / count).cpu()
-
     def _precision(self):
         return bf16_autocast(self.model.device.type, self.bf16)
 
@@ -388,9 +388,11 @@ class Reader:
         return {"model": str(self.model_dir) if self.model_dir else None, "task": self.task,
                 "attention": config.attention,
                 "position": config.position, "max_length": config.max_position_embeddings,
-                "window_length": window_length, "window_source": source, "qa_head": config.qa_head,
+                "window_length": window_length, "window_source": source,
+                "qa_head": config.qa_head if self.task == "qa" else None,
                 "dtype": "bf16 autocast" if self.bf16 else str(next(self.model.parameters()).dtype).replace(
-                    "torch.", ""), "device": str(self.model.device), "scoring": self.scoring,
+                    "torch.", ""), "device": str(self.model.device),
+                "scoring": self.scoring if self.task == "qa" else None,
                 "lexical_weight": self.lexical.weight if self.lexical else 0.0,
                 "lexical_radius": self.lexical.radius if self.lexical else None,
                 "labels": ([config.id2label[i] for i in range(config.num_labels)] if self.task == "classification"

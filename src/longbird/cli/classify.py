@@ -16,6 +16,7 @@ from .options import (
     FinetuneLoggingSteps,
     Flag,
     Fp16,
+    LabelField,
     LearningRate,
     MaxSteps,
     Model,
@@ -27,20 +28,22 @@ from .options import (
     Seed,
     TapeLearningRate,
     TaskPeft,
+    TextField,
     TrainDevice,
     TrainWordEmbeddings,
 )
 
 Documents = Annotated[Path, typer.Option("--train", help="JSONL/CSV with a text and a label per document")]
 Window = Annotated[int | None, typer.Option(help="Window in tokens (default: the model length)")]
-Stride = Annotated[int, typer.Option(help="Tokens shared by neighbouring windows")]
-Field = Annotated[str, typer.Option()]
+Stride = Annotated[int | None, typer.Option(min=0, help="Tokens shared by neighbouring windows (default: 128, a "
+                                                        "quarter of a shorter window)")]
 
 
 def finetune_cls(
     train: Documents, out: Out, model: Model = None, preset: ConvertPreset = "kobigbird",
-    max_length: ConvertLength = 4096, window_length: Window = None, stride: Stride = 128, text_field: Field = "text",
-    label_field: Field = "label", learning_rate: LearningRate = 5e-5, epochs: Epochs = 1.0, max_steps: MaxSteps = -1,
+    max_length: ConvertLength = 4096, window_length: Window = None, stride: Stride = None,
+    text_field: TextField = "text", label_field: LabelField = "label", learning_rate: LearningRate = 5e-5,
+    epochs: Epochs = 1.0, max_steps: MaxSteps = -1,
     batch_size: BatchSize = 4, seed: Seed = 0, padding_insertion: Flag = False, bf16: Flag = False, fp16: Fp16 = False,
     device: TrainDevice = "auto", train_word_embeddings: TrainWordEmbeddings = False, save_steps: SaveSteps = 0,
     save_total_limit: SaveTotalLimit = None, logging_steps: FinetuneLoggingSteps = 20, peft: TaskPeft = None,

@@ -15,7 +15,13 @@ error_console = Console(stderr=True)
 
 
 def print_metrics(title: str, metrics: dict) -> None:
-    table = Table(title=escape(title), show_header=False)
+    """The title on one line, then the metrics; printed by the first process only (under torchrun each trained)."""
+    from ..training.processes import is_main_process
+
+    if not is_main_process():
+        return
+    console.print(title, markup=False, soft_wrap=True)  # a table title wrapped at the table's width
+    table = Table(show_header=False)
     for key, value in metrics.items():
         if isinstance(value, (int, float, str)):
             table.add_row(escape(key), f"{value:.4g}" if isinstance(value, float) else escape(str(value)))

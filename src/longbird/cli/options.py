@@ -97,3 +97,7 @@ LexicalWeight = Annotated[float, typer.Option(min=0.0, help="Weight of the lexic
 LexicalRadius = Annotated[int, typer.Option(min=1, help="Tokens on either side of a span's start that the lexical "
                                                         "prior matches against the question")]
 LEXICAL_WEIGHT, LEXICAL_RADIUS = 0.3, 64
+TextField = Annotated[str, typer.Option(help="The text field of the classification records (JSON Lines, JSON, CSV or "
+                                             "TSV)")]
+LabelField = Annotated[str, typer.Option(help="The label field of the classification records: one class per "
+                                              "document, text or a whole number")]

@@ -32,6 +32,7 @@ from .options import (
     FinetuneLoggingSteps,
     Fp16,
     GroupByLength,
+    LabelField,
     LearningRate,
     LexicalRadius,
     LexicalWeight,
@@ -48,6 +49,7 @@ from .options import (
     Split,
     TapeLearningRate,
     TaskPeft,
+    TextField,
     TrainDevice,
     TrainWordEmbeddings,
 )
@@ -107,7 +109,8 @@ LinkLearningRate = Annotated[float | None, typer.Option(help="Learning rate of t
                                                              "windows (default: --learning-rate)")]
 
 EvaluatedModel = Annotated[Path, typer.Option(help="Fine-tuned longbird QA or classification directory")]
-EvaluationData = Annotated[list[Path], typer.Option("--data", help="Evaluation data (repeatable for korquad2)")]
+EvaluationData = Annotated[list[Path], typer.Option("--data", help="Evaluation data (repeatable: KorQuAD 2 files, "
+                                                                   "or classification files read as one test set)")]
 EvaluationOut = Annotated[Path, typer.Option(help="Directory for predictions.json and metrics.json")]
 Task = Annotated[str, typer.Option(help="qa or classification")]
 QAFormat = Annotated[str, typer.Option("--format", help=FORMAT_HELP + " (qa only)")]
@@ -115,8 +118,6 @@ QAReadWindow = Annotated[int | None, typer.Option(help=READ_WINDOW_HELP)]
 QAReadStride = Annotated[int | None, typer.Option(help="Tokens shared by neighbouring windows (default: the trained "
                                                        "stride; classification without one: 128, a quarter of a "
                                                        "shorter window)")]
-TextField = Annotated[str, typer.Option(help="The text field of a JSON Lines file (classification)")]
-LabelField = Annotated[str, typer.Option(help="The label field of a JSON Lines file (classification)")]
 FirstExamples = Annotated[int | None, typer.Option(min=1, help="Use N questions drawn with seed 0")]
 
 QAModel = Annotated[Path, typer.Option(help="Fine-tuned longbird QA directory")]

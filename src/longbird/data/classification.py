@@ -40,17 +40,35 @@ def read_classification(path: str | Path, text_field: str = "text", label_field:
             error = error.__cause__
         raise ValueError(f"classification data file {path} is not valid {kind}: "
                          f"{str(error).splitlines()[0] if str(error) else type(error).__name__}") from None
+    return checked_records(dataset, text_field, label_field, path.name)
+
+
+def checked_records(dataset: Dataset, text_field: str, label_field: str, name: str) -> Dataset:
+    """The records as a Dataset of two string columns, `text` and `label` (what the classification tasks read, and
+    what several files of different formats concatenate as); one-line errors, counting records from 1, for a missing
+    field, an empty text and a label that is not one class: a list (multi-label), or a number that is not whole.
+    Labels are text: 1 and 1.0 are the class "1"."""
     for field in (text_field, label_field):
         if field not in dataset.column_names:
             option = "--text-field" if field == text_field else "--label-field"
-            raise MalformedRecordError(f"{path.name} has no {field!r} field; its fields are {dataset.column_names}: "
+            raise MalformedRecordError(f"{name} has no {field!r} field; its fields are {dataset.column_names}: "
                                        f"name the {'text' if field == text_field else 'label'} field with {option}")
-    for index, (text, label) in enumerate(zip(dataset[text_field], dataset[label_field])):
+    labels = []
+    for number, (text, label) in enumerate(zip(dataset[text_field], dataset[label_field]), start=1):
         if not isinstance(text, str) or not text.strip():
-            raise MalformedRecordError(f"record {index} of {path.name}: {text_field!r} must be non-empty text")
+            raise MalformedRecordError(f"record {number} of {name}: {text_field!r} must be non-empty text")
         if label is None:
-            raise MalformedRecordError(f"record {index} of {path.name}: {label_field!r} is missing")
-    return dataset.rename_columns({k: v for k, v in ((text_field, "text"), (label_field, "label")) if k != v})
+            raise MalformedRecordError(f"record {number} of {name}: {label_field!r} is missing")
+        if isinstance(label, float) and label.is_integer():
+            label = int(label)
+        if isinstance(label, bool) or not isinstance(label, (str, int)):
+            raise MalformedRecordError(
+                f"record {number} of {name}: {label_field!r} is {label!r}; a label is one class, text or a whole "
+                "number (several labels per document, multi-label, are trained with transformers' Trainer and "
+                "problem_type='multi_label_classification': docs/classification.md)")
+        labels.append(str(label))
+    return Dataset.from_dict({"text": list(dataset[text_field]), "label": labels})
+
 
 
 def label_vocabulary(labels) -> list[str]:

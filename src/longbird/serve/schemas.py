@@ -101,10 +101,10 @@ class Info(BaseModel):
     max_length: int
     window_length: int
     window_source: str
-    qa_head: str
+    qa_head: str | None = Field(description="A QA model's head (None for other tasks)")
     dtype: str
     device: str
-    scoring: str
+    scoring: str | None = Field(description="A QA model's cross-window scoring rule (None for other tasks)")
     lexical_weight: float = Field(description="Weight of the lexical prior across places (0: off)")
     lexical_radius: int | None = Field(description="Tokens either side of a span's start the prior matches")
     version: str

@@ -7,15 +7,15 @@ import logging
 from pathlib import Path
 
 import torch
-from datasets import Dataset, Value, concatenate_datasets
-from transformers import set_seed
+from datasets import Dataset, concatenate_datasets
+from transformers import AutoConfig, set_seed
 
 from ..checkpoints import check_tokenizer, load_on_device, load_task_model, training_window
-from ..data.classification import document_windows, label_vocabulary, read_classification
+from ..data.classification import checked_records, document_windows, label_vocabulary, read_classification
 from ..heads import LongBirdForSequenceClassification
 from ..metrics.classification import accuracy, macro_f1
 from ..precision import bf16_autocast
-from ..reader import classification_windows, predict_documents
+from ..reader import classification_windows, default_stride, predict_documents
 from ..runs import (
     check_output,
     data_record,
@@ -25,6 +25,7 @@ from ..runs import (
     write_outputs,
     write_trained_model,
 )
+from ..sources import resolve_model_directory
 from ..training.finetune import FinetuneSettings, train
 from ..training.processes import world_size
 
@@ -32,18 +33,44 @@ logger = logging.getLogger(__name__)
 
 
 def _classification_rows(data, text_field: str, label_field: str):
-    """A Dataset as it is; a file, or several files read as one dataset in their order."""
+    """`text` and `label` (as text) of a Dataset, a file, or several files read as one dataset in their order."""
     if isinstance(data, Dataset):
-        return data
-    if isinstance(data, (list, tuple)):  # labels as text: files may spell them as numbers in one, strings in another
-        return concatenate_datasets([read_classification(path, text_field, label_field).cast_column(
-            "label", Value("string")) for path in data])
+        return checked_records(data, text_field, label_field, "the dataset")
+    if isinstance(data, (list, tuple)):
+        return concatenate_datasets([read_classification(path, text_field, label_field) for path in data])
     return read_classification(data, text_field, label_field)
 
+
+def model_labels(config) -> list[str]:
+    """A classifier's labels by class id; transformers' default names (LABEL_0, LABEL_1, ...) are its class ids,
+    "0", "1", ..., which is what integer labels in data are read as."""
+    names = [str(config.id2label[i]) for i in range(len(config.id2label))]
+    return [str(i) for i in range(len(names))] if names == [f"LABEL_{i}" for i in range(len(names))] else names
+
+
+def _training_labels(model_path, data_labels: list[str]) -> list[str]:
+    """The labels by class id a run trains: a saved classifier's own order when the data's labels are among them (a
+    fresh sorted order swapped its classes' meanings), else the data's labels sorted (`label_vocabulary`); a saved
+    classifier whose labels the data does not fit is refused."""
+    path = resolve_model_directory(model_path) if model_path is not None else None
+    config = (AutoConfig.from_pretrained(path, local_files_only=True)
+              if path is not None and (path / "config.json").is_file() else None)
+    if config is None or "LongBirdForSequenceClassification" not in (getattr(config, "architectures", None) or []):
+        return data_labels
+    labels = model_labels(config)
+    unknown = sorted(set(data_labels) - set(labels))
+    if unknown:
+        raise ValueError(f"{model_path} is a classifier of {labels}; the training data has labels it does not know: "
+                         f"{unknown}. Train from the model it was converted from for a new set of labels, or "
+                         "relabel the data")
+    return labels
+
+
 def finetune_cls(model_path, train_data, out: str | Path, *, preset: str = "kobigbird", max_length: int = 4096,
-                 window_length: int | None = None, stride: int = 128, text_field: str = "text",
+                 window_length: int | None = None, stride: int | None = None, text_field: str = "text",
                  label_field: str = "label", settings: FinetuneSettings | None = None, overwrite: bool = False) -> dict:
-    """Fine-tune a document classifier; every window of a document is a training item with its label."""
+    """Fine-tune a document classifier; every window of a document is a training item with its label. `stride`:
+    tokens shared by neighbouring windows (default `reader.default_stride`: 128, a quarter of a short window)."""
     settings = settings or FinetuneSettings()
     out = Path(out)
     check_output(out, overwrite, reads=(model_path,))
@@ -51,16 +78,21 @@ def finetune_cls(model_path, train_data, out: str | Path, *, preset: str = "kobi
     labels = label_vocabulary(rows["label"])
     if len(labels) < 2:
         raise ValueError(f"classification needs at least two labels; the training data has {labels}")
+    labels = _training_labels(model_path, labels)
     set_seed(settings.seed)
     model, tokenizer = load_task_model(model_path, LongBirdForSequenceClassification, preset, max_length,
                                        num_labels=len(labels), id2label=dict(enumerate(labels)),
                                        label2id={label: i for i, label in enumerate(labels)})
     check_tokenizer(model, tokenizer)
     window_length = training_window(model, window_length)
-    items = [{**window, "labels": labels.index(str(row["label"]))}
+    stride = default_stride(window_length) if stride is None else stride
+    index = {label: i for i, label in enumerate(labels)}
+    items = [{**window, "labels": index[row["label"]]}
              for row in rows for window in document_windows(tokenizer, row["text"], window_length, stride)]
+    # the checkpoints carry the window too: evaluate and serve read one at the window it was trained at
     metrics = train(model, tokenizer, items, out.parent / f".{out.name}.work", settings,
-                    checkpoint_dir=out.parent / f"{out.name}.checkpoints")
+                    checkpoint_dir=out.parent / f"{out.name}.checkpoints",
+                    checkpoint_record={"task": "classification", "window_length": window_length, "stride": stride})
 
     summary = {"task": "classification", "data": data_record(train_data), "text_field": text_field,
                "label_field": label_field, "labels": labels,
@@ -86,15 +118,15 @@ def evaluate_cls(model_path, data, *, window_length: int | None = None, stride: 
     window_length, stride, window_source = classification_windows(model, model_path, window_length, stride)
     with bf16_autocast(model.device.type, bf16):
         logits = predict_documents(model, tokenizer, rows["text"], window_length, stride)
-    predictions = [model.config.id2label[int(score.argmax())] for score in logits]
-    golds = [str(label) for label in rows["label"]]
+    labels = model_labels(model.config)
+    predictions = [labels[int(score.argmax())] for score in logits]
+    golds = list(rows["label"])
     metrics = {"accuracy": accuracy(predictions, golds), "macro_f1": macro_f1(predictions, golds)}
-    unseen = sorted(set(golds) - set(model.config.id2label.values()))
+    unseen = sorted(set(golds) - set(labels))
     if unseen:  # such documents can never be right: the accuracy is bounded below 1 by them
         logger.warning("test labels never seen in training (the model cannot predict them): %s", ", ".join(unseen))
         metrics["unseen_labels"] = unseen
     if out is not None:
-        labels = [model.config.id2label[i] for i in range(len(model.config.id2label))]
         records = [{"index": index, "gold": gold, "prediction": prediction,
                     "scores": dict(zip(labels, torch.softmax(score.float(), -1).tolist()))}
                    for index, (gold, prediction, score) in enumerate(zip(golds, predictions, logits))]

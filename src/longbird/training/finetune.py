@@ -20,6 +20,7 @@ from transformers import TrainingArguments
 
 from ..data.batching import PaddedBatches
 from ..data.features import QAFeature
+from ..files import write_directory_atomically
 from ..linked_windows import GATES
 from ..precision import slow_bf16_warning
 from .budget import check_budget_minutes, training_budget
@@ -274,10 +275,15 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
         result = trainer.train(resume_from_checkpoint=resume["checkpoint"] if resume else None)
         finished = True
     except KeyboardInterrupt:
-        if checkpoint_dir is not None:  # Ctrl-C: keep the model as it is and say where
+        if checkpoint_dir is not None and is_main_process():  # Ctrl-C: keep the model as it is and say where
             saved = Path(checkpoint_dir) / f"interrupted-step-{trainer.state.global_step}"
-            trainer.save_model(str(saved))
-            trainer.write_checkpoint_record(saved)
+
+            def save(staging: Path) -> None:  # whole or not at all, with ordinary permissions, as every checkpoint
+                trainer.save_model(str(staging))
+                trainer.write_checkpoint_record(staging)
+
+            shutil.rmtree(saved, ignore_errors=True)  # an earlier interruption at this very step
+            write_directory_atomically(saved, save)
             logger.warning("interrupted at step %d: the model so far is in %s%s", trainer.state.global_step, saved,
                            "; --resume continues from the last periodic checkpoint" if keep else "")
         raise

@@ -21,14 +21,15 @@ def is_main_process() -> bool:
 
 
 def world_size() -> int:
-    """Processes training together (1 without torchrun / accelerate launch); recorded in the run's summary."""
-    return torch.distributed.get_world_size() if _distributed() else 1
+    """Processes training together (1 without torchrun / accelerate launch); recorded in the run's summary. Before
+    Trainer has set up the process group (the memorisation check runs before), the launcher's WORLD_SIZE says."""
+    return torch.distributed.get_world_size() if _distributed() else int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def agreed_across_processes(value: float) -> float:
     """The largest `value` of all processes of a `torch.distributed` run (each calls this at the same point); `value`
     itself in a single process."""
-    if world_size() == 1:
+    if not _distributed() or world_size() == 1:
         return value
     dist = torch.distributed
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
