@@ -375,7 +375,7 @@ def test_a_question_longer_than_the_reader_reads_is_warned_about(tiny_qa, tmp_pa
     assert fewer["question_cut"]["read"] == 2
 
 
-def test_a_training_set_read_many_times_over_is_warned_about(tiny_source, tmp_path):
+def test_a_training_set_read_many_times_over_is_warned_about(tiny_source, tmp_path, monkeypatch):
     """One question (one window) and 12 steps of 1 window: read 12 times, more than 10 passes is memorising. The run
     trains (the user may mean it) and warns; 8 steps (8 passes) does not."""
     from longbird.training.finetune import FinetuneSettings, repeated_passes
@@ -389,10 +389,15 @@ def test_a_training_set_read_many_times_over_is_warned_about(tiny_source, tmp_pa
                                ensure_ascii=False), encoding="utf-8")
     args = ["finetune-qa", "--model", str(tiny_source), "--max-length", "128", "--train", str(data), "--format",
             "squad", "--batch-size", "1"]
+    import warnings
+
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)  # the command sets it: restored after
     with pytest.warns(UserWarning, match=r"1 window\(s\) and 12 steps of 1 windows read each about 12 times"):
         result = runner.invoke(app, args + ["--max-steps", "12", "--out", str(tmp_path / "a")])
     assert result.exit_code == 0, result.output
-    import warnings
+    # on the command line a warning reads as an error does, without the source line that raised it
+    assert warnings.formatwarning(UserWarning("read 12 times"), UserWarning, "finetune.py", 216) == \
+        "warning: read 12 times\n"
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)

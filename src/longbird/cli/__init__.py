@@ -108,9 +108,13 @@ def _root(
 
         os.environ["LONGBIRD_VERBOSE"] = "1"  # read by training's progress callback
     else:
+        import warnings
+
         from ..quiet import quiet_libraries
 
         quiet_libraries()
+        # longbird's own warnings (memorisation, emulated bf16, ...) read as the errors do, without a source line
+        warnings.formatwarning = lambda message, category, *_, **__: f"warning: {message}\n"
 
 
 # In the order `longbird --help` lists them.
