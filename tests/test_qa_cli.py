@@ -391,6 +391,10 @@ def test_a_classifier_trained_further_keeps_its_labels_and_its_checkpoints_their
         assert result.exit_code == 0, result.output
         metrics = json.loads((out / "metrics.json").read_text())
         assert (metrics["window_length"], metrics["stride"], metrics["window_source"]) == (window, stride, "given")
+    result = runner.invoke(app, ["evaluate", "--task", "classification", "--model", str(first), "--data", str(data),
+                                 "--stride", "8", "--out", str(tmp_path / "eval-stride")])  # finetune-cls's spelling
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "eval-stride" / "metrics.json").read_text())["stride"] == 8
     # the same classifier with its classes stored the other way round: rows swapped, names swapped
     swapped = tmp_path / "swapped"
     shutil.copytree(first, swapped)

@@ -115,9 +115,9 @@ EvaluationOut = Annotated[Path, typer.Option(help="Directory for predictions.jso
 Task = Annotated[str, typer.Option(help="qa or classification")]
 QAFormat = Annotated[str, typer.Option("--format", help=FORMAT_HELP + " (qa only)")]
 QAReadWindow = Annotated[int | None, typer.Option(help=READ_WINDOW_HELP)]
-QAReadStride = Annotated[int | None, typer.Option(help="Tokens shared by neighbouring windows (default: the trained "
-                                                       "stride; classification without one: 128, a quarter of a "
-                                                       "shorter window)")]
+QAReadStride = Annotated[int | None, typer.Option("--doc-stride", "--stride", min=0, help=(
+    "Tokens shared by neighbouring windows (default: the trained stride; classification without one: 128, a quarter "
+    "of a shorter window); --stride as finetune-cls spells it"))]
 FirstExamples = Annotated[int | None, typer.Option(min=1, help="Use N questions drawn with seed 0")]
 
 QAModel = Annotated[Path, typer.Option(help="Fine-tuned longbird QA directory")]
