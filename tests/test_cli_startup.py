@@ -38,6 +38,17 @@ def test_cli_help_loads_no_heavy_library():
     assert out == "0 False False", out
 
 
+def test_serve_refuses_a_wrong_model_before_loading_torch():
+    """A mistyped --model is said in a second: checked before torch (seconds to import) and the model load."""
+    out = _python("import socket, sys\nfrom typer.testing import CliRunner\nfrom longbird.cli import app\n"
+                  "probe = socket.socket(); probe.bind(('127.0.0.1', 0)); port = probe.getsockname()[1]; "
+                  "probe.close()\n"
+                  "result = CliRunner().invoke(app, ['serve', '--model', '/no/such/model', '--port', str(port)])\n"
+                  "print(result.exit_code, 'torch' in sys.modules, 'not a longbird or transformers model' in "
+                  "result.output)")
+    assert out == "1 False True", out
+
+
 @pytest.fixture(scope="module")
 def run_fresh():
     with fresh_processes() as run:

@@ -41,6 +41,11 @@ def serve(model: ServedModel, host: Host = "127.0.0.1", port: Port = 8000, devic
           lexical_radius: LexicalRadius = LEXICAL_RADIUS):
     """Serve long documents over HTTP: POST /answer, the pipeline format at POST / and /predict, /classify, /embed,
     the web page at GET /, /health, /info and /metrics; the schema at /docs."""
+    from ..sources import resolve_model_directory
+
+    # before torch and the model load: a taken port or a wrong --model fails in a second, in one line
+    listening = bound_sockets(host, port)
+    resolve_model_directory(model)
     import torch
     import uvicorn
 
@@ -51,7 +56,6 @@ def serve(model: ServedModel, host: Host = "127.0.0.1", port: Port = 8000, devic
                              max_queue=max_queue, max_batch_tokens=max_batch_tokens,
                              max_request_windows=max_request_windows, api_key=api_key,
                              cors_origins=list(cors_origin or []))
-    listening = bound_sockets(host, port)  # before the model loads: a taken port fails in a second, in one line
     if threads is not None:
         torch.set_num_threads(threads)
     reader = Reader(model, resolve_device(device), bf16=bf16, window_length=window_length, compile=compile,
