@@ -613,3 +613,50 @@ def test_a_reader_never_cuts_a_decomposed_syllable(reader):
     assert len(answers) == 10
     for answer in answers:  # each span already whole characters: widening it changes nothing
         assert whole_characters(document, answer["start"], answer["end"]) == (answer["start"], answer["end"]), answer
+
+
+def test_a_second_ctrl_c_drops_the_queued_requests_with_503(reader, monkeypatch):
+    """`WindowBatcher.cancel` (the second Ctrl-C): the requests still queued are answered 503 at once instead of
+    being read first; the worker stops."""
+    from longbird.serve import batching
+    from longbird.serve.batching import ShuttingDown, WindowBatcher
+
+    batcher = WindowBatcher(reader)
+    queued = [batching._Job(reader.prepare("q", "some text"), windows=[None]), batching._Job(None, call=lambda: 1)]
+    for job in queued:
+        batcher.jobs.put(job)
+    being_read, finished = (batching._Job(reader.prepare("q", "text"), windows=[None]) for _ in range(2))
+    finished.done.set()
+    batcher.reading = [being_read, finished]
+    batcher.cancel()
+    assert all(job.done.is_set() and isinstance(job.error, ShuttingDown) for job in [*queued, being_read])
+    assert finished.error is None  # an answered request keeps its answer
+    batcher.start()
+    batcher.thread.join(10)
+    assert not batcher.thread.is_alive()  # it took the stop left by cancel
+
+    app = create_app(reader)
+    monkeypatch.setattr(app.state.batcher, "read", lambda request: (_ for _ in ()).throw(ShuttingDown("stopping")))
+    response = TestClient(app).post("/answer", json={"question": "q", "document": "text"})
+    assert response.status_code == 503 and response.json()["error"] == "shutting down" and "retry-after" in \
+        response.headers
+
+
+def test_the_command_lines_second_ctrl_c_cancels_the_queue():
+    from longbird.cli.serve import _server
+
+    cancelled = []
+
+    class Batcher:
+        def cancel(self):
+            cancelled.append(True)
+
+    import signal
+
+    import uvicorn
+
+    server = _server(uvicorn, Batcher())(uvicorn.Config(lambda scope, receive, send: None))
+    server.handle_exit(signal.SIGINT, None)
+    assert server.should_exit and not cancelled  # the first: a graceful stop, the queue read
+    server.handle_exit(signal.SIGINT, None)
+    assert server.force_exit and cancelled == [True]

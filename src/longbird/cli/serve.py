@@ -1,7 +1,9 @@
 """`longbird serve`: the HTTP server (longbird.serve) over one QA model loaded once."""
 
 import errno
+import os
 import socket
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -63,8 +65,30 @@ def serve(model: ServedModel, host: Host = "127.0.0.1", port: Port = 8000, devic
     # one line whatever the terminal's width (a log collector reads it as one record)
     console.print(f"serving {model} on http://{host}:{port} (schema: http://{host}:{port}/docs)", markup=False,
                   soft_wrap=True)
-    server = uvicorn.Server(uvicorn.Config(create_app(reader, settings), host=host, port=port, log_level="info"))
+    run(uvicorn, create_app(reader, settings), host, port, listening)
+
+
+def run(uvicorn, app, host: str, port: int, listening: list[socket.socket]) -> None:
+    """Serve `app` until a signal. A second Ctrl-C (uvicorn's force quit) answers every request still queued or being
+    read 503 at once (`WindowBatcher.cancel`: uvicorn alone stopped waiting for connections, yet its shutdown read
+    every queued request first) and leaves without waiting for the model's thread, which may be mid-pass (or letting
+    the interpreter abort it in C++)."""
+    server = _server(uvicorn, app.state.batcher)(uvicorn.Config(app, host=host, port=port, log_level="info"))
     server.run(sockets=listening)
+    if server.force_exit:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+
+
+def _server(uvicorn, batcher):
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            if self.should_exit:  # the second signal
+                batcher.cancel()
+            super().handle_exit(sig, frame)
+
+    return Server
 
 
 def bound_sockets(host: str, port: int) -> list[socket.socket]:

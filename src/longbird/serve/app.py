@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException
 from ..data.reading import text_problem
 from ..data.window_limit import TooManyWindows
 from ..reader import FORWARD_TOKENS, Reader
-from .batching import WindowBatcher
+from .batching import ShuttingDown, WindowBatcher
 from .guard import Guard
 from .schemas import (
     AnswerRequest,
@@ -204,6 +204,9 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
             return reader.finish(request, batcher.read(request))
         except TooManyWindows as error:
             raise ServeError(413, "too large", f"{error} (this server's --max-request-windows)") from None
+        except ShuttingDown as error:
+            raise ServeError(503, "shutting down", str(error),
+                             {"Retry-After": str(settings.retry_after_seconds)}) from None
         except ValueError as error:
             raise ServeError(422, "invalid request", str(error)) from None
         finally:

@@ -26,6 +26,10 @@ from ..reader import Reader, Request
 logger = logging.getLogger(__name__)
 
 
+class ShuttingDown(RuntimeError):
+    """The server stops without reading what is still queued (a second Ctrl-C: `WindowBatcher.cancel`)."""
+
+
 @dataclass
 class _Job:
     request: Request | None  # None: a call run alone (`WindowBatcher.call`)
@@ -46,6 +50,8 @@ class WindowBatcher:
         self.reader, self.max_batch_tokens = reader, max_batch_tokens
         self.jobs: queue.Queue[_Job | None] = queue.Queue()  # bounded by the server's admission (--max-queue)
         self.stats = {"batches": 0, "windows": 0, "most_requests_in_a_pass": 0}
+        self.reading: list[_Job] = []  # the requests of the pass being read
+        self.cancelled = False
         self.thread: threading.Thread | None = None
         self._starting = threading.Lock()
 
@@ -77,10 +83,30 @@ class WindowBatcher:
             raise job.error
         return job.result
 
+    def cancel(self) -> None:
+        """Stop now (a second Ctrl-C): the requests still queued and those of the pass being read get ShuttingDown
+        at once (the first signal's shutdown reads them all, which took seconds to minutes with long documents
+        queued); the worker, a daemon thread, stops after its pass or with the process."""
+        self.cancelled = True
+        queued = []
+        while True:
+            try:
+                job = self.jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                queued.append(job)
+        # the pass being read too: its requests are answered now, and the process exits without waiting for it
+        for job in [*queued, *self.reading]:
+            if not job.done.is_set():
+                job.error = ShuttingDown("the server is shutting down; retry on another instance or later")
+                job.done.set()
+        self.jobs.put(None)
+
     def close(self) -> None:
         """Stop the worker after the requests already queued (the app's shutdown)."""
         with self._starting:
-            if self.thread is not None and self.thread.is_alive():
+            if self.thread is not None and self.thread.is_alive() and not self.cancelled:
                 self.jobs.put(None)
                 self.thread.join(timeout=60)
 
@@ -106,6 +132,7 @@ class WindowBatcher:
                     alone.error = error
                 alone.done.set()
             jobs = [pending for pending in jobs if pending.request is not None]
+            self.reading = jobs
             try:
                 self._run(jobs)
             except BaseException as error:  # the requests get the error; the worker keeps serving
@@ -114,6 +141,7 @@ class WindowBatcher:
                     pending.error = pending.error or error
             for pending in jobs:
                 pending.done.set()
+            self.reading = []
 
     def _run(self, jobs: list[_Job]) -> None:
         if not jobs:
