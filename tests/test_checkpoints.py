@@ -253,10 +253,9 @@ def test_a_checkpoint_is_read_at_the_window_its_run_trains_at(tiny_source, tmp_p
 
 
 def test_ctrl_c_keeps_the_model_whole_with_ordinary_permissions(tiny_source, tmp_path, monkeypatch):
-    """Ctrl-C during training saves `interrupted-step-N` through a temporary sibling renamed into place (a second
-    Ctrl-C mid-save leaves no half-written model), with the permissions every output gets (safetensors writes 0600),
-    and the run's record, so that evaluate reads it at the trained window."""
-    from longbird.files import OUTPUT_MARKER
+    """Ctrl-C during training saves `interrupted-step-N` through a hidden sibling renamed into place (a kill mid-save
+    leaves no half-written model, and the next run reports and removes the hidden one), with the permissions every
+    output gets (safetensors writes 0600), and the run's record, so that evaluate reads it at the trained window."""
     from longbird.training.trainer import LongBirdTrainer
 
     steps, step = [], LongBirdTrainer.training_step
@@ -276,6 +275,5 @@ def test_ctrl_c_keeps_the_model_whole_with_ordinary_permissions(tiny_source, tmp
     umask = os.umask(0)
     os.umask(umask)
     assert (saved / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask
-    assert (saved / OUTPUT_MARKER).is_file()
     record = json.loads((saved / "longbird_finetune.json").read_text())
     assert record["window_length"] == 64 and record["checkpoint_step"] == 2

@@ -375,7 +375,7 @@ def test_a_question_longer_than_the_reader_reads_is_warned_about(tiny_qa, tmp_pa
     assert fewer["question_cut"]["read"] == 2
 
 
-def test_a_training_set_read_many_times_over_is_warned_about(tiny_source, tmp_path, monkeypatch):
+def test_a_training_set_read_many_times_over_is_warned_about(tiny_source, tmp_path):
     """One question (one window) and 12 steps of 1 window: read 12 times, more than 10 passes is memorising. The run
     trains (the user may mean it) and warns; 8 steps (8 passes) does not."""
     from longbird.training.finetune import FinetuneSettings, repeated_passes
@@ -391,13 +391,9 @@ def test_a_training_set_read_many_times_over_is_warned_about(tiny_source, tmp_pa
             "squad", "--batch-size", "1"]
     import warnings
 
-    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)  # the command sets it: restored after
     with pytest.warns(UserWarning, match=r"1 window\(s\) and 12 steps of 1 windows read each about 12 times"):
         result = runner.invoke(app, args + ["--max-steps", "12", "--out", str(tmp_path / "a")])
     assert result.exit_code == 0, result.output
-    # on the command line a warning reads as an error does, without the source line that raised it
-    assert warnings.formatwarning(UserWarning("read 12 times"), UserWarning, "finetune.py", 216) == \
-        "warning: read 12 times\n"
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
@@ -660,3 +656,33 @@ def test_a_bad_line_of_classification_data_is_one_line_naming_the_file(tiny_qa, 
 def test_evaluate_batch_size_below_one_is_named(tiny_qa, tmp_path):
     _fails_in_one_line(["evaluate", "--model", str(tiny_qa), "--data", str(PAGES[0]), "--batch-size", "0",
                         "--out", str(tmp_path / "o")], "--batch-size must be at least 1")
+
+
+def test_the_launchers_world_size_counts_before_the_process_group_exists(monkeypatch):
+    """The memorisation check runs before Trainer sets up the process group: the launcher's WORLD_SIZE counts the
+    processes (it counted 1, and the warning never came under torchrun), trusted with LOCAL_RANK only (a scheduler
+    may export WORLD_SIZE alone); no collective is tried without the group."""
+    from longbird.training.processes import agreed_across_processes, world_size
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert world_size() == 1
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert world_size() == 2 and agreed_across_processes(3.5) == 3.5
+    monkeypatch.setenv("WORLD_SIZE", "two")
+    assert world_size() == 1
+
+
+def test_warnings_read_as_errors_for_the_commands_time_only():
+    import warnings
+
+    import click
+
+    from longbird.cli import plain_warnings
+
+    before = warnings.formatwarning
+    with click.Context(click.Command("x")) as ctx:
+        plain_warnings(ctx)
+        assert warnings.formatwarning(UserWarning("read 12 times"), UserWarning, "finetune.py", 216) == \
+            "warning: read 12 times\n"
+    assert warnings.formatwarning is before  # an in-process caller (pytest's summary) gets Python's format back

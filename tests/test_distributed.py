@@ -116,13 +116,3 @@ def test_checkpoints_under_torchrun_hold_every_process_and_resume(source_without
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         torch.testing.assert_close(x, y, atol=1e-6, rtol=0, msg=lambda m: f"{name}: {m}")
 
-
-def test_the_launchers_world_size_counts_before_the_process_group_exists(monkeypatch):
-    """The memorisation check runs before Trainer sets up the process group: the launcher's WORLD_SIZE counts the
-    processes (it counted 1, and the warning never came under torchrun); no collective is tried without the group."""
-    from longbird.training.processes import agreed_across_processes, world_size
-
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    assert world_size() == 2 and agreed_across_processes(3.5) == 3.5
-    monkeypatch.delenv("WORLD_SIZE")
-    assert world_size() == 1

@@ -384,7 +384,7 @@ def test_a_classifier_trained_further_keeps_its_labels_and_its_checkpoints_their
     assert result.exit_code == 0, result.output
     record = json.loads((tmp_path / "cls.checkpoints" / "checkpoint-1" / "longbird_finetune.json").read_text())
     assert (record["task"], record["window_length"], record["stride"]) == ("classification", 128, 32)
-    for window, stride in ((256, 32), (64, 16)):  # another window keeps the trained stride where it fits
+    for window, stride in ((256, 32), (64, 32), (48, 12)):  # the trained stride kept up to half a named window
         out = tmp_path / f"eval-{window}"
         result = runner.invoke(app, ["evaluate", "--task", "classification", "--model", str(first), "--data",
                                      str(data), "--window-length", str(window), "--out", str(out)])
@@ -464,3 +464,15 @@ def test_classification_records_of_several_formats_and_label_kinds(tiny_source, 
     predictions = [json.loads((tmp_path / f"{d}-eval" / "predictions.json").read_text()) for d in ("short",
                                                                                                     "default-names")]
     assert [p["prediction"] for p in predictions[0]] == [p["prediction"] for p in predictions[1]]
+    # data labelled with the default names themselves (a pipeline's output) keeps them: trained and scored as such
+    named = tmp_path / "named.jsonl"
+    named.write_text("\n".join(json.dumps({"text": t, "label": f"LABEL_{int(y)}"}, ensure_ascii=False)
+                               for t, y in rows), encoding="utf-8")
+    from datasets import Dataset
+
+    from longbird.tasks.classification import evaluate_cls, finetune_cls
+
+    finetune_cls(default_names, named, tmp_path / "named-model", max_length=256)  # its own labels: not refused
+    scored = evaluate_cls(tmp_path / "named-model", Dataset.from_dict({"body": [t for t, _ in rows], "cat": [
+        f"LABEL_{int(y)}" for _, y in rows]}), text_field="body", label_field="cat")  # a Dataset's own field names
+    assert "unseen_labels" not in scored["metrics"] and set(scored["predictions"]) <= {"LABEL_0", "LABEL_1"}

@@ -596,6 +596,7 @@ def test_a_classifier_says_what_it_serves_and_where_to_go(tiny_classifier):
     client = TestClient(create_app(Reader(model_dir)))
     info = client.get("/info").json()
     assert info["task"] == "classification" and info["labels"] == ["bill", "law"]
+    assert info["qa_head"] is None and info["scoring"] is None  # a QA model's settings only
     client.post("/classify", json={"document": "법률안 제1조"})
     assert counter(client.get("/metrics").text, "longbird_tokens_total") > 0
     encoder = TestClient(create_app(Reader.of(Reader(model_dir).model.longbird, Reader(model_dir).tokenizer)))
@@ -631,9 +632,33 @@ def test_a_second_ctrl_c_drops_the_queued_requests_with_503(reader, monkeypatch)
     batcher.cancel()
     assert all(job.done.is_set() and isinstance(job.error, ShuttingDown) for job in [*queued, being_read])
     assert finished.error is None  # an answered request keeps its answer
-    batcher.start()
-    batcher.thread.join(10)
-    assert not batcher.thread.is_alive()  # it took the stop left by cancel
+    with pytest.raises(ShuttingDown):  # a request windowed after the signal is refused, no worker started again
+        batcher.read(reader.prepare("q", "late text"))
+    assert batcher.thread is None
+
+    # a call running alone (every /classify and /embed) when the signal comes is answered too
+    started, release = threading.Event(), threading.Event()
+    running = WindowBatcher(reader)
+    result = {}
+
+    def blocking():
+        started.set()
+        release.wait(30)
+        return "late"
+
+    def call():
+        try:
+            result["value"] = running.call(blocking)
+        except ShuttingDown as error:
+            result["error"] = error
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    assert started.wait(30)
+    running.cancel()
+    caller.join(10)
+    release.set()
+    assert isinstance(result.get("error"), ShuttingDown) and "value" not in result
 
     app = create_app(reader)
     monkeypatch.setattr(app.state.batcher, "read", lambda request: (_ for _ in ()).throw(ShuttingDown("stopping")))
@@ -656,7 +681,8 @@ def test_the_command_lines_second_ctrl_c_cancels_the_queue():
     import uvicorn
 
     server = _server(uvicorn, Batcher())(uvicorn.Config(lambda scope, receive, send: None))
+    server.handle_exit(signal.SIGTERM, None)
+    server.handle_exit(signal.SIGTERM, None)
+    assert server.should_exit and not server.force_exit and not cancelled  # SIGTERMs stay graceful: the queue read
     server.handle_exit(signal.SIGINT, None)
-    assert server.should_exit and not cancelled  # the first: a graceful stop, the queue read
-    server.handle_exit(signal.SIGINT, None)
-    assert server.force_exit and cancelled == [True]
+    assert server.force_exit and cancelled == [True]  # Ctrl-C after a stop began: uvicorn's force quit

@@ -64,13 +64,13 @@ def default_stride(window_length: int) -> int:
 
 
 def classification_windows(model, model_dir, window_length: int | None, stride: int | None) -> tuple[int, int, str]:
-    """(window_length, stride, where the window came from) for classifying with a fine-tuned classifier, as
-    `reading_windows`: the trained window and stride unless given, else `default_stride`; with another window, the
-    trained stride where it is at most that window's default (a quarter of it, or 128)."""
+    """(window_length, stride, source) for classifying, as `reading_windows`: the trained window and stride unless
+    given, else `default_stride`; a window named keeps the trained stride at the trained window or up to half it."""
     window_length, stride, source = reading_windows(model, model_dir, window_length, stride)
-    if stride is None and source == "given" and model_dir is not None:  # another window: the trained stride if it fits
-        trained = trained_windows(model_dir)[1]
-        stride = trained if trained is not None and trained <= default_stride(window_length) else None
+    if stride is None and source == "given" and model_dir is not None:  # a window named: the trained stride if it fits
+        trained_window, trained = trained_windows(model_dir)
+        fits = trained is not None and (window_length == trained_window or trained <= window_length // 2)
+        stride = trained if fits else None
     return window_length, default_stride(window_length) if stride is None else stride, source
 
 
@@ -88,6 +88,7 @@ def trained_windows(model_path) -> tuple[int | None, int | None]:
     return (data.get("window_length"), data.get(stride)) if stride else (None, None)
 
 
+@torch.no_grad()
 def forward_windows(model, tokenizer, windows: list[dict], pick, module=None, pooled: bool = False) -> torch.Tensor:
     """`pick(outputs)` of `module` (default: the model) over `windows`, in padded batches of at most `FORWARD_TOKENS`
     (a document of thousands of windows in one batch would not fit in memory; each row reads alike in any batch);

@@ -86,8 +86,19 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
+def plain_warnings(ctx: click.Context) -> None:
+    """longbird's own warnings (memorisation, emulated bf16, ...) read as the errors do, `warning: ...`, without the
+    source line that raised them, for the command's time only (an in-process caller gets Python's format back)."""
+    import warnings
+
+    previous = warnings.formatwarning
+    warnings.formatwarning = lambda message, category, *_, **__: f"warning: {message}\n"
+    ctx.call_on_close(lambda: setattr(warnings, "formatwarning", previous))
+
+
 @app.callback()
 def _root(
+    ctx: typer.Context,
     debug: bool = typer.Option(False, "--debug", help="Show the full traceback of an error"),
     verbose: bool = typer.Option(False, "--verbose", help="Show library progress bars, load reports and raw logs"),
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version"),
@@ -108,13 +119,10 @@ def _root(
 
         os.environ["LONGBIRD_VERBOSE"] = "1"  # read by training's progress callback
     else:
-        import warnings
-
         from ..quiet import quiet_libraries
 
         quiet_libraries()
-        # longbird's own warnings (memorisation, emulated bf16, ...) read as the errors do, without a source line
-        warnings.formatwarning = lambda message, category, *_, **__: f"warning: {message}\n"
+        plain_warnings(ctx)
 
 
 # In the order `longbird --help` lists them.

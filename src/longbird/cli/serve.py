@@ -43,11 +43,7 @@ def serve(model: ServedModel, host: Host = "127.0.0.1", port: Port = 8000, devic
           lexical_radius: LexicalRadius = LEXICAL_RADIUS):
     """Serve long documents over HTTP: POST /answer, the pipeline format at POST / and /predict, /classify, /embed,
     the web page at GET /, /health, /info and /metrics; the schema at /docs."""
-    from ..sources import resolve_model_directory
-
-    # before torch and the model load: a taken port or a wrong --model fails in a second, in one line
-    listening = bound_sockets(host, port)
-    resolve_model_directory(model)
+    listening = checked_start(host, port, model)
     import torch
     import uvicorn
 
@@ -84,11 +80,26 @@ def run(uvicorn, app, host: str, port: int, listening: list[socket.socket]) -> N
 def _server(uvicorn, batcher):
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):
-            if self.should_exit:  # the second signal
-                batcher.cancel()
             super().handle_exit(sig, frame)
+            if self.force_exit:  # uvicorn's force quit: a second SIGINT (a second SIGTERM stays graceful)
+                batcher.cancel()
 
     return Server
+
+
+def checked_start(host: str, port: int, model: Path) -> list[socket.socket]:
+    """The sockets `bound_sockets` binds, once --model is known to be a model directory: before torch and the model
+    load, a taken port or a wrong --model fails in a second, in one line."""
+    from ..sources import resolve_model_directory
+
+    listening = bound_sockets(host, port)
+    try:
+        resolve_model_directory(model)
+    except Exception:
+        for bound in listening:
+            bound.close()
+        raise
+    return listening
 
 
 def bound_sockets(host: str, port: int) -> list[socket.socket]:

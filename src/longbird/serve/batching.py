@@ -63,7 +63,12 @@ class WindowBatcher:
                 self.thread = threading.Thread(target=self._work, name="longbird-batcher", daemon=True)
                 self.thread.start()
 
+    def _refuse_after_cancel(self) -> None:
+        if self.cancelled:  # windowed after the second Ctrl-C: not read, and no worker started again
+            raise ShuttingDown("the server is shutting down; retry on another instance or later")
+
     def read(self, request: Request) -> list[WindowCandidates]:
+        self._refuse_after_cancel()
         self.start()
         job = _Job(request, windows=[None] * len(request.features))
         self.jobs.put(job)
@@ -75,6 +80,7 @@ class WindowBatcher:
     def call(self, function):
         """Run `function()` on the model's thread between passes (the model is never used by two threads at once)
         and return its result."""
+        self._refuse_after_cancel()
         self.start()
         job = _Job(None, call=function)
         self.jobs.put(job)
@@ -125,6 +131,7 @@ class WindowBatcher:
                     self.jobs.put(None)  # stop after this pass
                     break
                 jobs.append(more)
+            self.reading = jobs  # what `cancel` answers at once, the calls run alone included
             for alone in [pending for pending in jobs if pending.request is None]:
                 try:
                     alone.result = alone.call()
@@ -132,7 +139,6 @@ class WindowBatcher:
                     alone.error = error
                 alone.done.set()
             jobs = [pending for pending in jobs if pending.request is not None]
-            self.reading = jobs
             try:
                 self._run(jobs)
             except BaseException as error:  # the requests get the error; the worker keeps serving

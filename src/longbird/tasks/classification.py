@@ -3,12 +3,14 @@ document's window logits (accuracy, macro-F1)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from datasets import Dataset, concatenate_datasets
-from transformers import AutoConfig, set_seed
+from transformers import set_seed
 
 from ..checkpoints import check_tokenizer, load_on_device, load_task_model, training_window
 from ..data.classification import checked_records, document_windows, label_vocabulary, read_classification
@@ -41,11 +43,12 @@ def _classification_rows(data, text_field: str, label_field: str):
     return read_classification(data, text_field, label_field)
 
 
-def model_labels(config) -> list[str]:
-    """A classifier's labels by class id; transformers' default names (LABEL_0, LABEL_1, ...) are its class ids,
-    "0", "1", ..., which is what integer labels in data are read as."""
+def model_labels(config, data_labels=()) -> list[str]:
+    """A classifier's labels by class id. transformers' default names (LABEL_0, LABEL_1, ...) are its class ids "0",
+    "1", ... (what integer labels in data are read as), unless the data's labels are those very names."""
     names = [str(config.id2label[i]) for i in range(len(config.id2label))]
-    return [str(i) for i in range(len(names))] if names == [f"LABEL_{i}" for i in range(len(names))] else names
+    defaults = names == [f"LABEL_{i}" for i in range(len(names))]
+    return [str(i) for i in range(len(names))] if defaults and not set(data_labels) <= set(names) else names
 
 
 def _training_labels(model_path, data_labels: list[str]) -> list[str]:
@@ -53,11 +56,13 @@ def _training_labels(model_path, data_labels: list[str]) -> list[str]:
     fresh sorted order swapped its classes' meanings), else the data's labels sorted (`label_vocabulary`); a saved
     classifier whose labels the data does not fit is refused."""
     path = resolve_model_directory(model_path) if model_path is not None else None
-    config = (AutoConfig.from_pretrained(path, local_files_only=True)
-              if path is not None and (path / "config.json").is_file() else None)
-    if config is None or "LongBirdForSequenceClassification" not in (getattr(config, "architectures", None) or []):
+    config = json.loads((path / "config.json").read_text(encoding="utf-8")) if path is not None else {}
+    if config.get("model_type") != "longbird" or "LongBirdForSequenceClassification" not in (
+            config.get("architectures") or []):
         return data_labels
-    labels = model_labels(config)
+    # transformers leaves the default names (two of them unless num_labels says) out of config.json
+    id2label = config.get("id2label") or {i: f"LABEL_{i}" for i in range(config.get("num_labels", 2))}
+    labels = model_labels(SimpleNamespace(id2label={int(i): name for i, name in id2label.items()}), data_labels)
     unknown = sorted(set(data_labels) - set(labels))
     if unknown:
         raise ValueError(f"{model_path} is a classifier of {labels}; the training data has labels it does not know: "
@@ -75,10 +80,9 @@ def finetune_cls(model_path, train_data, out: str | Path, *, preset: str = "kobi
     out = Path(out)
     check_output(out, overwrite, reads=(model_path,))
     rows = _classification_rows(train_data, text_field, label_field)
-    labels = label_vocabulary(rows["label"])
+    labels = _training_labels(model_path, label_vocabulary(rows["label"]))
     if len(labels) < 2:
         raise ValueError(f"classification needs at least two labels; the training data has {labels}")
-    labels = _training_labels(model_path, labels)
     set_seed(settings.seed)
     model, tokenizer = load_task_model(model_path, LongBirdForSequenceClassification, preset, max_length,
                                        num_labels=len(labels), id2label=dict(enumerate(labels)),
@@ -118,9 +122,9 @@ def evaluate_cls(model_path, data, *, window_length: int | None = None, stride: 
     window_length, stride, window_source = classification_windows(model, model_path, window_length, stride)
     with bf16_autocast(model.device.type, bf16):
         logits = predict_documents(model, tokenizer, rows["text"], window_length, stride)
-    labels = model_labels(model.config)
-    predictions = [labels[int(score.argmax())] for score in logits]
     golds = list(rows["label"])
+    labels = model_labels(model.config, golds)
+    predictions = [labels[int(score.argmax())] for score in logits]
     metrics = {"accuracy": accuracy(predictions, golds), "macro_f1": macro_f1(predictions, golds)}
     unseen = sorted(set(golds) - set(labels))
     if unseen:  # such documents can never be right: the accuracy is bounded below 1 by them

@@ -20,13 +20,13 @@ from transformers import TrainingArguments
 
 from ..data.batching import PaddedBatches
 from ..data.features import QAFeature
-from ..files import write_directory_atomically
+from ..files import ordinary_permissions
 from ..linked_windows import GATES
 from ..precision import slow_bf16_warning
 from .budget import check_budget_minutes, training_budget
 from .padding_insertion import PaddingInsertion, sentence_end_token_ids
 from .processes import is_main_process, world_size
-from .resume import prepare_checkpoints, resume_summary
+from .resume import prepare_checkpoints, publish_checkpoint, resume_summary
 from .trainer import LongBirdTrainer
 
 logger = logging.getLogger(__name__)
@@ -212,7 +212,7 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
     if not items:
         raise ValueError("no training items: every window was filtered out or the dataset is empty")
     memorising = memorisation_warning(len(items), settings)
-    if memorising:
+    if memorising and is_main_process():  # once, not once per process
         warnings.warn(memorising, stacklevel=2)
     keep = settings.save_steps > 0 or settings.resume
     if keep and checkpoint_dir is None:
@@ -275,15 +275,17 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
         result = trainer.train(resume_from_checkpoint=resume["checkpoint"] if resume else None)
         finished = True
     except KeyboardInterrupt:
-        if checkpoint_dir is not None and is_main_process():  # Ctrl-C: keep the model as it is and say where
+        if checkpoint_dir is not None:  # Ctrl-C: keep the model as it is and say where
             saved = Path(checkpoint_dir) / f"interrupted-step-{trainer.state.global_step}"
-
-            def save(staging: Path) -> None:  # whole or not at all, with ordinary permissions, as every checkpoint
-                trainer.save_model(str(staging))
+            staging = saved.with_name(f".{saved.name}.partial")  # reported and removed by the next run if left
+            if is_main_process():
+                shutil.rmtree(staging, ignore_errors=True)
+            # every process: Trainer writes from the first only (and gathers the weights first under FSDP / ZeRO-3)
+            trainer.save_model(str(staging))
+            if is_main_process():  # whole or not at all, with ordinary permissions, as every checkpoint
                 trainer.write_checkpoint_record(staging)
-
-            shutil.rmtree(saved, ignore_errors=True)  # an earlier interruption at this very step
-            write_directory_atomically(saved, save)
+                ordinary_permissions(staging)
+                publish_checkpoint(staging, saved)
             logger.warning("interrupted at step %d: the model so far is in %s%s", trainer.state.global_step, saved,
                            "; --resume continues from the last periodic checkpoint" if keep else "")
         raise

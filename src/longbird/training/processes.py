@@ -22,8 +22,12 @@ def is_main_process() -> bool:
 
 def world_size() -> int:
     """Processes training together (1 without torchrun / accelerate launch); recorded in the run's summary. Before
-    Trainer has set up the process group (the memorisation check runs before), the launcher's WORLD_SIZE says."""
-    return torch.distributed.get_world_size() if _distributed() else int(os.environ.get("WORLD_SIZE", "1"))
+    Trainer has set up the process group (the memorisation check runs before), the launcher's WORLD_SIZE says (set
+    with LOCAL_RANK by torchrun and accelerate launch; alone, as some job schedulers export it, it is not trusted)."""
+    if _distributed():
+        return torch.distributed.get_world_size()
+    launched = os.environ.get("LOCAL_RANK") is not None and os.environ.get("WORLD_SIZE", "").isdigit()
+    return int(os.environ["WORLD_SIZE"]) if launched else 1
 
 
 def agreed_across_processes(value: float) -> float:

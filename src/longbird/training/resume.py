@@ -21,7 +21,7 @@ logger = logging.getLogger("longbird.training.finetune")  # the logger these mes
 # `checkpoint-N` saved again (a resumed run passing a step it had saved) is first moved to `.checkpoint-N.replaced`.
 # The leading dot keeps both out of Trainer's `checkpoint-*` globs (resume, rotation) and experiments' listings.
 CHECKPOINT_NAME = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
-LEFTOVER_NAME = re.compile(rf"^\.{PREFIX_CHECKPOINT_DIR}-(\d+)\.(partial|replaced)$")
+LEFTOVER_NAME = re.compile(rf"^\.((?:{PREFIX_CHECKPOINT_DIR}|interrupted-step)-\d+)\.(partial|replaced)$")
 TRAINER_STATE = "trainer_state.json"  # Trainer writes it last: a checkpoint without it is incomplete
 # What makes a resumed run the run it continues: a checkpoint saved with other values would go on on another schedule,
 # batch or seed while the summary records the new settings as if they covered every step.
@@ -67,7 +67,7 @@ def prepare_checkpoints(checkpoint_dir: str | Path, resume: bool, max_steps: int
     for path in entries:
         leftover = LEFTOVER_NAME.match(path.name)
         if leftover and path.is_dir():
-            what = f"{PREFIX_CHECKPOINT_DIR}-{leftover.group(1)}"
+            what = leftover.group(1)
             skipped.append(f"{what} (its save was interrupted; removed the temporary {path.name})")
             if is_main_process():  # the others see the same directory; one process removes
                 shutil.rmtree(path, ignore_errors=True)
