@@ -88,9 +88,10 @@ def decode_window(feature: QAFeature, start_top_index, end_top_logits, start_log
     return sorted(candidates, reverse=True)
 
 
-def _without_edge_spaces(text: str, begin: int, end: int) -> tuple[int, int]:
-    """A Metaspace token ("▁word", XLM-R/SentencePiece) carries the space before the word in its offsets:
-    an answer never starts or ends with whitespace; nor inside a character (`whole_characters`)."""
+def _answer_bounds(text: str, begin: int, end: int) -> tuple[int, int]:
+    """An answer's character span from its tokens' offsets: whole characters (`whole_characters`: a normalising
+    tokenizer's offsets can end inside one), and never starting or ending with whitespace (a Metaspace token,
+    "▁word" of XLM-R/SentencePiece, carries the space before the word in its offsets)."""
     begin, end = whole_characters(text, begin, end)
     while begin < end and text[begin].isspace():
         begin += 1
@@ -302,7 +303,7 @@ def rank_answers(windows: list[WindowCandidates], documents: dict[str, Processed
         document, answers = documents[example], []
         for score, _, window, raw, start, end, bonus in sorted(found, key=lambda c: (c[0], c[1]), reverse=True):
             feature = window.feature
-            processed = _without_edge_spaces(document.text, feature.offsets[start][0], feature.offsets[end][1])
+            processed = _answer_bounds(document.text, feature.offsets[start][0], feature.offsets[end][1])
             span = document.to_source_span(*processed)
             if span is None or not document.source[span[0]:span[1]].strip():  # only tags or spaces: next candidate
                 continue

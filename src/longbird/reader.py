@@ -109,7 +109,6 @@ def forward_windows(model, tokenizer, windows: list[dict], pick, module=None, po
     return torch.cat(picks) if not pooled else (total / count).cpu()
 
 
-@torch.no_grad()
 def predict_documents(model, tokenizer, texts, window_length: int, stride: int) -> list[torch.Tensor]:
     """Per document, the mean of its windows' logits (num_labels,) (windows: `classification_windows`), read as
     `forward_windows` reads (all of a long document's windows in one batch grew memory with its length)."""
@@ -303,7 +302,7 @@ class Reader:
         window_length, stride, _ = classification_windows(self.model, self.model_dir, window_length, stride)
         with self._tokenizing:
             windows = document_windows(self.tokenizer, document, window_length, stride, window_limit)
-        with self._precision(), torch.no_grad():
+        with self._precision():  # forward_windows runs without autograd
             logits = forward_windows(self.model, self.tokenizer, windows, lambda out: out.logits.float()).mean(0)
         probabilities = torch.softmax(logits, -1).tolist()
         labels = [{"label": self.model.config.id2label[i], "probability": p} for i, p in enumerate(probabilities)]
@@ -334,7 +333,7 @@ class Reader:
             windows = windows[:1] if pooling == "cls" else windows  # cls reads the first window only
             tokens += sum(len(w["input_ids"]) for w in windows)
             read += len(windows)
-            with self._precision(), torch.no_grad():
+            with self._precision():  # forward_windows runs without autograd
                 if pooling == "cls":
                     vector = forward_windows(self.model, self.tokenizer, windows,
                                             lambda out: out.last_hidden_state[:, 0].float(), encoder)[0]

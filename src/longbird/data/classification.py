@@ -70,7 +70,6 @@ def checked_records(dataset: Dataset, text_field: str, label_field: str, name: s
     return Dataset.from_dict({"text": list(dataset[text_field]), "label": labels})
 
 
-
 def label_vocabulary(labels) -> list[str]:
     """The labels as strings, in order: integer labels by their value (class id i is label i where the labels are
     0..n-1; sorted as strings "10" came before "2"), any others alphabetically."""

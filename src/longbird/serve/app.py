@@ -186,7 +186,6 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
                              "detail": f"{request.method} {request.url.path}"}, error.status_code,
                             headers=getattr(error, "headers", None))
 
-
     def read(prepare, alone=None):
         """Admit a request if the queue has room (else 503), window it (`prepare()`), batch its windows with those of
         other requests and rank them; or, with `alone`, run that on the model's thread by itself. ValueError -> 422
@@ -304,8 +303,9 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
         for index, text in enumerate(texts):
             check_text("document", text, settings.max_document_chars, 413,
                        "inputs" if isinstance(request.inputs, str) else f"inputs.{index}")
-        if sum(map(len, texts)) > settings.max_document_chars:  # together, as their windows share one limit
-            raise ServeError(413, "too large", f"inputs: {sum(map(len, texts)):,} characters in all; this server "
+        characters = sum(map(len, texts))
+        if characters > settings.max_document_chars:  # together, as their windows share one limit
+            raise ServeError(413, "too large", f"inputs: {characters:,} characters in all; this server "
                                                f"embeds at most {settings.max_document_chars:,} per request (its "
                                                "--max-document-chars); send fewer texts at a time")
         result = exclusive(lambda: reader.embed(texts, request.pooling, request.window_length, request.normalize,

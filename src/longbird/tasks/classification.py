@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 from datasets import Dataset, concatenate_datasets
@@ -43,10 +42,11 @@ def _classification_rows(data, text_field: str, label_field: str):
     return read_classification(data, text_field, label_field)
 
 
-def model_labels(config, data_labels=()) -> list[str]:
-    """A classifier's labels by class id. transformers' default names (LABEL_0, LABEL_1, ...) are its class ids "0",
-    "1", ... (what integer labels in data are read as), unless the data's labels are those very names."""
-    names = [str(config.id2label[i]) for i in range(len(config.id2label))]
+def model_labels(id2label: dict, data_labels=()) -> list[str]:
+    """A classifier's labels by class id (`id2label`: class id -> name). transformers' default names (LABEL_0,
+    LABEL_1, ...) are its class ids "0", "1", ... (what integer labels in data are read as), unless the data's labels
+    are those very names."""
+    names = [str(id2label[i]) for i in range(len(id2label))]
     defaults = names == [f"LABEL_{i}" for i in range(len(names))]
     return [str(i) for i in range(len(names))] if defaults and not set(data_labels) <= set(names) else names
 
@@ -62,7 +62,7 @@ def _training_labels(model_path, data_labels: list[str]) -> list[str]:
         return data_labels
     # transformers leaves the default names (two of them unless num_labels says) out of config.json
     id2label = config.get("id2label") or {i: f"LABEL_{i}" for i in range(config.get("num_labels", 2))}
-    labels = model_labels(SimpleNamespace(id2label={int(i): name for i, name in id2label.items()}), data_labels)
+    labels = model_labels({int(i): name for i, name in id2label.items()}, data_labels)
     unknown = sorted(set(data_labels) - set(labels))
     if unknown:
         raise ValueError(f"{model_path} is a classifier of {labels}; the training data has labels it does not know: "
@@ -123,7 +123,7 @@ def evaluate_cls(model_path, data, *, window_length: int | None = None, stride: 
     with bf16_autocast(model.device.type, bf16):
         logits = predict_documents(model, tokenizer, rows["text"], window_length, stride)
     golds = list(rows["label"])
-    labels = model_labels(model.config, golds)
+    labels = model_labels(model.config.id2label, golds)
     predictions = [labels[int(score.argmax())] for score in logits]
     metrics = {"accuracy": accuracy(predictions, golds), "macro_f1": macro_f1(predictions, golds)}
     unseen = sorted(set(golds) - set(labels))
