@@ -46,7 +46,7 @@ from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
 from longbird.lexical_prior import LexicalPrior  # noqa: E402
 from longbird.metrics.intervals import bucket_summary  # noqa: E402
 from longbird.metrics.korquad import f1_korquad_v1  # noqa: E402
-from longbird.qa import _without_edge_spaces  # noqa: E402
+from longbird.qa import _answer_bounds  # noqa: E402
 
 FEATURES = ("null", "normaliser", "bm25-64", "bm25-256", "lead")
 LIBRARY = (1.0, 0.0, 0.3, 0.0, 0.0)  # the library's default decoding in these features
@@ -77,7 +77,7 @@ def question_candidates(windows, documents, rows, special_ids: frozenset[int],
         raw, values, f1 = [], [], []
         for window in mine:
             for score, start, end in window.spans:
-                begin, finish = _without_edge_spaces(text, window.feature.offsets[start][0],
+                begin, finish = _answer_bounds(text, window.feature.offsets[start][0],
                                                      window.feature.offsets[end][1])
                 raw.append(score)
                 values.append(window_features(window, start, bm25_64, bm25_256, lead_end[row["id"]]))
