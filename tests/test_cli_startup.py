@@ -49,6 +49,15 @@ def test_serve_refuses_a_wrong_model_before_loading_torch():
     assert out == "1 False True", out
 
 
+def test_serve_refuses_a_bad_api_key_before_loading_torch(tmp_path):
+    """An --api-key clients could not send (empty, spaced) is said at once, before the port and the model."""
+    (tmp_path / "config.json").write_text("{}")
+    out = _python("import sys\nfrom typer.testing import CliRunner\nfrom longbird.cli import app\n"
+                  f"result = CliRunner().invoke(app, ['serve', '--model', {str(tmp_path)!r}, '--api-key', 'a b'])\n"
+                  "print(result.exit_code, 'torch' in sys.modules, 'printable ASCII without spaces' in result.output)")
+    assert out == "1 False True", out
+
+
 @pytest.fixture(scope="module")
 def run_fresh():
     with fresh_processes() as run:

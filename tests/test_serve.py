@@ -288,6 +288,13 @@ def test_the_batch_plan_respects_the_token_budget():
     assert [6] in batches  # longer than half the budget with nothing as long beside it: alone
 
 
+def test_the_servers_default_pass_is_the_readers():
+    """settings.py states the reader's pass size without importing it (reader imports torch): kept equal."""
+    import longbird.reader
+
+    assert ServeSettings().max_batch_tokens == longbird.reader.FORWARD_TOKENS
+
+
 def test_the_server_answers_again_after_its_lifespan_ended_and_began(reader):
     """A test client used as a context manager runs the app's startup and shutdown; a later request must still be
     read (a worker that stopped at shutdown would leave it waiting for ever)."""

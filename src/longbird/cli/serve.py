@@ -43,17 +43,20 @@ def serve(model: ServedModel, host: Host = "127.0.0.1", port: Port = 8000, devic
           lexical_radius: LexicalRadius = LEXICAL_RADIUS):
     """Serve long documents over HTTP: POST /answer, the pipeline format at POST / and /predict, /classify, /embed,
     the web page at GET /, /health, /info and /metrics; the schema at /docs."""
+    from ..serve.settings import ServeSettings
+
+    # checked before torch and the model load (seconds): a bad --api-key, a taken port, a wrong --model fail at once
+    settings = ServeSettings(max_document_chars=max_document_chars, max_question_chars=max_question_chars,
+                             max_queue=max_queue, max_batch_tokens=max_batch_tokens,
+                             max_request_windows=max_request_windows, api_key=api_key,
+                             cors_origins=list(cors_origin or []))
     listening = checked_start(host, port, model)
     import torch
     import uvicorn
 
     from ..reader import Reader
-    from ..serve import ServeSettings, create_app
+    from ..serve.app import create_app
 
-    settings = ServeSettings(max_document_chars=max_document_chars, max_question_chars=max_question_chars,
-                             max_queue=max_queue, max_batch_tokens=max_batch_tokens,
-                             max_request_windows=max_request_windows, api_key=api_key,
-                             cors_origins=list(cors_origin or []))
     if threads is not None:
         torch.set_num_threads(threads)
     reader = Reader(model, resolve_device(device), bf16=bf16, window_length=window_length, compile=compile,
