@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import typer
 from fresh_process import fresh_processes
 from typer.testing import CliRunner
 
@@ -99,10 +100,15 @@ def test_lazy_public_names():
         longbird.nothing
 
 
-@pytest.mark.parametrize("command", ["convert", "bench", "answer", "evaluate", "finetune-qa", "distill", "pretrain"])
-def test_every_help_exits_zero(command):
+COMMANDS = typer.main.get_command(app).commands
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_help_exits_zero_and_explains_every_option(command):
     result = CliRunner().invoke(app, [command, "--help"])
     assert result.exit_code == 0 and "Usage: " in result.output and "error" not in result.output, result.output
+    unexplained = [parameter.name for parameter in COMMANDS[command].params if not getattr(parameter, "help", None)]
+    assert not unexplained, f"{command}: no help text for {unexplained}"
 
 
 def test_bench_smoke_quick_defaults_yield_to_the_users_choice(monkeypatch, tmp_path):

@@ -62,12 +62,15 @@ Compile = Annotated[bool, typer.Option(help="Compile the encoder with torch.comp
                                             "each input shape, which compiles; docs/benchmarks.md)")]
 
 # Training (FinetuneSettings fields; `common.training_settings` gathers them)
-LearningRate = Annotated[float, typer.Option()]
-Epochs = Annotated[float, typer.Option()]
-MaxSteps = Annotated[int, typer.Option()]
-BatchSize = Annotated[int, typer.Option()]
-Seed = Annotated[int, typer.Option()]
-Flag = Annotated[bool, typer.Option()]  # a switch without help text (finetune-cls's --padding-insertion and --bf16)
+LearningRate = Annotated[float, typer.Option(help="Peak learning rate (AdamW)")]
+Epochs = Annotated[float, typer.Option(help="Passes over the training windows (--max-steps overrides)")]
+MaxSteps = Annotated[int, typer.Option(help="Optimiser steps to train")]
+MaxStepsOverEpochs = Annotated[int, typer.Option(help="Stop after N optimiser steps (overrides --epochs)")]
+BatchSize = Annotated[int, typer.Option(help="Training windows per optimiser step in each process (before gradient "
+                                             "accumulation)")]
+ReadBatchSize = Annotated[int, typer.Option(help="Windows per model pass")]
+Seed = Annotated[int, typer.Option(help="Random seed of new weights, data order, dropout and sampling: the same seed "
+                                        "repeats the run")]
 PaddingInsertion = Annotated[bool, typer.Option(help="Padding Insertion on training batches (LittleBird 3.4)")]
 TrainWordEmbeddings = Annotated[bool, typer.Option(help=WORD_EMBEDDINGS_HELP)]
 GroupByLength = Annotated[bool, typer.Option(help="Batch windows of similar length together (less padding; Trainer's "

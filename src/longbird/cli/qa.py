@@ -37,11 +37,13 @@ from .options import (
     LexicalRadius,
     LexicalWeight,
     MaxAnswerTokens,
+    MaxStepsOverEpochs,
     MaxWindows,
     MixedBf16,
     Model,
     Overwrite,
     PaddingInsertion,
+    ReadBatchSize,
     Resume,
     SaveSteps,
     SaveTotalLimit,
@@ -67,7 +69,6 @@ QAHead = Annotated[str | None, typer.Option(help="conditional (start, then end g
                                                  "heads) or linear; a saved head is kept unless given")]
 SavedAnswerTokens = Annotated[int | None, typer.Option(
     min=1, help="Longest answer span `answer` and `evaluate` decode with this model (saved in its config; default 64)")]
-MaxStepsOverEpochs = Annotated[int, typer.Option(help="Stop after N optimiser steps (overrides --epochs)")]
 Teacher = Annotated[Path | None, typer.Option(help="Distil from this short QA model (e.g. `make qa-model`) read in "
                                                  "sliding windows of its trained length (with --cut-windows: each "
                                                  "cut read in one window of its own): its span distributions are "
@@ -176,7 +177,7 @@ def evaluate(
     ctx: typer.Context, model: EvaluatedModel, data: EvaluationData, out: EvaluationOut, task: Task = "qa",
     data_format: QAFormat = "korquad2", window_length: QAReadWindow = None, doc_stride: QAReadStride = None,
     max_windows: MaxWindows = None, max_examples: FirstExamples = None, split: Split = None,
-    max_answer_tokens: MaxAnswerTokens = None, scoring: str = SCORING, batch_size: BatchSize = 4,
+    max_answer_tokens: MaxAnswerTokens = None, scoring: str = SCORING, batch_size: ReadBatchSize = 4,
     device: Device = "auto", overwrite: Overwrite = False, bf16: AutocastBf16 = False, compile: Compile = False,
     lexical_weight: LexicalWeight = LEXICAL_WEIGHT, lexical_radius: LexicalRadius = LEXICAL_RADIUS,
     text_field: TextField = "text", label_field: LabelField = "label",
