@@ -109,8 +109,10 @@ def main() -> None:
     dev = dev_articles(args.dev_questions)
     require_trained_apart(args.reader, set(split["dev"]["title"]), root=ROOT)
     train = sample_questions(split["train"], args.train_questions, seed=1)
-    if set(train["title"]) & set(dev["title"]):
-        raise AssertionError("training-side and dev questions share articles")
+    shared_texts = {text_hash(c) for c in train["context"]} & {text_hash(c) for c in dev["context"]}
+    if set(train["title"]) & set(dev["title"]) or shared_texts:
+        raise AssertionError(f"training-side and dev questions share articles (by title, or {len(shared_texts)} by "
+                             "text)")
     model, tokenizer = load_task_model(args.reader, LongBirdForQuestionAnswering)
     results = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
                "reader": str(args.reader), "reader_training": _reader_training(args.reader),

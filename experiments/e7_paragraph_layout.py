@@ -295,11 +295,18 @@ def read_layouts(model, tokenizer, rows, paragraphs, variant: str, window: int, 
 
 
 def training_record(directory: Path) -> dict:
-    """What a row trained by e7_paragraph_training.py got (budget, updates, questions, tokens); {} for another model."""
+    """What a row's model was trained with (budget, updates, questions, tokens): the record e7_paragraph_training.py
+    writes, or the budget of `longbird finetune-qa --cpu-minutes` (the sliding baselines); {} for an untrained model.
+    (The committed rows of rounds 21-31 predate the second: their baselines' budgets are in docs/experiments/e7.md.)"""
     path = directory / "longbird_finetune.json"
     record = json.loads(path.read_text()) if path.exists() else {}
-    return {key: record[key] for key in ("cpu_budget_minutes", "cpu_seconds", "updates", "questions", "tokens_seen",
-                                         "layout", "started_from") if key in record}
+    metrics = record.get("metrics") or {}
+    budget = metrics.get("cpu_budget") or {}
+    finetune_qa = {"cpu_budget_minutes": budget.get("minutes"), "cpu_seconds": budget.get("cpu_seconds"),
+                   "updates": budget.get("steps"), "tokens_seen": metrics.get("tokens_seen")} if budget else {}
+    return {key: record.get(key, finetune_qa.get(key)) for key in (
+        "cpu_budget_minutes", "cpu_seconds", "updates", "questions", "tokens_seen", "layout", "started_from")
+        if record.get(key, finetune_qa.get(key)) is not None}
 
 
 def reading_specs(args) -> dict[str, tuple[Path, str]]:

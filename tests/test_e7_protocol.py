@@ -402,3 +402,26 @@ def test_seed_arms_average_each_question_over_their_readings_and_pair_with_the_b
     for bad in ("layout", "layout=", "=r0", "layout=r0,r0"):
         with pytest.raises(argparse.ArgumentTypeError, match="--arm"):
             parse_arm(bad)
+
+
+def test_the_results_record_the_budget_of_either_kind_of_trained_row(tmp_path):
+    """A layout row (e7_paragraph_training.py's record) and a sliding baseline (`finetune-qa --cpu-minutes`'s summary)
+    both reach the results with their budget, updates and tokens; an untrained model records nothing."""
+    import json
+
+    from e7_paragraph_layout import training_record
+
+    layout, sliding, untrained = (tmp_path / name for name in ("layout", "sliding", "untrained"))
+    for directory in (layout, sliding, untrained):
+        directory.mkdir()
+    (layout / "longbird_finetune.json").write_text(json.dumps(
+        {"cpu_budget_minutes": 90, "cpu_seconds": 5400.2, "updates": 190, "questions": 789, "tokens_seen": 9_000_000,
+         "layout": "global"}))
+    (sliding / "longbird_finetune.json").write_text(json.dumps(
+        {"task": "qa", "metrics": {"train_runtime": 2700.0, "tokens_seen": 4_700_000,
+                                   "cpu_budget": {"minutes": 90, "cpu_seconds": 5399.0, "steps": 577}}}))
+    assert training_record(layout) == {"cpu_budget_minutes": 90, "cpu_seconds": 5400.2, "updates": 190,
+                                       "questions": 789, "tokens_seen": 9_000_000, "layout": "global"}
+    assert training_record(sliding) == {"cpu_budget_minutes": 90, "cpu_seconds": 5399.0, "updates": 577,
+                                        "tokens_seen": 4_700_000}
+    assert training_record(untrained) == {}
