@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 from typer.testing import CliRunner
 from transformers import AutoModel, AutoTokenizer, BertTokenizerFast, BigBirdModel
@@ -66,10 +67,28 @@ def test_env_lists_versions_presets_and_kernels():
         assert expected in result.output
 
 
-def test_demo_job_on_the_embedded_model(tmp_path):
+def test_demo_refuses_a_model_it_did_not_write_before_any_work(tmp_path):
+    """A fine-tuned model given as --out was replaced silently at the end of the demo."""
     from longbird.demo import run_demo
+    from longbird.files import OUTPUT_MARKER
+
+    trained = tmp_path / "trained"
+    trained.mkdir()
+    (trained / OUTPUT_MARKER).write_text("")
+    (trained / "longbird_finetune.json").write_text("{}")
+    steps = []
+    with pytest.raises(FileExistsError, match="already exists; pass overwrite=True"):
+        run_demo(trained, source="minilm", max_length=1024, repeats=1, step=steps.append)
+    assert steps == [] and (trained / "longbird_finetune.json").is_file()
+    result = runner.invoke(app, ["demo", "--out", str(trained), "--source", "minilm"])
+    assert result.exit_code == 1 and "--overwrite" in result.output and (trained / "longbird_finetune.json").is_file()
+
+
+def test_demo_job_on_the_embedded_model(tmp_path):
+    from longbird.demo import DEMO_RECORD, run_demo
 
     results = run_demo(tmp_path / "demo", source="minilm", max_length=1024, repeats=1)
+    assert (tmp_path / "demo" / DEMO_RECORD).is_file()  # a demo's own output: the next demo may replace it
     assert results["max_abs_diff_vs_source"] <= 1e-5
     assert results["encoded_tokens"] == 1024 and results["document_tokens"] > 4096
     assert results["reload_identical"] is True

@@ -3,6 +3,7 @@ model, check it against its source on Korean text, encode a long Korean document
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections.abc import Callable
@@ -13,7 +14,7 @@ from transformers import AutoModel, AutoTokenizer
 
 from .bench.memory import peak_allocated_bytes
 from .conversion import convert, load_source
-from .files import write_directory_atomically
+from .files import check_writable, write_directory_atomically
 from .precision import native_bf16
 from .sources import E5_NAME, resolve_source
 
@@ -21,6 +22,8 @@ from .sources import E5_NAME, resolve_source
 KONLPY = Path(__file__).resolve().parent / "resources" / "konlpy-corpus"
 DEFAULT_DOCUMENT = KONLPY / "kolaw" / "constitution.txt"
 SHORT_TEXTS = (KONLPY / "kobill" / "1809890.txt", KONLPY / "kobill" / "1809891.txt")
+# The demo's record in its output: a directory holding it is a demo's own, which a new demo replaces unasked.
+DEMO_RECORD = "longbird_demo.json"
 
 
 def _timed(fn, repeats: int) -> tuple[float, int, torch.Tensor]:
@@ -41,12 +44,15 @@ def run_demo(
     document: Path = DEFAULT_DOCUMENT,
     max_length: int = 4096,
     repeats: int = 2,
-    overwrite: bool = True,
+    overwrite: bool = False,
     step: Callable[[str], None] = lambda message: None,
 ) -> dict:
-    """Returns the measured figures; `step` reports progress (the CLI prints it)."""
+    """Returns the measured figures; `step` reports progress (the CLI prints it). `out` is replaced when an earlier
+    demo wrote it; any other longbird directory (a fine-tuned model) only with `overwrite`, checked before the work."""
     if not Path(document).is_file():
         raise FileNotFoundError(f"demo document {document} not found; pass --document FILE")
+    overwrite = overwrite or (Path(out) / DEMO_RECORD).is_file()
+    check_writable(out, overwrite)
     name = str(source) if source is not None else E5_NAME
     source = resolve_source(name)
     results: dict = {"source": name, "max_length": max_length}
@@ -100,6 +106,7 @@ def run_demo(
     def write(directory: Path) -> None:
         model.save_pretrained(directory)
         tokenizer.save_pretrained(directory)
+        (directory / DEMO_RECORD).write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
 
     write_directory_atomically(out, write, overwrite=overwrite)
     reloaded = AutoModel.from_pretrained(out, local_files_only=True).eval()

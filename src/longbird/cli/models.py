@@ -98,12 +98,15 @@ def demo(out: Annotated[Path, typer.Option(help="Where the converted model is sa
              "multilingual-e5-small"),
          document: Annotated[Path | None, typer.Option(
              help="Long document to encode (default: the Korean constitution)")] = None,
-         max_length: Annotated[int, typer.Option(help="Target length")] = 4096):
+         max_length: Annotated[int, typer.Option(help="Target length")] = 4096,
+         overwrite: Annotated[bool, typer.Option(help="Replace --out even when it holds a model the demo did not "
+                                                      "write (an earlier demo's output is replaced unasked)")] = False):
     """Convert multilingual-e5-small to kobigbird-4096, verify, encode a long Korean document, save and reload."""
     from ..demo import DEFAULT_DOCUMENT, run_demo
 
     with console.status("starting") as status:
         results = run_demo(out=out, source=source, document=document or DEFAULT_DOCUMENT, max_length=max_length,
+                           overwrite=overwrite,
                            step=lambda message: (status.update(message), console.log(message)))
     console.print(_demo_table(results))
     if results["max_abs_diff_vs_source"] > 1e-4 or not results["reload_identical"]:
