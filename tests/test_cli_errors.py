@@ -494,6 +494,8 @@ def test_an_output_that_is_or_holds_the_model_read_is_refused_and_the_model_kept
     a directory now refuses to write over it, inside it or around it, before the work."""
     import shutil
 
+    from longbird.files import OUTPUT_MARKER
+
     model = tmp_path / "reader"
     shutil.copytree(tiny_qa, model)
     kept = sorted(path.name for path in model.iterdir())
@@ -506,6 +508,13 @@ def test_an_output_that_is_or_holds_the_model_read_is_refused_and_the_model_kept
                   "--overwrite", "--max-steps", "1"]):
         _fails_in_one_line(args, "which is being read", "choose another --out")
         assert sorted(path.name for path in model.iterdir()) == kept, args
+    student = tmp_path / "run" / "model"  # distilling further into the student's own directory
+    shutil.copytree(tiny_source, student)
+    (student / OUTPUT_MARKER).write_text("")  # as an earlier distill's student
+    kept = sorted(path.name for path in student.iterdir())
+    _fails_in_one_line(["distill", "--output-dir", str(tmp_path / "run"), "--teacher", str(tiny_source), "--student",
+                        str(student), "--overwrite", "--max-steps", "1"], "which is being read", "choose another --out")
+    assert sorted(path.name for path in student.iterdir()) == kept
 
 
 @pytest.mark.parametrize("command", [["finetune-qa", "--train", str(PAGES[0])],

@@ -44,7 +44,7 @@ def distill(teacher_source, output_dir: str | Path, *, student_path=None, preset
     settings = dataclasses.replace(settings or FinetuneSettings(), save_steps=save_steps, resume=resume)
     output_dir = Path(output_dir)
     model_dir = output_dir / "model"
-    check_output(model_dir, overwrite, reads=(teacher_source,))
+    check_output(model_dir, overwrite, reads=(teacher_source, student_path))
     teacher_dir = resolve_model_directory(teacher_source)
     teacher = load_teacher(teacher_dir)
     set_seed(settings.seed)
