@@ -55,6 +55,46 @@ def test_missing_fields_name_the_record(tmp_path):
         read_korquad_v2(tmp_path / "absent.json")
 
 
+SQUAD = {"version": "1.0", "data": [{"title": "T", "paragraphs": [
+    {"context": "abc def", "qas": [{"id": "q1", "question": "what?", "answers": [{"text": "def", "answer_start": 4}]}]}]}]}
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: d["paragraphs"][0]["qas"][0]["answers"][0].pop("text"), r"q1 \(article 'T'\): answers\[0\]: missing "
+                                                                        r"field\(s\) \['text'\]"),
+    (lambda d: d["paragraphs"][0]["qas"][0].update(answers={"text": "def"}), "q1 .*answers is a JSON object, not an "
+                                                                              "array"),
+    (lambda d: d["paragraphs"][0].update(context=None), "paragraph 0 of article 'T': context is a JSON null, not a "
+                                                        "string"),
+    (lambda d: d["paragraphs"][0]["qas"].__setitem__(0, "q1"), r"\? \(article 'T'\): a JSON string where an object"),
+    (lambda d: d.update(paragraphs={}), r"data\[0\] \(article 'T'\).*paragraphs is a JSON object, not an array"),
+])
+@pytest.mark.parametrize("reader", [read_korquad_v1_articles, read_squad_paragraphs])
+def test_malformed_squad_records_are_named_with_the_fix(tmp_path, damage, message, reader):
+    """Each gave a bare KeyError ('text'), TypeError or AttributeError from the reader."""
+    import copy
+    import json
+
+    data = copy.deepcopy(SQUAD)
+    damage(data["data"][0])
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(MalformedRecordError, match=message + ".*; fix or remove that record"):
+        reader(path)
+
+
+def test_a_squad_answer_start_that_is_not_an_integer_skips_its_record(tmp_path):
+    import copy
+    import json
+
+    data = copy.deepcopy(SQUAD)
+    data["data"][0]["paragraphs"][0]["qas"][0]["answers"][0]["answer_start"] = "4"
+    path = tmp_path / "start.json"
+    path.write_text(json.dumps(data))
+    rows, skipped = read_korquad_v1_articles(path)
+    assert len(rows) == 0 and skipped[0].id == "q1" and "answer_start '4' is not a non-negative integer" in skipped[0].reason
+
+
 def test_korquad1_whole_articles_keep_every_answer_at_its_shifted_offset():
     rows, skipped = read_korquad_v1_articles(KORQUAD / "KorQuAD_v1.0_dev.json")
     assert skipped == [] and len(rows) == 5774 and len(set(rows["title"])) == 140

@@ -47,10 +47,34 @@ def _json_files(path) -> list[Path]:
     return [path]
 
 
-def _require(record: dict, fields, where: str) -> None:
+# The JSON type each field must have where present (an answer_start that is not an integer skips its record instead)
+FIELD_TYPES = {"title": "a string", "context": "a string", "paragraphs": "an array", "qas": "an array",
+               "id": "a string or a number", "question": "a string", "answer": "an object", "answers": "an array",
+               "text": "a string"}
+JSON_TYPES = ((bool, "boolean"), (dict, "object"), (list, "array"), (str, "string"), ((int, float), "number"))
+
+
+def _json_type(value) -> str:
+    return "null" if value is None else next(name for kind, name in JSON_TYPES if isinstance(value, kind))
+
+
+def _require(record, fields, where: str) -> None:
+    """MalformedRecordError naming the record unless it is an object holding `fields`, each of its FIELD_TYPES."""
+    if not isinstance(record, dict):
+        raise MalformedRecordError(f"malformed record {where}: a JSON {_json_type(record)} where an object is "
+                                   "expected; fix or remove that record")
     missing = [name for name in fields if name not in record]
     if missing:
-        raise MalformedRecordError(f"malformed record {where}: missing field(s) {missing}")
+        raise MalformedRecordError(f"malformed record {where}: missing field(s) {missing}; fix or remove that record")
+    wrong = [f"{name} is a JSON {_json_type(record[name])}, not {FIELD_TYPES[name]}" for name in fields
+             if name in FIELD_TYPES and f" {_json_type(record[name])}" not in FIELD_TYPES[name]]
+    if wrong:
+        raise MalformedRecordError(f"malformed record {where}: {'; '.join(wrong)}; fix or remove that record")
+
+
+def _name(record, key: str = "id") -> str:
+    """A record's id (or title) for an error message, '?' where it has none (or is not an object)."""
+    return str(record.get(key, "?")) if isinstance(record, dict) else "?"
 
 
 def _offset_problem(context: str, text: str, start) -> str | None:
@@ -72,7 +96,7 @@ def read_korquad_v2(path) -> tuple[Dataset, list[SkippedRecord]]:
         for index, document in enumerate(documents["data"]):
             _require(document, ("title", "context", "qas"), f"data[{index}] in {file.name}")
             for qa in document["qas"]:
-                where = f"{qa.get('id', '?')} (document {document['title']!r}, {file.name})"
+                where = f"{_name(qa)} (document {document['title']!r}, {file.name})"
                 _require(qa, V2_QA_FIELDS, where)
                 _require(qa["answer"], V2_ANSWER_FIELDS, f"{where}: answer")
                 answer = qa["answer"]
@@ -98,12 +122,18 @@ def join_article(article: dict, separator: str = WHOLE_ARTICLE_SEPARATOR) -> tup
     """One whole-article context from the paragraphs of a SQuAD-format article; answer offsets shifted."""
     context_parts, questions, offset = [], [], 0
     for index, paragraph in enumerate(article["paragraphs"]):
-        _require(paragraph, ("context", "qas"), f"paragraph {index} of article {article.get('title', '?')!r}")
+        title = _name(article, "title")
+        _require(paragraph, ("context", "qas"), f"paragraph {index} of article {title!r}")
         if index:
             offset += len(separator)
         for qa in paragraph["qas"]:
-            _require(qa, ("id", "question", "answers"), f"{qa.get('id', '?')} (article {article.get('title', '?')!r})")
-            answers = [{"text": a["text"], "answer_start": a["answer_start"] + offset,
+            where = f"{_name(qa)} (article {title!r})"
+            _require(qa, ("id", "question", "answers"), where)
+            for number, answer in enumerate(qa["answers"]):
+                _require(answer, ("text", "answer_start"), f"{where}: answers[{number}]")
+            # an answer_start that is not an integer is kept as it is: _offset_problem skips its record, saying so
+            answers = [{"text": a["text"], "answer_start": a["answer_start"] + offset
+                        if isinstance(a["answer_start"], int) else a["answer_start"],
                         "paragraph_start": a["answer_start"], "paragraph": paragraph["context"]}
                        for a in qa["answers"]]
             questions.append({"id": str(qa["id"]), "question": qa["question"], "answers": answers})
@@ -126,8 +156,8 @@ def _read_squad_format(path: str | Path, whole_articles: bool) -> tuple[Dataset,
     data = read_json_file(path, "dataset file")
     check_qa_format(data, path, "squad", "KorQuAD 1.0 / SQuAD")
     rows, skipped = [], []
-    for article in data["data"]:
-        _require(article, ("title", "paragraphs"), f"article {article.get('title', '?')!r} in {path}")
+    for index, article in enumerate(data["data"]):
+        _require(article, ("title", "paragraphs"), f"data[{index}] (article {_name(article, 'title')!r}) in {path}")
         if whole_articles:
             contexts = [join_article(article)]
         else:  # join_article on a one-paragraph article validates fields and keeps offsets unchanged
