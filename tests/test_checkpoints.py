@@ -277,3 +277,21 @@ def test_ctrl_c_keeps_the_model_whole_with_ordinary_permissions(tiny_source, tmp
     assert (saved / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask
     record = json.loads((saved / "longbird_finetune.json").read_text())
     assert record["window_length"] == 64 and record["checkpoint_step"] == 2
+
+
+def test_a_checkpoint_set_aside_by_a_killed_second_save_is_restored(tmp_path, caplog):
+    """A save of a step already saved moves the old checkpoint aside, then renames the new one in; a kill between the
+    two renames left both hidden, and the next run removed both as interrupted (checkpoint-4 lost). The whole one set
+    aside is put back and resumed from; the other copy is removed as before."""
+    from longbird.training.resume import prepare_checkpoints
+
+    for name, step in (("checkpoint-2", 2), (".checkpoint-4.replaced", 4), (".checkpoint-4.partial/checkpoint-4", 4)):
+        (tmp_path / name).mkdir(parents=True)
+        (tmp_path / name / "trainer_state.json").write_text(json.dumps({"global_step": step, "max_steps": 6}))
+    with caplog.at_level("WARNING", logger="longbird.training.finetune"):
+        resume = prepare_checkpoints(tmp_path, resume=True)
+    assert resume["checkpoint"] == str(tmp_path / "checkpoint-4") and resume["from_step"] == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-2", "checkpoint-4"]
+    assert resume["skipped"] == ["checkpoint-4 (its save was interrupted; removed the temporary .checkpoint-4.partial)"]
+    assert "restored checkpoint-4 (a save of the same step was interrupted; it was set aside as .checkpoint-4.replaced)" \
+        in caplog.text

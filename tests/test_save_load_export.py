@@ -181,3 +181,38 @@ def test_attention_maps_are_refused_by_name_not_returned_as_none():
         with pytest.raises(ValueError, match="longbird returns no attention maps"):
             model(input_ids=ids, output_attentions=True)
         model(input_ids=ids, output_attentions=False)
+
+
+def test_a_replacement_killed_between_its_renames_is_undone_by_the_next_write(tmp_path, caplog, monkeypatch):
+    """Replacing an output moves the old one aside, then renames the new one in: a kill between the two left nothing
+    at --out. The next write (or check) puts the old copy back; a rename that fails puts it back at once; temporary
+    copies left by killed writes are named."""
+    import os
+
+    from longbird.files import check_writable
+
+    out = tmp_path / "model"
+    write_directory_atomically(out, lambda d: (d / "weights").write_text("old"))
+    aside = tmp_path / ".model.old-x1"  # what a kill between the renames leaves
+    aside.mkdir()
+    os.replace(out, aside / "model")
+    (tmp_path / ".model.partial-y2").mkdir()
+    with caplog.at_level("WARNING", logger="longbird.files"):
+        with pytest.raises(FileExistsError, match="already exists"):
+            check_writable(out)
+    assert (out / "weights").read_text() == "old" and not aside.exists()
+    assert "restored" in caplog.text and ".model.partial-y2, left by an interrupted write" in caplog.text
+
+    real_replace = os.replace
+
+    def failing_second_rename(source, target):
+        if str(source).startswith(str(tmp_path / ".model.partial-")) and ".old-" not in str(source):
+            raise OSError("disk gone")
+        return real_replace(source, target)
+
+    monkeypatch.setattr(os, "replace", failing_second_rename)
+    with pytest.raises(OSError, match="disk gone"):
+        write_directory_atomically(out, lambda d: (d / "weights").write_text("new"), overwrite=True)
+    monkeypatch.undo()
+    assert (out / "weights").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".model.partial-y2", "model"]

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+logger = logging.getLogger(__name__)
 # Every directory longbird writes holds this file: `overwrite` replaces only such directories, never a user's own.
 OUTPUT_MARKER = ".longbird-output"
 
@@ -28,8 +31,10 @@ def check_not_read(out, reads) -> None:
 
 def check_writable(out: str | os.PathLike, overwrite: bool = False) -> None:
     """FileExistsError unless `write_directory_atomically(out, ..., overwrite)` may write `out`; commands call it
-    before their work, so that a refusal does not come after minutes of it."""
+    before their work, so that a refusal does not come after minutes of it. A copy of `out` an interrupted
+    replacement set aside is put back first (`restore_set_aside`)."""
     out = Path(out)
+    restore_set_aside(out)
     blocking = next((parent for parent in out.parents if parent.exists() and not parent.is_dir()), None)
     if blocking is not None:
         raise FileExistsError(f"cannot write {out}: {blocking} is a file, not a directory; choose another output")
@@ -49,6 +54,7 @@ def write_directory_atomically(out: str | os.PathLike, write: Callable[[Path], N
     check_writable(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    backup = None
     try:
         staging.chmod(_default_mode(0o777))  # mkdtemp makes 0700; the result should look like any new directory
         write(staging)
@@ -57,24 +63,50 @@ def write_directory_atomically(out: str | os.PathLike, write: Callable[[Path], N
         if out.exists():
             backup = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
             os.replace(out, backup / out.name)
-            os.replace(staging, out)
-            shutil.rmtree(backup)
-        else:
-            os.replace(staging, out)
+        os.replace(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
+        if backup is not None and (backup / out.name).exists() and not out.exists():
+            os.replace(backup / out.name, out)  # the new copy never arrived: the old one goes back
         raise
+    finally:
+        if backup is not None:
+            shutil.rmtree(backup, ignore_errors=True)
     return out
+
+
+def restore_set_aside(out: Path) -> None:
+    """Put back the copy of `out` that a replacement set aside (`.NAME.old-*/NAME`) when a kill between its two
+    renames left nothing at `out`; warn of temporary copies (`.NAME.partial-*`) that killed writes left (not removed:
+    another process may be writing one now)."""
+    if not out.parent.is_dir():
+        return
+    for backup in sorted(out.parent.glob(f".{out.name}.old-*")):
+        if (backup / out.name).is_dir() and not out.exists():
+            os.replace(backup / out.name, out)
+            logger.warning("restored %s from %s, where an interrupted replacement had set it aside", out, backup)
+            shutil.rmtree(backup, ignore_errors=True)
+    leftovers = sorted(path.name for path in out.parent.glob(f".{out.name}.partial-*"))
+    if leftovers:
+        logger.warning("%s holds %s, left by an interrupted write of %s: remove it unless another process is writing "
+                       "%s now", out.parent, ", ".join(leftovers), out.name, out.name)
 
 
 def write_file_atomically(path: str | os.PathLike, text: str) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(handle, "w", encoding="utf-8") as stream:
-        stream.write(text)
-    os.chmod(tmp, _default_mode(0o666))  # mkstemp makes 0600
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())  # the text on disk before the name points at it: a power cut leaves old or new
+        os.chmod(tmp, _default_mode(0o666))  # mkstemp makes 0600
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return path
 
 
@@ -89,9 +121,16 @@ def save_figure_atomically(figure, path: str | os.PathLike, dpi: int = 110) -> P
     """Save a matplotlib figure through a temporary sibling, so a crash never leaves a half-written PNG."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(f".{path.stem}.partial{path.suffix}")
-    figure.savefig(staging, dpi=dpi)
-    os.replace(staging, path)
+    handle, staging = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)  # one per writer
+    os.close(handle)
+    try:
+        figure.savefig(staging, dpi=dpi)
+        os.chmod(staging, _default_mode(0o666))
+        os.replace(staging, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(staging)
+        raise
     return path
 
 

@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -46,6 +47,14 @@ def publish_checkpoint(written: Path, target: Path) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
+def _wait_for(path: Path, seconds: float = 120.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the first process did not restore {path} within {seconds:.0f} s")
+        time.sleep(0.1)
+
+
 def _step_of(path: Path) -> int:
     return int(CHECKPOINT_NAME.match(path.name).group(1))
 
@@ -67,11 +76,21 @@ def prepare_checkpoints(checkpoint_dir: str | Path, resume: bool, max_steps: int
     for path in entries:
         leftover = LEFTOVER_NAME.match(path.name)
         if leftover and path.is_dir():
-            what = leftover.group(1)
+            what, target = leftover.group(1), checkpoint_dir / leftover.group(1)
+            if leftover.group(2) == "replaced" and not target.exists():
+                # killed between publish_checkpoint's two renames: the checkpoint moved aside is whole, put it back
+                if is_main_process():
+                    os.replace(path, target)
+                    logger.warning("restored %s (a save of the same step was interrupted; it was set aside as %s)",
+                                   what, path.name)
+                else:  # the first process puts it back (no process group yet to wait on): see it there
+                    _wait_for(target)
+                continue
             skipped.append(f"{what} (its save was interrupted; removed the temporary {path.name})")
             if is_main_process():  # the others see the same directory; one process removes
                 shutil.rmtree(path, ignore_errors=True)
                 logger.warning("skipping incomplete %s", skipped[-1])
+    entries = sorted(checkpoint_dir.iterdir()) if checkpoint_dir.is_dir() else []
     candidates = sorted((p for p in entries if CHECKPOINT_NAME.match(p.name) and p.is_dir()), key=_step_of)
     complete = [p for p in candidates if (p / TRAINER_STATE).is_file()]
     if not resume:
