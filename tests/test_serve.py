@@ -86,6 +86,9 @@ def test_the_pipeline_format_of_transformers_is_served_at_root_and_predict(clien
     stride = client.post("/predict", json={"inputs": {"question": question, "context": document},
                                            "parameters": {"max_seq_len": 64, "doc_stride": 64}})
     assert stride.status_code == 422 and stride.json()["detail"].startswith("parameters.doc_stride: 64 must be")
+    short = client.post("/predict", json={"inputs": {"question": question, "context": document},
+                                          "parameters": {"max_seq_len": 8}})
+    assert short.status_code == 422 and short.json()["detail"].startswith("parameters.max_seq_len: 8-token windows")
 
 
 def test_handle_impossible_answer_compares_the_scoring_rule_without_the_lexical_prior(client, reader, page,
@@ -392,6 +395,11 @@ def test_embed_pools_the_encoders_last_states(reader):
     over = TestClient(create_app(reader, ServeSettings(max_request_windows=3 * per_text - 1))).post("/embed",
                                                                                                     json=texts)
     assert over.status_code == 413 and "--max-request-windows" in over.json()["detail"]
+    # the shortest window the error names is the shortest that is read (it named one token more)
+    special = reader.tokenizer.num_special_tokens_to_add(pair=False)
+    refused = client.post("/embed", json={"inputs": ["text"], "window_length": special})
+    assert refused.status_code == 422 and f"windows of at least {special + 1} tokens" in refused.json()["detail"]
+    assert client.post("/embed", json={"inputs": ["text"], "window_length": special + 1}).status_code == 200
 
 
 def test_a_server_wide_window_is_the_default_of_requests_that_name_none(tiny_qa):

@@ -220,7 +220,9 @@ def answer(
     from ..data.reading import read_text_file
     from ..heads import LongBirdForQuestionAnswering
     from ..tasks.qa import answer as answer_document
+    from ..tasks.qa import check_min_probability
 
+    check_min_probability(min_probability)  # before the model loads (seconds)
     device = resolve_device(device)
     _check_window_length(model, window_length)
     # Read as bytes and decoded as is: offsets count characters of the file, \r of CRLF line ends included.

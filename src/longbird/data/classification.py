@@ -87,7 +87,7 @@ def document_windows(tokenizer, text: str, max_length: int, stride: int = 128,
     room = max_length - special
     if room < 1:
         raise ValueError(f"windows of {max_length} tokens hold no text after their {special} special tokens; use "
-                         f"windows of at least {special + 2} tokens")
+                         f"windows of at least {special + 1} tokens")
     if not 0 <= stride < room:
         raise ValueError(f"the stride ({stride}) must lie in 0..{room - 1}: a window of {max_length} tokens holds "
                          f"{room} of the text; give a smaller stride")

@@ -98,12 +98,16 @@ def _question_prefix(tokenizer, question: str, max_question_tokens: int) -> tupl
     return question, len(tokenizer(question, add_special_tokens=False)["input_ids"])
 
 
+class WindowTooShort(ValueError):
+    """A window that cannot hold the question, its special tokens and at least two document tokens."""
+
+
 def resolve_doc_stride(tokenizer, max_length: int, doc_stride: int | None, question_tokens: int) -> int:
     """The stride for windows of `max_length` after a question of `question_tokens` (default: half a window)."""
     room = max_length - question_tokens - tokenizer.num_special_tokens_to_add(pair=True)
     if room < 2:
-        raise ValueError(f"{max_length}-token windows leave no room for the document after a question of "
-                         f"{question_tokens} tokens; use longer windows")
+        raise WindowTooShort(f"{max_length}-token windows leave no room for the document after a question of "
+                             f"{question_tokens} tokens; use longer windows")
     if doc_stride is None:
         # Half a window (LittleBird A.2); it only matters for documents longer than one window.
         doc_stride = min(max_length // 2, room // 2)

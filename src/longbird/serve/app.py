@@ -26,6 +26,7 @@ from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.exceptions import HTTPException
 
+from ..data.features import WindowTooShort
 from ..data.reading import text_problem
 from ..data.window_limit import TooManyWindows
 from ..reader import Reader
@@ -156,10 +157,10 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
                              "detail": f"{request.method} {request.url.path}"}, error.status_code,
                             headers=getattr(error, "headers", None))
 
-    def read(prepare, alone=None):
+    def read(prepare, alone=None, window_field: str = "window_length"):
         """Admit a request if the queue has room (else 503), window it (`prepare()`), batch its windows with those of
         other requests and rank them; or, with `alone`, run that on the model's thread by itself. ValueError -> 422
-        with its message."""
+        with its message (a window too short for the question: named by `window_field`)."""
         with admission:
             if state["admitted"] >= settings.max_queue:
                 raise ServeError(503, "busy", f"{settings.max_queue} requests are already queued; retry later",
@@ -176,6 +177,8 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
         except ShuttingDown as error:
             raise ServeError(503, "shutting down", str(error),
                              {"Retry-After": str(settings.retry_after_seconds)}) from None
+        except WindowTooShort as error:
+            raise ServeError(422, "invalid request", f"{window_field}: {error}") from None
         except ValueError as error:
             raise ServeError(422, "invalid request", str(error)) from None
         finally:
@@ -210,7 +213,8 @@ def create_app(reader: Reader, settings: ServeSettings | None = None) -> FastAPI
                                                          f"{fields['doc_stride']}")
         reading = read(lambda: reader.prepare(question, document, is_html=is_html, top_k=top_k,
                                               max_answer_tokens=max_answer_tokens, window_length=window_length,
-                                              doc_stride=doc_stride, window_limit=settings.max_request_windows))
+                                              doc_stride=doc_stride, window_limit=settings.max_request_windows),
+                       window_field=fields["window_length"])
         metrics.windows.inc(reading.windows)
         metrics.tokens.inc(reading.tokens)
         return reading

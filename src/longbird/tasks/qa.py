@@ -58,7 +58,7 @@ def read_qa_data(path, data_format: str, split: str | None = None) -> tuple[Data
     if split is None:
         return rows, len(skipped)
     if split not in ("train", "dev"):
-        raise ValueError(f"split must be train or dev; got {split!r}")
+        raise ValueError(f"--split must be train or dev; got {split!r}")
     return split_by_title(rows)[split], len(skipped)
 
 def require_trained_apart(model_dir, held_titles, root: Path | None = None) -> set[str]:
