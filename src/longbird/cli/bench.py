@@ -85,10 +85,14 @@ def _sweep(settings, out: Path, stem: str, overwrite: bool) -> dict:
     from ..bench.sweep import run_sweep
     from ..files import write_file_atomically
 
-    if (out / f"{stem}.json").exists() and not overwrite:  # committed results are evidence: never replaced silently
-        raise FileExistsError(f"{out / f'{stem}.json'} already exists; pass --overwrite to replace it or --name to "
-                              "write beside it")
     partial = out / f"{stem}.partial.json"
+    # committed results are evidence, and a partial file the points an interrupted run measured: never replaced
+    # silently (the first point of a new run wrote over that file)
+    existing = [str(path) for path in (out / f"{stem}.json", out / f"{stem}.md", partial) if path.exists()]
+    if existing and not overwrite:
+        kept = f"; {partial.name} holds an interrupted run's points: move it to keep them" if partial.exists() else ""
+        raise FileExistsError(f"{', '.join(existing)} already exist(s); pass --overwrite to replace, or --name to "
+                              f"write beside{kept}")
     steps = len(settings.sizes) * len(settings.dtypes) * len(settings.modes) * len(settings.batches) * len(
         settings.lengths)
     try:
