@@ -18,6 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from longbird.files import write_file_atomically  # noqa: E402
+
 RESULTS = Path(__file__).parent / "results"
 TARGETS = {"longbird --help": 1.0, "longbird bench --smoke": 60.0}
 
@@ -63,12 +67,12 @@ def main() -> None:
     report = dict(command="python benchmarks/cli_startup.py " + " ".join(sys.argv[1:]), python=platform.python_version(),
                   machine=platform.processor() or platform.machine(), rows=rows)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "cli_startup.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_file_atomically(RESULTS / "cli_startup.json", json.dumps(report, indent=2) + "\n")
     lines = [f"Command: `{report['command']}` (fresh process per run, median)", "",
              "| command | seconds | target | met |", "|---|---:|---:|---|"]
     lines += [f"| `{row['command']}` | {row['median_seconds']:.2f} | {row.get('target_seconds', '–')} | "
               f"{({True: 'yes', False: 'no'}).get(row.get('met'), '–')} |" for row in rows]
-    (RESULTS / "cli_startup.md").write_text("\n".join(lines) + "\n")
+    write_file_atomically(RESULTS / "cli_startup.md", "\n".join(lines) + "\n")
     print("wrote", RESULTS / "cli_startup.json", RESULTS / "cli_startup.md")
 
 

@@ -31,6 +31,7 @@ from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # no
 from longbird.data.layout_cuts import LayoutCuts  # noqa: E402
 from longbird.data.null_regions import NullRegions  # noqa: E402
 from longbird.data.windows import QAWindows  # noqa: E402
+from longbird.files import write_file_atomically  # noqa: E402
 from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
 from longbird.tasks.qa import question_limit  # noqa: E402
 from longbird.training.cut_teacher import CutTeacher, region_targets  # noqa: E402
@@ -81,7 +82,7 @@ def main() -> None:
                 for key in kinds:
                     group[key] += int(p_null[key][row, index].item() < 0.5)
     result = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "counts": counts}
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_file_atomically(args.out, json.dumps(result, indent=1) + "\n")
     print(json.dumps(counts))
 
 

@@ -19,6 +19,7 @@ from longbird.attention import bigbird_attention, bigbird_pattern, usw_attention
 from longbird.attention.flex import (bigbird_flex_attention, compiled_flex_attention,  # noqa: E402
                                      usw_flex_attention)
 from longbird.bench.models import build_model, cuda_median_ms, forward_fn  # noqa: E402
+from longbird.files import write_file_atomically  # noqa: E402
 from longbird.positions.alibi import BiALiBi  # noqa: E402
 
 
@@ -88,7 +89,7 @@ def main():
     text = "\n".join(report + ["", "length | kernel                 | median"] + lines)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "profile_flex.txt").write_text(text)
+        write_file_atomically(args.out / "profile_flex.txt", text)
     print(text)
 
 
