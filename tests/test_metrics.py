@@ -107,6 +107,22 @@ def test_bootstrap_intervals_cover_the_mean_and_pair_the_questions():
         paired_difference(scores, scores[:-1])
 
 
+def test_wilson_and_newcombe_intervals_reproduce_the_papers_examples():
+    """Newcombe (1998) works both by hand: Wilson's score interval of 81/263 (his method 3 example) is 0.2553-0.3662;
+    the hybrid score interval of 56/70 - 48/80 (method 10, his example (a)) is 0.0524-0.3339, to four places."""
+    from longbird.metrics.intervals import proportion_difference, wilson_interval
+
+    assert wilson_interval(81, 263) == pytest.approx((0.2553, 0.3662), abs=5e-5)
+    result = proportion_difference(56, 70, 48, 80)
+    assert result["difference"] == pytest.approx(0.2) and (result["low"], result["high"]) == pytest.approx(
+        (0.0524, 0.3339), abs=5e-5)
+    # at the edges, where a bootstrap of the samples collapses to a point, the interval does not
+    assert wilson_interval(40, 40)[0] == pytest.approx(0.9124, abs=5e-5) and wilson_interval(40, 40)[1] == 1.0
+    assert wilson_interval(0, 40) == (0.0, pytest.approx(0.0876, abs=5e-5))
+    with pytest.raises(ValueError, match="0 <= successes <= n"):
+        wilson_interval(41, 40)
+
+
 def test_the_cluster_bootstrap_resamples_whole_articles():
     import numpy as np
 
