@@ -31,6 +31,7 @@ from e4_korquad_articles import BUCKETS, answer_buckets, dev_articles  # noqa: E
 
 from longbird.checkpoints import load_task_model  # noqa: E402
 from longbird.data.corpus import text_hash  # noqa: E402
+from longbird.data.corpus import held_out_record  # noqa: E402
 from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # noqa: E402
 from longbird.files import write_file_atomically  # noqa: E402
 from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
@@ -109,10 +110,7 @@ def main() -> None:
     dev = dev_articles(args.dev_questions)
     require_trained_apart(args.reader, set(split["dev"]["title"]), root=ROOT)
     train = sample_questions(split["train"], args.train_questions, seed=1)
-    shared_texts = {text_hash(c) for c in train["context"]} & {text_hash(c) for c in dev["context"]}
-    if set(train["title"]) & set(dev["title"]) or shared_texts:
-        raise AssertionError(f"training-side and dev questions share articles (by title, or {len(shared_texts)} by "
-                             "text)")
+    held_out_record(train, dev)  # AssertionError where the sides share a title or an article's text
     model, tokenizer = load_task_model(args.reader, LongBirdForQuestionAnswering)
     results = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
                "reader": str(args.reader), "reader_training": _reader_training(args.reader),

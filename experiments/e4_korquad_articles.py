@@ -42,6 +42,7 @@ DATA = ROOT / "data"  # the repository's data/ (data/korquad/SOURCE.md)
 sys.path.insert(0, str(ROOT / "src"))
 
 from longbird.conversion import convert  # noqa: E402
+from longbird.data.corpus import held_out_record  # noqa: E402
 from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # noqa: E402
 from longbird.files import save_figure_atomically, write_directory_atomically, write_file_atomically  # noqa: E402
 from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
@@ -231,6 +232,7 @@ def main() -> None:
                "train_questions": len(train), "train_articles": len(set(train["title"])),
                "dev_questions": len(dev), "dev_articles": len(set(dev["title"])),
                "dev_bucket_sizes": {b: list(buckets.values()).count(b) for b in BUCKETS},
+               "held_out": held_out_record(train, dev),  # asserts no title and no text is on both sides
                "methods": {}}
     if args.resume and results_path.exists():
         old = json.loads(results_path.read_text())

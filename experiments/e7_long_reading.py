@@ -128,7 +128,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 from e4_korquad_articles import BUCKETS, answer_buckets, from_reader  # noqa: E402
 
 from longbird.checkpoints import load_task_model  # noqa: E402
-from longbird.data.corpus import text_hash  # noqa: E402
+from longbird.data.corpus import held_out_record  # noqa: E402, F401  (experiments import it from here)
 from longbird.data.korquad import read_korquad_v1_articles, split_by_title  # noqa: E402
 from longbird.files import save_figure_atomically, write_file_atomically  # noqa: E402
 from longbird.heads import LongBirdForQuestionAnswering  # noqa: E402
@@ -317,18 +317,6 @@ def draw_dev_articles(dev, tokenizer, min_questions: int, min_beyond: int, seed:
                          f"--min-dev-questions {min_questions} / --min-beyond {min_beyond}")
     rows = dev.filter(lambda row: row["title"] in chosen)
     return rows, {row["id"]: buckets_of_all[row["id"]] for row in rows}
-
-
-def held_out_record(train, dev) -> dict:
-    """Titles and context hashes of both sides; raises unless they are disjoint (by title and by text)."""
-    sides = {name: (sorted(set(rows["title"])), sorted({text_hash(c) for c in rows["context"]}))
-             for name, rows in (("train", train), ("dev", dev))}
-    shared_titles = set(sides["train"][0]) & set(sides["dev"][0])
-    shared_texts = set(sides["train"][1]) & set(sides["dev"][1])
-    if shared_titles or shared_texts:
-        raise AssertionError(f"train and dev share {len(shared_titles)} titles and {len(shared_texts)} articles")
-    return {f"{name}_{kind}": values[i] for name, values in sides.items()
-            for i, kind in enumerate(("titles", "context_sha256"))}
 
 
 def article_tokens(dev, tokenizer) -> dict[str, int]:

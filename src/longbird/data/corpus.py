@@ -131,6 +131,19 @@ def text_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def held_out_record(train, dev) -> dict:
+    """Titles and context hashes of both sides of a by-article split (rows with "title" and "context"), for a results
+    file; AssertionError unless the sides share no title and no text (an experiment asserts its split with it)."""
+    sides = {name: (sorted(set(rows["title"])), sorted({text_hash(c) for c in rows["context"]}))
+             for name, rows in (("train", train), ("dev", dev))}
+    shared_titles = set(sides["train"][0]) & set(sides["dev"][0])
+    shared_texts = set(sides["train"][1]) & set(sides["dev"][1])
+    if shared_titles or shared_texts:
+        raise AssertionError(f"train and dev share {len(shared_titles)} titles and {len(shared_texts)} articles")
+    return {f"{name}_{kind}": values[i] for name, values in sides.items()
+            for i, kind in enumerate(("titles", "context_sha256"))}
+
+
 def _json_lines(path: Path) -> list[dict]:
     import gzip
 
