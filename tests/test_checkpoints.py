@@ -295,3 +295,20 @@ def test_a_checkpoint_set_aside_by_a_killed_second_save_is_restored(tmp_path, ca
     assert resume["skipped"] == ["checkpoint-4 (its save was interrupted; removed the temporary .checkpoint-4.partial)"]
     assert "restored checkpoint-4 (a save of the same step was interrupted; it was set aside as .checkpoint-4.replaced)" \
         in caplog.text
+
+
+def test_a_run_resumed_from_its_last_checkpoint_trains_no_further_step(tiny_source, straight, tmp_path):
+    """Killed after its last checkpoint, before its model was written: --resume trained a step past --max-steps
+    (transformers checks it only after a step; a checkpoint-7, its loss and its tokens in the summary). Now it writes
+    the model of that checkpoint and says that no step was trained."""
+    out = tmp_path / "qa"
+    shutil.copytree(_checkpoints(straight), _checkpoints(out))
+    result = runner.invoke(app, _finetune(tiny_source, out, "--resume"))
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in _checkpoints(out).iterdir()) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+    assert _max_weight_difference(straight, out) == 0.0
+    summary, reference = _summary(out), _summary(straight)
+    assert summary["resume"]["steps_trained_by_this_run"] == []
+    assert summary["resume"]["metrics_cover"] == "no steps: the run resumed from its last step"
+    assert _losses(summary) == pytest.approx(_losses(reference), rel=1e-6) and max(_losses(summary)) == MAX_STEPS
+    assert summary["metrics"]["tokens_seen"] == reference["metrics"]["tokens_seen"]

@@ -26,7 +26,13 @@ from ..precision import slow_bf16_warning
 from .budget import check_budget_minutes, training_budget
 from .padding_insertion import PaddingInsertion, sentence_end_token_ids
 from .processes import is_main_process, world_size
-from .resume import prepare_checkpoints, publish_checkpoint, resume_summary
+from .resume import (
+    finished_at_checkpoint,
+    load_finished_run,
+    prepare_checkpoints,
+    publish_checkpoint,
+    resume_summary,
+)
 from .trainer import LongBirdTrainer
 
 logger = logging.getLogger(__name__)
@@ -271,8 +277,10 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
         checkpoint_record=checkpoint_record, **(trainer_kwargs or {}))
     finished = False
     try:
-        # the checkpoint chosen above, not Trainer's `True` (the highest-numbered one, complete or not)
-        result = trainer.train(resume_from_checkpoint=resume["checkpoint"] if resume else None)
+        if finished_at_checkpoint(resume):  # nothing left to train (Trainer would take one step more)
+            result = load_finished_run(trainer, resume["checkpoint"])
+        else:  # the checkpoint chosen above, not Trainer's `True` (the highest-numbered one, complete or not)
+            result = trainer.train(resume_from_checkpoint=resume["checkpoint"] if resume else None)
         finished = True
     except KeyboardInterrupt:
         if checkpoint_dir is not None:  # Ctrl-C: keep the model as it is and say where

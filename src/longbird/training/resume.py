@@ -116,7 +116,7 @@ def prepare_checkpoints(checkpoint_dir: str | Path, resume: bool, max_steps: int
     total = max_steps if max_steps > 0 else state.get("max_steps")
     if is_main_process():
         logger.warning("resuming from %s, step %d of %s", chosen.name, step, total)
-    return {"checkpoint": str(chosen), "from_step": step, "skipped": skipped}
+    return {"checkpoint": str(chosen), "from_step": step, "skipped": skipped, "total_steps": total}
 
 
 def check_same_run(checkpoint: Path, arguments=None, config=None, run_settings: dict | None = None) -> None:
@@ -150,6 +150,24 @@ def check_same_run(checkpoint: Path, arguments=None, config=None, run_settings: 
 
 def _plain(value):
     return getattr(value, "value", value)  # enums (lr_scheduler_type, train_sampling_strategy) by their value
+
+
+def finished_at_checkpoint(resume: dict | None) -> bool:
+    """Whether the checkpoint a run resumes from is its last step already (killed after its last save, before its
+    model was written): Trainer would then train one step more (transformers 5 checks max_steps only after a step)."""
+    return bool(resume) and bool(resume.get("total_steps")) and resume["from_step"] >= resume["total_steps"]
+
+
+def load_finished_run(trainer, checkpoint: str):
+    """The run a checkpoint of its last step holds, as `trainer.train` would leave it had it not stepped again: the
+    weights (Trainer's own loading, for every format it saves) and the trainer state with its log history; no
+    metrics, since no step was trained."""
+    from transformers.trainer_callback import TrainerState
+    from transformers.trainer_utils import TrainOutput
+
+    trainer._load_from_checkpoint(checkpoint)
+    trainer.state = TrainerState.load_from_json(str(Path(checkpoint) / TRAINER_STATE))
+    return TrainOutput(trainer.state.global_step, None, {})
 
 
 def resume_summary(resume: dict, final_step: int) -> dict:
