@@ -224,6 +224,9 @@ def test_a_checkpoint_of_another_run_is_refused_and_a_fresh_run_never_mixes_with
     wider = [a if a != "256" else "512" for a in _finetune(tiny_source, out, "--overwrite", "--resume")]
     result = runner.invoke(app, wider)
     assert result.exit_code == 1 and "max_position_embeddings 256 -> 512" in result.output, result.output
+    windows = [a if a != "64" else "128" for a in _finetune(tiny_source, out, "--overwrite", "--resume")]
+    result = runner.invoke(app, windows)  # the windows the run reads (it resumed and recorded the new window)
+    assert result.exit_code == 1 and "window_length 64 -> 128" in " ".join(result.output.split()), result.output
     assert sorted(p.name for p in _checkpoints(out).iterdir()) == saved  # nothing saved among them
     assert (out / "model.safetensors").read_bytes() == weights
     same = runner.invoke(app, _finetune(tiny_source, out, "--overwrite", "--resume"))

@@ -96,7 +96,8 @@ def finetune_cls(model_path, train_data, out: str | Path, *, preset: str = "kobi
     # the checkpoints carry the window too: evaluate and serve read one at the window it was trained at
     metrics = train(model, tokenizer, items, out.parent / f".{out.name}.work", settings,
                     checkpoint_dir=out.parent / f"{out.name}.checkpoints",
-                    checkpoint_record={"task": "classification", "window_length": window_length, "stride": stride})
+                    checkpoint_record={"task": "classification", "window_length": window_length, "stride": stride},
+                    run_settings={"window_length": window_length, "stride": stride})
 
     summary = {"task": "classification", "data": data_record(train_data), "text_field": text_field,
                "label_field": label_field, "labels": labels,

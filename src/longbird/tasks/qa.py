@@ -184,6 +184,9 @@ def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "
     metrics = train(model, tokenizer, items, out.parent / f".{out.name}.work", settings,
                     checkpoint_dir=out.parent / f"{out.name}.checkpoints", collator=collator,
                     checkpoint_record={"task": "qa", "window_length": window_length, "doc_stride": doc_stride},
+                    # what makes the windows: a resume must read them as the run it continues did
+                    run_settings={"window_length": window_length, "doc_stride": doc_stride,
+                                  "negative_fraction": negative_fraction},
                     **distillation.pop("trainer", {}))
 
     summary = {"task": "qa", "data": data_record(train_data), "format": data_format, "split": split,
