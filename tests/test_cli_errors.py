@@ -508,6 +508,9 @@ def test_an_output_that_is_or_holds_the_model_read_is_refused_and_the_model_kept
                   "--overwrite", "--max-steps", "1"]):
         _fails_in_one_line(args, "which is being read", "choose another --out")
         assert sorted(path.name for path in model.iterdir()) == kept, args
+    # without --overwrite too: "already exists; pass --overwrite" was said first, then refused when passed
+    _fails_in_one_line(["finetune-qa", "--model", str(model), "--train", str(PAGES[0]), "--out", str(model),
+                        "--max-steps", "1"], "which is being read", "choose another --out")
     student = tmp_path / "run" / "model"  # distilling further into the student's own directory
     shutil.copytree(tiny_source, student)
     (student / OUTPUT_MARKER).write_text("")  # as an earlier distill's student

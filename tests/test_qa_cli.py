@@ -94,6 +94,8 @@ def test_evaluate_writes_predictions_and_official_metrics(tiny_qa, tmp_path):
     (foreign / "notes.txt").write_text("keep me")
     result = runner.invoke(app, again[:-1] + [str(foreign), "--overwrite"])
     assert result.exit_code == 1 and "refusing to replace" in result.output and "did not write" in result.output
+    result = runner.invoke(app, again[:-1] + [str(foreign)])  # the real reason first (it said: pass --overwrite)
+    assert result.exit_code == 1 and "did not write" in result.output and "pass overwrite" not in result.output
     assert (foreign / "notes.txt").read_text() == "keep me" and sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
 
 

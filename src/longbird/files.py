@@ -40,11 +40,11 @@ def check_writable(out: str | os.PathLike, overwrite: bool = False) -> None:
         raise FileExistsError(f"cannot write {out}: {blocking} is a file, not a directory; choose another output")
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"refusing to write {out}: it is a file; remove it yourself or choose another output")
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"output directory {out} already exists; pass overwrite=True (--overwrite) to replace it")
-    if out.exists() and not (out / OUTPUT_MARKER).is_file():
+    if out.exists() and not (out / OUTPUT_MARKER).is_file():  # first: --overwrite would not help there
         raise FileExistsError(f"refusing to replace {out}: it is a directory longbird did not write (no "
                               f"{OUTPUT_MARKER} marker); remove it yourself or choose another output")
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"output directory {out} already exists; pass overwrite=True (--overwrite) to replace it")
 
 
 def write_directory_atomically(out: str | os.PathLike, write: Callable[[Path], None], overwrite: bool = False) -> Path:

@@ -23,8 +23,8 @@ def check_output(out, overwrite: bool, reads=()) -> None:
     --overwrite would replace while the run reads it."""
     if out is None:
         return
+    check_not_read(out, reads)  # first: --overwrite would not help there
     check_writable(out, overwrite)
-    check_not_read(out, reads)
 
 def write_outputs(out, overwrite: bool, predictions, metrics: dict) -> None:
     def write(directory: Path) -> None:
