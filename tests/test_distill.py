@@ -256,3 +256,18 @@ def test_padding_insertion_moves_only_the_students_positions(tiny_source, tmp_pa
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "run" / "model" / "longbird_distill.json").read_text())
     assert summary["settings"]["padding_insertion"] is True
+
+
+def test_a_teacher_without_an_mlm_head_is_said_to_give_no_soft_targets(tmp_path):
+    """all-MiniLM has no MLM head: --alpha and --temperature were ignored without a word while the summary said
+    "attention (+ soft targets)"."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(" ".join(f"the law number {i} says that the state shall protect rights." for i in range(40)))
+    args = ["distill", "--teacher", "minilm", "--preset", "littlebird", "--max-length", "1024", "--corpus",
+            str(corpus), "--length", "64", "--batch-size", "2", "--max-steps", "1", "--output-dir", str(tmp_path / "d")]
+    with pytest.warns(UserWarning, match="--alpha 5 and --temperature 3 change nothing here: .* the teacher and the "
+                                         "student have none"):
+        result = runner.invoke(app, args + ["--alpha", "5", "--temperature", "3"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "d" / "model" / "longbird_distill.json").read_text())
+    assert summary["objective"] == "attention only (no MLM head on the teacher and the student)"

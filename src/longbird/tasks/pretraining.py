@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -75,11 +76,23 @@ def distill(teacher_source, output_dir: str | Path, *, student_path=None, preset
     else:
         windows = corpus_windows(documents, tokenizer, length)
     tokenizer.model_max_length = student.config.max_position_embeddings
+    # soft targets compare the two MLM heads' word distributions (training/distill.py): without both, only attention
+    without_head = [name for name, model in (("teacher", teacher), ("student", student))
+                    if model.get_output_embeddings() is None]
+    soft_targets = not rss and alpha > 0 and not without_head
+    if not rss and without_head and (alpha, temperature) != (1.0, 1.0):
+        warnings.warn(f"--alpha {alpha:g} and --temperature {temperature:g} change nothing here: soft targets need an "
+                      f"MLM head on teacher and student, and the {' and the '.join(without_head)} "
+                      f"{'have' if len(without_head) > 1 else 'has'} none; the "
+                      "student learns the attention maps alone (--beta)", stacklevel=2)
+    objective = ("rss + attention" if rss else "attention + soft targets" if soft_targets else
+                 "attention only (--alpha 0)" if not without_head else
+                 f"attention only (no MLM head on the {' and the '.join(without_head)})")
     metrics = run_distillation(student.train(), teacher, tokenizer, windows, output_dir, settings, alpha, beta,
                                temperature, gradient_checkpointing, collator, teacher_ids,
                                run_settings={"length": length})
     summary = {"teacher": str(teacher_dir), "student": str(student_path) if student_path else f"{preset}-{max_length}",
-               "overrides": overrides, "objective": "rss + attention" if rss else "attention (+ soft targets)",
+               "overrides": overrides, "objective": objective,
                "corpus": corpus_record(corpus), "training_document_sha256": [text_hash(d) for d in documents],
                "held_out_documents": len(held_out), "windows": len(windows), "length": length, "alpha": alpha,
                "beta": beta, "temperature": temperature, "settings": vars(settings), "processes": world_size(),
