@@ -662,7 +662,7 @@ def test_a_bad_line_of_classification_data_is_one_line_naming_the_file(tiny_qa, 
     records.write_text('{"text": "좋은 문서", "label": "a"}\n{"text": oops}\n', encoding="utf-8")
     _fails_in_one_line(["evaluate", "--model", str(tiny_qa), "--task", "classification", "--data", str(records),
                         "--out", str(tmp_path / "o")], f"classification data file {records} is not valid JSON Lines",
-                       "JSON parse error")
+                       "JSON parse error", "on line 2")  # the line counted from 1 (pyarrow's "row 1")
 
 
 def test_evaluate_batch_size_below_one_is_named(tiny_qa, tmp_path):

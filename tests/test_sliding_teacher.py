@@ -198,7 +198,7 @@ def test_finetune_qa_distils_from_a_sliding_teacher_end_to_end(tmp_path, monkeyp
     assert result.exit_code == 1 and "another vocabulary" in result.output
 
 
-def test_a_cpu_budget_stops_training_and_a_constant_schedule_keeps_the_rate(tmp_path):
+def test_a_cpu_budget_stops_training_and_a_constant_schedule_keeps_the_rate(tmp_path, caplog):
     """finetune-qa --cpu-minutes stops at the first step past the budget (the steps and CPU seconds recorded);
     --lr-scheduler constant keeps the learning rate after warmup; a bad schedule is named."""
     import json
@@ -214,13 +214,18 @@ def test_a_cpu_budget_stops_training_and_a_constant_schedule_keeps_the_rate(tmp_
               str(PAGES[0]), "--max-steps", "40", "--batch-size", "2", "--logging-steps", "1",
               "--learning-rate", "3e-4"]
     out = tmp_path / "budget"
-    result = runner.invoke(app, [*common, "--out", str(out), "--cpu-minutes", "0.001", "--lr-scheduler", "constant"])
+    with caplog.at_level("WARNING", logger="longbird.training.finetune"):
+        result = runner.invoke(app, [*common, "--out", str(out), "--cpu-minutes", "0.001", "--lr-scheduler",
+                                     "constant"])
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "longbird_finetune.json").read_text())
     budget = summary["metrics"]["cpu_budget"]
     assert budget["minutes"] == 0.001 and budget["steps"] >= 1 and budget["cpu_seconds"] >= 0.06
     steps = [entry for entry in summary["log_history"] if "learning_rate" in entry]
     assert max(entry["step"] for entry in steps) == budget["steps"] < 40  # stopped by the budget, not max-steps
+    # said, once (the progress bar stopped short with an estimate for the steps that never ran)
+    assert [r.getMessage() for r in caplog.records if "budget" in r.getMessage()] == [
+        f"the budget (--cpu-minutes 0.001) is spent: training stops at step {budget['steps']} of 40"]
     out = tmp_path / "constant"  # 10 steps: 1 of warmup (10 %), then the rate stays
     result = runner.invoke(app, [*common[:-8], "--max-steps", "10", "--batch-size", "2", "--logging-steps", "1",
                                  "--learning-rate", "3e-4", "--out", str(out), "--lr-scheduler", "constant"])

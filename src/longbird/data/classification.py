@@ -9,6 +9,7 @@ most documents are a single window, which is the point of a long model.
 from __future__ import annotations
 
 import codecs
+import re
 from pathlib import Path
 
 from datasets import Dataset
@@ -38,8 +39,10 @@ def read_classification(path: str | Path, text_field: str = "text", label_field:
                 else path.suffix[1:].upper())
         while error.__cause__ is not None:  # the parser's words, not "An error occurred while generating the dataset"
             error = error.__cause__
-        raise ValueError(f"classification data file {path} is not valid {kind}: "
-                         f"{str(error).splitlines()[0] if str(error) else type(error).__name__}") from None
+        said = str(error).splitlines()[0] if str(error) else type(error).__name__
+        if path.suffix in (".jsonl", ".json"):  # pyarrow counts rows from 0: say the line, counted from 1
+            said = re.sub(r"in row (\d+)", lambda row: f"on line {int(row.group(1)) + 1}", said)
+        raise ValueError(f"classification data file {path} is not valid {kind}: {said}") from None
     return checked_records(dataset, text_field, label_field, path.name)
 
 

@@ -55,8 +55,9 @@ def corpus_documents(paths) -> list[str]:
                 continue
             try:
                 record = json.loads(line)
-            except json.JSONDecodeError:
-                raise ValueError(f"corpus file {file}, line {number}: not a JSON object") from None
+            except json.JSONDecodeError as error:
+                raise ValueError(f"corpus file {file}, line {number}: not JSON ({error.msg}); a .jsonl corpus holds "
+                                 "one object with a \"text\" string per line (plain text: another suffix)") from None
             if not isinstance(record, dict) or not isinstance(record.get("text"), str):
                 raise ValueError(f"corpus file {file}, line {number}: expected an object with a \"text\" string")
             documents.append(record["text"])

@@ -144,7 +144,8 @@ def pretrain(model_path, output_dir: str | Path, *, corpus=None, length: int = 5
     if gradient_checkpointing:
         enable_checkpointing(model)
     if length > model.config.max_position_embeddings:
-        raise ValueError(f"--length {length} is above the model's {model.config.max_position_embeddings} tokens")
+        raise ValueError(f"--length {length} is above the model's {model.config.max_position_embeddings} tokens; "
+                         f"give --length {model.config.max_position_embeddings} or less")
     add_question_token(tokenizer, model)
     training, held = corpus_split(corpus, held_out)
     train_items = rss_examples(training, tokenizer, length, settings.seed)

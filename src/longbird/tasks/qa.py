@@ -143,8 +143,8 @@ def finetune_qa(model_path, train_data, out: str | Path, *, data_format: str = "
     if split is None and not isinstance(train_data, Dataset) and len(rows) and data_format in SPLIT_FORMATS:
         dev_titles = set(split_by_title(rows)["dev"]["title"])
         if dev_titles:  # the same file scored with `evaluate --split dev` would then score trained-on questions
-            logger.warning("training on all of %s: %d of its articles are the dev side of the by-article split that "
-                           "`evaluate --split dev` scores; pass --split train to hold them out", train_data,
+            logger.warning("training on all of %s: %d of its articles form the dev side of the by-article split "
+                           "that `evaluate --split dev` scores; pass --split train to hold them out", train_data,
                            len(dev_titles))
     rows = sample_questions(rows, max_examples, settings.seed)
     # a saved head (and its answer-length limit) is kept unless another is asked for

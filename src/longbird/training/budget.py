@@ -18,6 +18,7 @@ after the same update and every replica steps with the same learning rate.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 
@@ -25,6 +26,8 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 from .processes import agreed_across_processes
+
+logger = logging.getLogger("longbird.training.finetune")  # beside the other messages of a training run
 
 
 def check_budget_minutes(cpu_minutes: float | None, wall_minutes: float | None) -> None:
@@ -96,6 +99,12 @@ class TrainingBudget(TrainerCallback, ExportableState):
         self.steps = state.global_step
         if self.share >= 1.0:
             control.should_training_stop = True
+            if state.is_world_process_zero and (state.max_steps <= 0 or state.global_step < state.max_steps):
+                # said once: the progress bar stops short with an estimate for steps that will not run
+                budgets = " and ".join(f"--{name}-minutes {minutes:g}" for name, minutes in
+                                       (("cpu", self.cpu_minutes), ("wall", self.wall_minutes)) if minutes is not None)
+                logger.warning("the budget (%s) is spent: training stops at step %d of %d", budgets,
+                               state.global_step, state.max_steps)
 
     def state(self) -> dict:
         # "before" here is everything spent up to this checkpoint: what a run resumed from it starts with.

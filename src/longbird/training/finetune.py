@@ -193,10 +193,10 @@ def check_training_device(settings: FinetuneSettings) -> None:
         raise ValueError(f"--device cuda: CUDA is not available on this machine (torch {torch.__version__}); "
                          "use --device cpu")
     on_gpu = settings.device != "cpu" and torch.cuda.is_available()
+    if settings.fp16 and settings.bf16:  # first: the CPU's advice below would be to keep one of the two
+        raise ValueError("--fp16 and --bf16 exclude each other; pick one")
     if settings.fp16 and not on_gpu:
         raise ValueError("--fp16 mixed precision needs a CUDA GPU; use --bf16 on CPU")
-    if settings.fp16 and settings.bf16:
-        raise ValueError("--fp16 and --bf16 exclude each other; pick one")
     slow = slow_bf16_warning("cuda" if on_gpu else "cpu") if settings.bf16 else None
     if slow:
         warnings.warn(slow, stacklevel=2)

@@ -145,7 +145,8 @@ def check_same_run(checkpoint: Path, arguments=None, config=None, run_settings: 
                         if name in saved and saved[name] != value]
     if differences:
         raise ValueError(f"--resume: {checkpoint} was saved by a run with other settings ({'; '.join(differences)}); "
-                         f"resume with the options that run was started with, or start a fresh run into another --out")
+                         f"resume with the options that run was started with, or start a fresh run into another --out "
+                         "(distill, pretrain: --output-dir)")
 
 
 def _plain(value):
