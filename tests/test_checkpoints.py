@@ -188,6 +188,11 @@ def test_save_total_limit_keeps_the_newest_checkpoints(tiny_source, tmp_path):
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in _checkpoints(out).iterdir()) == ["checkpoint-5", "checkpoint-6"]
     assert _summary(out)["settings"]["save_total_limit"] == 2
+    unsaved = [a for a in _finetune(tiny_source, tmp_path / "none", "--save-total-limit", "2")]
+    at = unsaved.index("--save-steps")
+    with pytest.warns(UserWarning, match="--save-total-limit 2 keeps nothing: no checkpoint is saved without"):
+        result = runner.invoke(app, unsaved[:at] + unsaved[at + 2:], catch_exceptions=False)  # no --save-steps
+    assert result.exit_code == 0 and not _checkpoints(tmp_path / "none").exists()
 
 
 @pytest.mark.parametrize("command", [["finetune-qa", "--train", "x.json", "--out", "{out}"],

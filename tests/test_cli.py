@@ -53,6 +53,7 @@ def test_convert_then_export_end_to_end(tmp_path):
 def test_convert_refuses_to_overwrite_and_reports_bad_options(tmp_path):
     source = _tiny_source_dir(tmp_path / "source")
     (tmp_path / "lb").mkdir()
+    (tmp_path / "lb" / ".longbird-output").write_text("")  # an earlier conversion
     result = runner.invoke(app, ["convert", str(source), "--max-length", "256", "--out", str(tmp_path / "lb"),
                                  "--set", "block_size=8"])
     assert result.exit_code == 1 and "already exists" in result.output and len(result.output.strip().splitlines()) == 1

@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from longbird.cli import app
+from longbird.files import OUTPUT_MARKER
 from longbird.tasks.qa import answer
 from test_qa_cli import PAGES, tiny_qa, tiny_source  # noqa: F401  (fixtures)
 
@@ -420,6 +421,7 @@ def test_hints_are_spelled_as_the_options_a_user_types(tiny_source, tmp_path):
                         "--out", str(tmp_path / "short")], "--max-length (32) is below the source length",
                        "use --max-length 64 or more")
     (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / OUTPUT_MARKER).write_text("", encoding="utf-8")  # an earlier longbird output
     (tmp_path / "taken" / "kept.txt").write_text("kept", encoding="utf-8")
     line = _fails_in_one_line(["convert", str(tiny_source), "--preset", "kobigbird", "--max-length", "256",
                                "--out", str(tmp_path / "taken")], "already exists; pass --overwrite")
@@ -493,8 +495,6 @@ def test_an_output_that_is_or_holds_the_model_read_is_refused_and_the_model_kept
     """`evaluate --model M --out M --overwrite` replaced M by its metrics (the weights gone); every command that reads
     a directory now refuses to write over it, inside it or around it, before the work."""
     import shutil
-
-    from longbird.files import OUTPUT_MARKER
 
     model = tmp_path / "reader"
     shutil.copytree(tiny_qa, model)
@@ -593,15 +593,18 @@ def test_convert_and_export_refuse_their_output_before_the_work(tiny_source, tin
     monkeypatch.setattr(longbird.checkpoints, "convert", never)
     monkeypatch.setattr(longbird.export, "export_onnx", never)
     monkeypatch.setattr(longbird.export, "resolve_model_directory", never)
-    taken, a_file = tmp_path / "taken", tmp_path / "a-file"
+    taken, ours, a_file = tmp_path / "taken", tmp_path / "ours", tmp_path / "a-file"
     taken.mkdir()
+    ours.mkdir()
+    (ours / OUTPUT_MARKER).write_text("")  # an earlier longbird output
     a_file.write_text("mine")
     for command in (["convert", str(tiny_source)], ["export", str(tiny_qa), "--format", "onnx"],
                     ["export", str(tiny_qa), "--format", "hf-bigbird"]):
-        _fails_in_one_line([*command, "--out", str(taken)], f"output directory {taken} already exists",
+        _fails_in_one_line([*command, "--out", str(ours)], f"output directory {ours} already exists",
                            "pass --overwrite")
-        _fails_in_one_line([*command, "--out", str(taken), "--overwrite"], f"refusing to replace {taken}",
-                           "longbird did not write")
+        for overwrite in ([], ["--overwrite"]):  # not "pass --overwrite" first, then refused with it
+            _fails_in_one_line([*command, "--out", str(taken), *overwrite], f"refusing to replace {taken}",
+                               "longbird did not write")
         _fails_in_one_line([*command, "--out", str(a_file)], f"refusing to write {a_file}: it is a file")
         _fails_in_one_line([*command, "--out", str(a_file / "sub")], f"{a_file} is a file, not a directory")
     assert a_file.read_text() == "mine" and not any(taken.iterdir())

@@ -79,7 +79,7 @@ def test_the_larger_share_of_two_budgets_counts_and_the_last_step_is_projected_f
     budget.on_step_end(None, types.SimpleNamespace(global_step=15), control)
     assert not control.should_training_stop
     wall.now = 60.0
-    _updated(budget).on_step_end(None, types.SimpleNamespace(global_step=20), control)
+    _updated(budget).on_step_end(None, types.SimpleNamespace(global_step=20, max_steps=100), control)
     assert control.should_training_stop
     assert budget.summary() == {"cpu_budget": {"minutes": 2.0, "cpu_seconds": 60.0, "steps": 20},
                                 "wall_budget": {"minutes": 1.0, "wall_seconds": 60.0, "steps": 20}}

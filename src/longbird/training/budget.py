@@ -25,7 +25,7 @@ import time
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
-from .processes import agreed_across_processes
+from .processes import agreed_across_processes, is_main_process
 
 logger = logging.getLogger("longbird.training.finetune")  # beside the other messages of a training run
 
@@ -99,7 +99,7 @@ class TrainingBudget(TrainerCallback, ExportableState):
         self.steps = state.global_step
         if self.share >= 1.0:
             control.should_training_stop = True
-            if state.is_world_process_zero and (state.max_steps <= 0 or state.global_step < state.max_steps):
+            if is_main_process() and not 0 < state.max_steps <= state.global_step:
                 # said once: the progress bar stops short with an estimate for steps that will not run
                 budgets = " and ".join(f"--{name}-minutes {minutes:g}" for name, minutes in
                                        (("cpu", self.cpu_minutes), ("wall", self.wall_minutes)) if minutes is not None)

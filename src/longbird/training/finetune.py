@@ -221,6 +221,9 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
     if memorising and is_main_process():  # once, not once per process
         warnings.warn(memorising, stacklevel=2)
     keep = settings.save_steps > 0 or settings.resume
+    if settings.save_total_limit is not None and settings.save_steps == 0 and is_main_process():
+        warnings.warn(f"--save-total-limit {settings.save_total_limit} keeps nothing: no checkpoint is saved without "
+                      "--save-steps N", stacklevel=2)
     if keep and checkpoint_dir is None:
         raise ValueError("checkpoints need a checkpoint directory")
     model.get_input_embeddings().weight.requires_grad_(settings.train_word_embeddings)
