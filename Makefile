@@ -31,8 +31,10 @@ $(VENV)/bin/mkdocs: | $(VENV)/.installed
 $(VENV)/bin/lint-imports: | $(VENV)/.installed
 	test -x $@ || $(PIP) install --quiet -e ".[lint]"
 
+# --overwrite: the demo's own default output (demo-output/), which demos from before its longbird_demo.json record
+# would otherwise keep (a demo replaces unasked only outputs that record marks as a demo's)
 demo: install
-	$(VENV)/bin/longbird demo
+	$(VENV)/bin/longbird demo --overwrite
 
 # One pytest-xdist worker per core, each file on one worker (module fixtures built once), each worker with its share
 # of the cores (tests/conftest.py): 13 instead of 18 minutes on a 2-core AVX2-only machine (2026-11-27), since most

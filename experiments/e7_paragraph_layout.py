@@ -296,14 +296,19 @@ def read_layouts(model, tokenizer, rows, paragraphs, variant: str, window: int, 
 
 def training_record(directory: Path) -> dict:
     """What a row's model was trained with (budget, updates, questions, tokens): the record e7_paragraph_training.py
-    writes, or the budget of `longbird finetune-qa --cpu-minutes` (the sliding baselines); {} for an untrained model.
+    writes, or the summary of `longbird finetune-qa` (the sliding baselines, and the paragraph reader itself: its CPU
+    budget if it had one, its updates, tokens and what it started from); {} for a model without such a record.
     (The committed rows of rounds 21-31 predate the second: their baselines' budgets are in docs/experiments/e7.md.)"""
     path = directory / "longbird_finetune.json"
     record = json.loads(path.read_text()) if path.exists() else {}
     metrics = record.get("metrics") or {}
     budget = metrics.get("cpu_budget") or {}
+    steps = [entry["step"] for entry in record.get("log_history") or [] if "step" in entry]
     finetune_qa = {"cpu_budget_minutes": budget.get("minutes"), "cpu_seconds": budget.get("cpu_seconds"),
-                   "updates": budget.get("steps"), "tokens_seen": metrics.get("tokens_seen")} if budget else {}
+                   "updates": budget.get("steps", max(steps, default=None)),  # --max-steps runs: their last step
+                   "tokens_seen": metrics.get("tokens_seen"),
+                   # what that training started from: the paragraph reader's own record starts from the bare source
+                   "started_from": (record.get("source_model") or {}).get("model")}
     return {key: record.get(key, finetune_qa.get(key)) for key in (
         "cpu_budget_minutes", "cpu_seconds", "updates", "questions", "tokens_seen", "layout", "started_from")
         if record.get(key, finetune_qa.get(key)) is not None}

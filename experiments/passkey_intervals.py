@@ -8,9 +8,10 @@ count, not which samples were right, so:
   (`proportion_difference`). Every row reads the same 40 samples per length (E3's fixed seeds), so a paired interval
   would be narrower; this one is conservative.
 
-What the samples hold out: each passkey (a random name and five-digit code) and its depth are drawn afresh; the filler
-sentences come from one pool, the KorQuAD 1.0 dev paragraphs, for training and evaluation alike (the task reads the
-key, not the filler). Training is at 512 tokens; every longer length is unseen in training.
+What the samples hold out: each passkey's five-digit code and its depth are drawn afresh (its name comes from a fixed
+list of 24 that training uses too); the filler sentences come from one pool, the KorQuAD 1.0 dev paragraphs, for
+training and evaluation alike (the task reads the key, not the filler). Training is at 512 tokens; every longer length
+is unseen in training.
 Usage: python experiments/passkey_intervals.py  (writes experiments/results/passkey_intervals.{json,md})
 """
 

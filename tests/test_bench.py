@@ -73,7 +73,7 @@ def test_bench_refuses_cuda_without_a_gpu_and_bad_settings(tmp_path):
     earlier = tmp_path / "bench_smoke.json"  # results already in OUT are never replaced without --overwrite
     earlier.write_text("{}")
     result = CliRunner().invoke(app, ["bench", "--smoke", "--out", str(tmp_path)])
-    assert result.exit_code == 1 and "bench_smoke.json already exist(s); pass --overwrite" in result.output
+    assert result.exit_code == 1 and "bench_smoke.json already exists; pass --overwrite to replace it" in result.output
     assert earlier.read_text() == "{}"
     earlier.unlink()  # nor the points of an interrupted run (the new run's first point wrote over them)
     interrupted = tmp_path / "bench_smoke.partial.json"

@@ -320,3 +320,31 @@ def test_a_run_resumed_from_its_last_checkpoint_trains_no_further_step(tiny_sour
     assert summary["resume"]["metrics_cover"] == "no steps: the run resumed from its last step"
     assert _losses(summary) == pytest.approx(_losses(reference), rel=1e-6) and max(_losses(summary)) == MAX_STEPS
     assert summary["metrics"]["tokens_seen"] == reference["metrics"]["tokens_seen"]
+    # a budgeted run keeps what it spent (the budget read it at Trainer's start, which a finished run skips)
+    budgeted, again = tmp_path / "budgeted", tmp_path / "again"
+    assert runner.invoke(app, _finetune(tiny_source, budgeted, "--cpu-minutes", "100")).exit_code == 0
+    shutil.copytree(_checkpoints(budgeted), _checkpoints(again))
+    result = runner.invoke(app, _finetune(tiny_source, again, "--cpu-minutes", "100", "--resume"))
+    assert result.exit_code == 0, result.output
+    spent, first = _summary(again)["metrics"]["cpu_budget"], _summary(budgeted)["metrics"]["cpu_budget"]
+    assert spent["steps"] == MAX_STEPS and 0 < spent["cpu_seconds"] <= first["cpu_seconds"] + 1.0
+
+
+def test_the_other_processes_wait_for_the_first_to_restore_a_checkpoint_set_aside(tmp_path, monkeypatch):
+    """Under torchrun every process prepares the checkpoints before a process group exists: the others must resume
+    from the checkpoint the first puts back, not from the one before it."""
+    import threading
+
+    import longbird.training.resume as resume_module
+
+    for name, step in (("checkpoint-2", 2), (".checkpoint-4.replaced", 4)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "trainer_state.json").write_text(json.dumps({"global_step": step, "max_steps": 6}))
+    monkeypatch.setattr(resume_module, "is_main_process", lambda: False)
+    first = threading.Timer(0.3, os.replace, (tmp_path / ".checkpoint-4.replaced", tmp_path / "checkpoint-4"))
+    first.start()  # the first process, a moment later
+    try:
+        resume = resume_module.prepare_checkpoints(tmp_path, resume=True)
+    finally:
+        first.join()
+    assert resume["checkpoint"] == str(tmp_path / "checkpoint-4") and resume["from_step"] == 4

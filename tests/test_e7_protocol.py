@@ -406,7 +406,8 @@ def test_seed_arms_average_each_question_over_their_readings_and_pair_with_the_b
 
 def test_the_results_record_the_budget_of_either_kind_of_trained_row(tmp_path):
     """A layout row (e7_paragraph_training.py's record) and a sliding baseline (`finetune-qa --cpu-minutes`'s summary)
-    both reach the results with their budget, updates and tokens; an untrained model records nothing."""
+    both reach the results with their budget, updates and tokens (a --max-steps run: its updates from the log); a model
+    without a training record records nothing."""
     import json
 
     from e7_paragraph_layout import training_record
@@ -418,10 +419,17 @@ def test_the_results_record_the_budget_of_either_kind_of_trained_row(tmp_path):
         {"cpu_budget_minutes": 90, "cpu_seconds": 5400.2, "updates": 190, "questions": 789, "tokens_seen": 9_000_000,
          "layout": "global"}))
     (sliding / "longbird_finetune.json").write_text(json.dumps(
-        {"task": "qa", "metrics": {"train_runtime": 2700.0, "tokens_seen": 4_700_000,
-                                   "cpu_budget": {"minutes": 90, "cpu_seconds": 5399.0, "steps": 577}}}))
+        {"task": "qa", "source_model": {"model": "qa-model/kobigbird-e5-korquad"},
+         "metrics": {"train_runtime": 2700.0, "tokens_seen": 4_700_000,
+                     "cpu_budget": {"minutes": 90, "cpu_seconds": 5399.0, "steps": 577}}}))
     assert training_record(layout) == {"cpu_budget_minutes": 90, "cpu_seconds": 5400.2, "updates": 190,
                                        "questions": 789, "tokens_seen": 9_000_000, "layout": "global"}
     assert training_record(sliding) == {"cpu_budget_minutes": 90, "cpu_seconds": 5399.0, "updates": 577,
-                                        "tokens_seen": 4_700_000}
+                                        "tokens_seen": 4_700_000, "started_from": "qa-model/kobigbird-e5-korquad"}
     assert training_record(untrained) == {}
+    stepped = tmp_path / "stepped"  # trained by --max-steps: no budget, its updates from the log
+    stepped.mkdir()
+    (stepped / "longbird_finetune.json").write_text(json.dumps(
+        {"task": "qa", "metrics": {"tokens_seen": 6_000_000}, "log_history": [{"step": 384, "loss": 1.0},
+                                                                              {"step": 769, "loss": 0.9}]}))
+    assert training_record(stepped) == {"updates": 769, "tokens_seen": 6_000_000}

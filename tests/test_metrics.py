@@ -121,6 +121,11 @@ def test_wilson_and_newcombe_intervals_reproduce_the_papers_examples():
     assert wilson_interval(0, 40) == (0.0, pytest.approx(0.0876, abs=5e-5))
     with pytest.raises(ValueError, match="0 <= successes <= n"):
         wilson_interval(41, 40)
+    with pytest.raises(ValueError, match="n >= 1; got 0 of 0"):
+        proportion_difference(0, 0, 1, 2)
+    for n in range(1, 200):  # exactly 0 and 1 at the edges (the general formula missed them by ~1e-16)
+        assert wilson_interval(0, n)[0] == 0.0 and wilson_interval(n, n)[1] == 1.0
+        assert wilson_interval(0, n)[1] == pytest.approx(1 - wilson_interval(n, n)[0], abs=1e-15)
 
 
 def test_the_cluster_bootstrap_resamples_whole_articles():

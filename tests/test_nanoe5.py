@@ -148,7 +148,8 @@ def test_missing_package_is_named(monkeypatch):
 
 def test_a_cache_another_process_completed_first_is_kept(tmp_path):
     """Two processes building the cache at once: the later one replaced the first's copy, from which that process may
-    have been loading. The complete copy that arrived first stays; an incomplete one is still replaced."""
+    have been loading. A complete copy already there when the build publishes stays (one that appears during the
+    build: test_save_load_export's appearing output); an incomplete one is still replaced."""
     from longbird.files import OUTPUT_MARKER
     from longbird.sources import build_e5_directory
 

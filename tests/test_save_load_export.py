@@ -1,5 +1,7 @@
 """save_pretrained/from_pretrained round trips, Auto classes, hf-bigbird export, atomic writes."""
 
+import time
+
 import pytest
 import torch
 from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering, BigBirdForMaskedLM, BigBirdModel
@@ -197,6 +199,10 @@ def test_a_replacement_killed_between_its_renames_is_undone_by_the_next_write(tm
     aside.mkdir()
     os.replace(out, aside / "model")
     (tmp_path / ".model.partial-y2").mkdir()
+    check_writable(out)  # a moment ago: another process's replacement may be between its renames, left alone
+    assert not out.exists() and aside.is_dir()
+    old = time.time() - 120
+    os.utime(aside, (old, old))  # minutes ago: a killed replacement's
     with caplog.at_level("WARNING", logger="longbird.files"):
         with pytest.raises(FileExistsError, match="already exists"):
             check_writable(out)
@@ -216,3 +222,17 @@ def test_a_replacement_killed_between_its_renames_is_undone_by_the_next_write(tm
     monkeypatch.undo()
     assert (out / "weights").read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == [".model.partial-y2", "model"]
+
+
+def test_an_output_that_appears_while_one_is_written_is_kept_without_overwrite(tmp_path):
+    """Two processes writing one output (the e5 cache): the later one replaced the copy the first had published, which
+    that process may have been loading, although overwrite was False."""
+    out = tmp_path / "cache"
+
+    def write(directory):
+        (directory / "config.json").write_text("mine")
+        write_directory_atomically(out, lambda d: (d / "config.json").write_text("theirs"))  # the other process
+
+    with pytest.raises(FileExistsError, match="appeared while this one was written"):
+        write_directory_atomically(out, write)
+    assert (out / "config.json").read_text() == "theirs" and sorted(p.name for p in tmp_path.iterdir()) == ["cache"]

@@ -7,6 +7,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -49,7 +50,8 @@ def check_writable(out: str | os.PathLike, overwrite: bool = False) -> None:
 
 def write_directory_atomically(out: str | os.PathLike, write: Callable[[Path], None], overwrite: bool = False) -> Path:
     """Call `write(tmp_dir)` on a sibling temporary directory, then rename it to `out`. An existing `out` is replaced
-    only with `overwrite` and only if longbird wrote it (it holds OUTPUT_MARKER)."""
+    only with `overwrite` and only if longbird wrote it (it holds OUTPUT_MARKER); one that appeared during `write`
+    (another process's) is kept without `overwrite` (FileExistsError)."""
     out = Path(out)
     check_writable(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -61,6 +63,9 @@ def write_directory_atomically(out: str | os.PathLike, write: Callable[[Path], N
         (staging / OUTPUT_MARKER).write_text("written by longbird; `--overwrite` may replace this directory\n")
         ordinary_permissions(staging)
         if out.exists():
+            if not overwrite:
+                raise FileExistsError(f"output directory {out} appeared while this one was written (another "
+                                      "process?); it is kept")
             backup = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
             os.replace(out, backup / out.name)
         os.replace(staging, out)
@@ -70,26 +75,40 @@ def write_directory_atomically(out: str | os.PathLike, write: Callable[[Path], N
             os.replace(backup / out.name, out)  # the new copy never arrived: the old one goes back
         raise
     finally:
-        if backup is not None:
+        if backup is not None and out.exists():  # else the old copy is all there is: restore_set_aside finds it
             shutil.rmtree(backup, ignore_errors=True)
     return out
 
 
+# A replacement holds the old copy aside for the milliseconds between its two renames; one older than this was left by
+# a killed process, not by a replacement in progress in another.
+SET_ASIDE_SECONDS = 60.0
+
+
 def restore_set_aside(out: Path) -> None:
-    """Put back the copy of `out` that a replacement set aside (`.NAME.old-*/NAME`) when a kill between its two
-    renames left nothing at `out`; warn of temporary copies (`.NAME.partial-*`) that killed writes left (not removed:
-    another process may be writing one now)."""
+    """Put back the copy of `out` that a killed replacement set aside (`.NAME.old-*/NAME`, the newest) when nothing is
+    left at `out`; warn of what killed writes left: temporary copies (`.NAME.partial-*`) and old copies beside an
+    `out` that is there (not removed: another process may be writing one now, or the user may want the old one)."""
     if not out.parent.is_dir():
         return
-    for backup in sorted(out.parent.glob(f".{out.name}.old-*")):
-        if (backup / out.name).is_dir() and not out.exists():
+    now = time.time()
+    stale = [backup for backup in out.parent.glob(f".{out.name}.old-*")
+             if (backup / out.name).is_dir() and now - backup.stat().st_mtime > SET_ASIDE_SECONDS]
+    for backup in sorted(stale, key=lambda path: path.stat().st_mtime, reverse=True):
+        if out.exists():
+            break
+        try:
             os.replace(backup / out.name, out)
-            logger.warning("restored %s from %s, where an interrupted replacement had set it aside", out, backup)
-            shutil.rmtree(backup, ignore_errors=True)
-    leftovers = sorted(path.name for path in out.parent.glob(f".{out.name}.partial-*"))
+        except FileNotFoundError:  # another process (under torchrun every one checks) put it back first
+            continue
+        logger.warning("restored %s from %s, where an interrupted replacement had set it aside", out, backup)
+        shutil.rmtree(backup, ignore_errors=True)
+    leftovers = sorted(path.name for path in out.parent.glob(f".{out.name}.partial-*")) + sorted(
+        backup.name for backup in stale if backup.exists())
     if leftovers:
-        logger.warning("%s holds %s, left by an interrupted write of %s: remove it unless another process is writing "
-                       "%s now", out.parent, ", ".join(leftovers), out.name, out.name)
+        logger.warning("%s holds %s, left by an interrupted write of %s: remove %s unless another process is writing "
+                       "%s now", out.parent, ", ".join(leftovers), out.name,
+                       "them" if len(leftovers) > 1 else "it", out.name)
 
 
 def write_file_atomically(path: str | os.PathLike, text: str) -> Path:

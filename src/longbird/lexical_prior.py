@@ -35,7 +35,7 @@ K1, B, EPSILON = 1.5, 0.75, 0.25  # rank_bm25's BM25Okapi defaults
 # Chosen on 300 validation questions (dev-side articles outside E7's test articles) from radii 32-256 and weights
 # 0.05-1.0, the paragraph reader of `make qa-model` read whole in 512-token windows: F1 72.5 without, 76.4 with;
 # then reported on E7's 336 test questions: 73.8 -> 78.1 (experiments/results/lexical_prior.md). From round 17 E7 scores
-# all 28 dev-side articles, these 20 among them: its readings with the prior are optimistic (docs/experiments/e7.md).
+# all 28 dev-side articles, these 20 among them: its readings with the prior may be optimistic (docs/experiments/e7.md).
 DEFAULT_WEIGHT, DEFAULT_RADIUS = 0.3, 64
 
 

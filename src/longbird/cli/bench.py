@@ -91,8 +91,9 @@ def _sweep(settings, out: Path, stem: str, overwrite: bool) -> dict:
     existing = [str(path) for path in (out / f"{stem}.json", out / f"{stem}.md", partial) if path.exists()]
     if existing and not overwrite:
         kept = f"; {partial.name} holds an interrupted run's points: move it to keep them" if partial.exists() else ""
-        raise FileExistsError(f"{', '.join(existing)} already exist(s); pass --overwrite to replace, or --name to "
-                              f"write beside{kept}")
+        them = "them" if len(existing) > 1 else "it"
+        raise FileExistsError(f"{', '.join(existing)} already {'exist' if len(existing) > 1 else 'exists'}; pass "
+                              f"--overwrite to replace {them}, or --name to write beside {them}{kept}")
     steps = len(settings.sizes) * len(settings.dtypes) * len(settings.modes) * len(settings.batches) * len(
         settings.lengths)
     try:

@@ -80,11 +80,13 @@ def distill(teacher_source, output_dir: str | Path, *, student_path=None, preset
     without_head = [name for name, model in (("teacher", teacher), ("student", student))
                     if model.get_output_embeddings() is None]
     soft_targets = not rss and alpha > 0 and not without_head
-    if not rss and without_head and (alpha, temperature) != (1.0, 1.0):
-        warnings.warn(f"--alpha {alpha:g} and --temperature {temperature:g} change nothing here: soft targets need an "
-                      f"MLM head on teacher and student, and the {' and the '.join(without_head)} "
-                      f"{'have' if len(without_head) > 1 else 'has'} none; the "
-                      "student learns the attention maps alone (--beta)", stacklevel=2)
+    changed = [f"--{name} {value:g}" for name, value in (("alpha", alpha), ("temperature", temperature))
+               if value != 1.0]
+    if not rss and without_head and changed:  # the defaults say nothing: only what the user chose is warned about
+        warnings.warn(f"{' and '.join(changed)} {'change' if len(changed) > 1 else 'changes'} nothing here: soft "
+                      f"targets need an MLM head on teacher and student, and the {' and the '.join(without_head)} "
+                      f"{'have' if len(without_head) > 1 else 'has'} none; the student learns the attention maps "
+                      "alone (--beta)", stacklevel=2)
     objective = ("rss + attention" if rss else "attention + soft targets" if soft_targets else
                  "attention only (--alpha 0)" if not without_head else
                  f"attention only (no MLM head on the {' and the '.join(without_head)})")

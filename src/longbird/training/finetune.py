@@ -282,6 +282,8 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
     try:
         if finished_at_checkpoint(resume):  # nothing left to train (Trainer would take one step more)
             result = load_finished_run(trainer, resume["checkpoint"])
+            if budget is not None:  # what the run spent, from the checkpoint, as Trainer's start would have read it
+                budget.on_train_begin(arguments, trainer.state, trainer.control)
         else:  # the checkpoint chosen above, not Trainer's `True` (the highest-numbered one, complete or not)
             result = trainer.train(resume_from_checkpoint=resume["checkpoint"] if resume else None)
         finished = True
