@@ -313,6 +313,7 @@ def test_a_run_resumed_from_its_last_checkpoint_trains_no_further_step(tiny_sour
     shutil.copytree(_checkpoints(straight), _checkpoints(out))
     result = runner.invoke(app, _finetune(tiny_source, out, "--resume"))
     assert result.exit_code == 0, result.output
+    assert "from checkpoint-6, its last step: nothing left to train" in " ".join(result.output.split())
     assert sorted(p.name for p in _checkpoints(out).iterdir()) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
     assert _max_weight_difference(straight, out) == 0.0
     summary, reference = _summary(out), _summary(straight)

@@ -271,3 +271,7 @@ def test_a_teacher_without_an_mlm_head_is_said_to_give_no_soft_targets(tmp_path)
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "d" / "model" / "longbird_distill.json").read_text())
     assert summary["objective"] == "attention only (no MLM head on the teacher and the student)"
+    from longbird.sources import resolve_model_directory
+
+    # the teacher as given, and where it was read (it recorded a site-packages path alone)
+    assert summary["teacher"] == "minilm" and summary["teacher_directory"] == str(resolve_model_directory("minilm"))

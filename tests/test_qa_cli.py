@@ -66,6 +66,11 @@ def test_finetune_qa_saves_model_tokenizer_and_summary(tiny_qa, tiny_source):
     # 3 steps, shorter than the default --logging-steps 20: the loss is still logged (at the last step)
     assert [entry["step"] for entry in summary["log_history"] if "loss" in entry] == [3]
     assert not any(p.name.startswith(".") for p in tiny_qa.parent.iterdir())  # no work or partial dirs left
+    # trained further from a longbird model: nothing was converted (--preset and --max-length did not apply)
+    from longbird.runs import model_record
+
+    assert model_record(tiny_qa, "kobigbird", 4096) == {"model": str(tiny_qa), "preset_if_converted": None,
+                                                        "max_length_if_converted": None}
 
 
 def test_finetune_qa_refuses_to_overwrite(tiny_qa, tiny_source):

@@ -79,6 +79,11 @@ def corpus_record(corpus) -> list[str] | str:
     return [str(p) for p in (corpus if isinstance(corpus, (list, tuple)) else [corpus])]
 
 def model_record(model_path, preset: str, max_length: int) -> dict:
-    """The model a run started from: a directory or named source, and the conversion used if it was converted."""
-    return {"model": str(model_path) if model_path is not None else "minilm (default)", "preset_if_converted": preset,
-            "max_length_if_converted": max_length}
+    """The model a run started from: a directory or named source, and the conversion used if it was converted (None
+    for a longbird model, which is loaded as it is: --preset and --max-length did not apply)."""
+    config = Path(model_path) / "config.json" if model_path is not None else None
+    longbird = config is not None and config.is_file() and json.loads(
+        config.read_text(encoding="utf-8")).get("model_type") == "longbird"
+    return {"model": str(model_path) if model_path is not None else "minilm (default)",
+            "preset_if_converted": None if longbird else preset, "max_length_if_converted": None if longbird else
+            max_length}

@@ -23,6 +23,8 @@ def print_metrics(title: str, metrics: dict) -> None:
     console.print(title, markup=False, soft_wrap=True)  # a table title wrapped at the table's width
     table = Table(show_header=False)
     for key, value in metrics.items():
+        if key == "num_input_tokens_seen" and metrics.get("tokens_seen") == value:
+            continue  # Trainer's name of tokens_seen, shown once
         if isinstance(value, (int, float, str)):
             table.add_row(escape(key), f"{value:.4g}" if isinstance(value, float) else escape(str(value)))
     resume = metrics.get("resume")
@@ -30,6 +32,9 @@ def print_metrics(title: str, metrics: dict) -> None:
         first, last = resume["steps_trained_by_this_run"]
         table.add_row("resumed", f"from {escape(str(resume['from_checkpoint']))}: train_loss covers steps "
                                  f"{first}-{last} only")
+    elif resume:
+        table.add_row("resumed", f"from {escape(str(resume['from_checkpoint']))}, its last step: nothing left to "
+                                 "train")
     console.print(table)
 
 

@@ -93,7 +93,8 @@ def distill(teacher_source, output_dir: str | Path, *, student_path=None, preset
     metrics = run_distillation(student.train(), teacher, tokenizer, windows, output_dir, settings, alpha, beta,
                                temperature, gradient_checkpointing, collator, teacher_ids,
                                run_settings={"length": length})
-    summary = {"teacher": str(teacher_dir), "student": str(student_path) if student_path else f"{preset}-{max_length}",
+    summary = {"teacher": str(teacher_source), "teacher_directory": str(teacher_dir),
+               "student": str(student_path) if student_path else f"{preset}-{max_length}",
                "overrides": overrides, "objective": objective,
                "corpus": corpus_record(corpus), "training_document_sha256": [text_hash(d) for d in documents],
                "held_out_documents": len(held_out), "windows": len(windows), "length": length, "alpha": alpha,
