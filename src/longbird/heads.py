@@ -295,8 +295,9 @@ class SpanSelectionOutput(ModelOutput):
 
 
 class LongBirdForSpanSelection(LongBirdPreTrainedModel):
-    """Recurring Span Selection head (Ram et al. 2021; LittleBird §4.1, its heads A.1): from each `[QUESTION]` token q, start logits
-    (W_s h_q)·h_i, then end logits (W_e [h_q; h_start])·h_i given the start (start-then-conditional-end)."""
+    """Recurring Span Selection head (Ram et al. 2021; LittleBird §4.1, its heads A.1): from each `[QUESTION]` token
+    q, start logits (W_s h_q)·h_i, then end logits (W_e [h_q; h_start])·h_i given the start
+    (start-then-conditional-end)."""
 
     def __init__(self, config: LongBirdConfig):
         super().__init__(config)

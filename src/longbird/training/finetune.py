@@ -25,7 +25,7 @@ from ..linked_windows import GATES
 from ..precision import slow_bf16_warning
 from .budget import check_budget_minutes, training_budget
 from .padding_insertion import PaddingInsertion, sentence_end_token_ids
-from .processes import is_main_process, world_size
+from .processes import is_main_process, leave_the_group_at_exit, world_size
 from .resume import (
     finished_at_checkpoint,
     load_finished_run,
@@ -287,6 +287,7 @@ def train(model, tokenizer, items: list[dict], out_dir: str | Path, settings: Fi
         else:  # the checkpoint chosen above, not Trainer's `True` (the highest-numbered one, complete or not)
             result = trainer.train(resume_from_checkpoint=resume["checkpoint"] if resume else None)
         finished = True
+        leave_the_group_at_exit()
     except KeyboardInterrupt:
         if checkpoint_dir is not None:  # Ctrl-C: keep the model as it is and say where
             saved = Path(checkpoint_dir) / f"interrupted-step-{trainer.state.global_step}"

@@ -40,3 +40,14 @@ def agreed_across_processes(value: float) -> float:
     largest = torch.tensor([value], dtype=torch.float64, device=device)
     dist.all_reduce(largest, op=dist.ReduceOp.MAX)
     return float(largest.item())
+
+
+def leave_the_group_at_exit() -> None:
+    """Under torchrun: end the process group when the process exits, before the interpreter tears down the objects
+    that hold its threads (a process left to that once aborted at exit in C++, "terminate called without an active
+    exception", after a run that had saved its model: torchrun then reported the run as failed). Idempotent."""
+    import atexit
+
+    if _distributed() and not getattr(leave_the_group_at_exit, "registered", False):
+        leave_the_group_at_exit.registered = True
+        atexit.register(lambda: torch.distributed.destroy_process_group() if _distributed() else None)
