@@ -21,7 +21,7 @@ from .config import LongBirdConfig
 from .conversion import convert
 from .files import check_not_read, check_writable, write_directory_atomically
 from .precision import store_encoder_linears_in
-from .sources import resolve_model_directory
+from .sources import resolve_model_directory, saved_config
 from .training.processes import is_main_process
 
 
@@ -33,7 +33,7 @@ def convert_to_directory(source, out: str | Path, *, preset: str = "kobigbird", 
     source = resolve_model_directory(source)  # a missing, damaged or foreign directory named before anything runs
     check_not_read(out, (source,))  # converting a directory onto itself would delete the source
     check_writable(out, overwrite)  # before the conversion, not after it
-    if json.loads((source / "config.json").read_text(encoding="utf-8")).get("model_type") == "longbird":
+    if saved_config(source).get("model_type") == "longbird":
         return reconvert_directory(source, out, preset=preset, max_length=max_length, overwrite=overwrite,
                                    **overrides), True
     model = convert(source, preset=preset, max_length=max_length, **overrides)
@@ -70,7 +70,7 @@ def reconvert_directory(model_dir, out: str | Path, *, preset: str = "kobigbird"
     from .conversion import reconvert
 
     path = resolve_model_directory(model_dir)
-    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    config = saved_config(path)
     own = next((name for name in ("kobigbird", "full") if PRESETS[name]["attention"] == config.get("attention")
                 and config.get("position") == "absolute"), None)
     if preset != own:
@@ -104,7 +104,7 @@ def require_trained_head(model_path, task_class) -> None:
     """Inference needs a head that was trained and saved: loading a base model (or another task's model) into a task
     class would give a randomly initialised head that answers without a word."""
     path = resolve_model_directory(model_path)
-    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    config = saved_config(path)
     task, command = TASK_COMMANDS[task_class.__name__]
     saved = config.get("architectures") or ["(none)"]
     if config.get("model_type") != "longbird" or task_class.__name__ not in saved:
@@ -166,7 +166,7 @@ def check_tokenizer(model, tokenizer) -> None:
                          f"embedding table has {rows} rows; use the tokenizer saved with the model")
 
 def has_lm_head(path) -> bool:
-    config = json.loads((resolve_model_directory(path) / "config.json").read_text(encoding="utf-8"))
+    config = saved_config(resolve_model_directory(path))
     return config.get("lm_head_act") is not None
 
 

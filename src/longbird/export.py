@@ -19,7 +19,7 @@ from .files import check_not_read, check_writable, write_directory_atomically
 from .heads import LongBirdForMaskedLM
 from .modeling import LongBirdModel, LongBirdPreTrainedModel
 from .quiet import silenced
-from .sources import resolve_model_directory
+from .sources import resolve_model_directory, saved_config
 
 EXPORT_FORMATS = ("hf-bigbird", "onnx")
 logger = logging.getLogger("longbird.export")
@@ -121,7 +121,7 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, format: str = "
     if is_tape_peft(model_dir):
         raise ValueError(f"{model_dir} holds a TAPE fine-tuning (position states over a base): transformers' BigBird "
                          "has no counterpart for TAPE; export its graph with --format onnx, which takes it")
-    saved = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    saved = saved_config(model_dir)
     if saved.get("model_type") == "big_bird":
         raise ValueError(f"{model_dir} is a transformers BigBird model already (model_type 'big_bird'): use it as "
                          "it is (BigBirdModel.from_pretrained)")
@@ -218,7 +218,7 @@ def export_onnx(model_dir: str | os.PathLike, out: str | os.PathLike, overwrite:
         raise ImportError('ONNX export needs onnxscript (and onnxruntime to check the graph): pip install '
                           '"longbird[onnx]"') from error
     path = resolve_model_directory(model_dir)
-    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    config = saved_config(path)
     peft = is_tape_peft(path)
     if config.get("model_type") != "longbird" and not peft:
         raise ValueError(f"{path} is not a longbird model (model_type {config.get('model_type')!r}); convert it "

@@ -36,7 +36,7 @@ from .qa import (
     row_features,
     score_windows,
 )
-from .sources import resolve_model_directory
+from .sources import resolve_model_directory, saved_config
 
 # padded tokens per forward of `Reader.classify` and `Reader.embed`, and the server's default --max-batch-tokens
 FORWARD_TOKENS = 16_384
@@ -177,7 +177,7 @@ class Reader:
     def __init__(self, model_dir, device: str | None = None, bf16: bool = False, scoring: str = DEFAULT_SCORING,
                  window_length: int | None = None, compile: bool = False, lexical_weight: float = DEFAULT_WEIGHT,
                  lexical_radius: int = DEFAULT_RADIUS):
-        saved = json.loads((resolve_model_directory(model_dir) / "config.json").read_text(encoding="utf-8"))
+        saved = saved_config(resolve_model_directory(model_dir))
         architectures = saved.get("architectures") or []
         for task_class in (LongBirdForQuestionAnswering, LongBirdForSequenceClassification):
             if task_class.__name__ in architectures:

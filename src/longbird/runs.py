@@ -13,6 +13,7 @@ from datasets import Dataset
 
 from .checkpoints import base_record, save_tape_peft
 from .files import check_not_read, check_writable, write_directory_atomically
+from .sources import saved_config
 from .training.finetune import FinetuneSettings
 from .training.processes import is_main_process
 
@@ -81,9 +82,8 @@ def corpus_record(corpus) -> list[str] | str:
 def model_record(model_path, preset: str, max_length: int) -> dict:
     """The model a run started from: a directory or named source, and the conversion used if it was converted (None
     for a longbird model, which is loaded as it is: --preset and --max-length did not apply)."""
-    config = Path(model_path) / "config.json" if model_path is not None else None
-    longbird = config is not None and config.is_file() and json.loads(
-        config.read_text(encoding="utf-8")).get("model_type") == "longbird"
+    longbird = (model_path is not None and (Path(model_path) / "config.json").is_file()  # not a named source
+                and saved_config(model_path).get("model_type") == "longbird")
     return {"model": str(model_path) if model_path is not None else "minilm (default)",
             "preset_if_converted": None if longbird else preset, "max_length_if_converted": None if longbird else
             max_length}

@@ -272,9 +272,9 @@ def _check_window_length(model: Path, window_length: int | None) -> None:
     is read (the library checks it again once the model is loaded)."""
     if window_length is None:
         return
-    from ..sources import resolve_model_directory
+    from ..sources import resolve_model_directory, saved_config
 
-    config = json.loads((resolve_model_directory(model) / "config.json").read_text(encoding="utf-8"))
+    config = saved_config(resolve_model_directory(model))
     limit = config.get("max_position_embeddings")
     if window_length < 1:
         raise ValueError(f"--window-length {window_length} is not a length; use a number of tokens from 1 to "

@@ -55,6 +55,13 @@ def resolve_model_directory(source: str | os.PathLike | None) -> Path:
     return path
 
 
+def saved_config(directory: str | os.PathLike) -> dict:
+    """The config.json of a model directory (already resolved: `resolve_model_directory`), as a dict."""
+    import json
+
+    return json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
+
+
 def _check_readable(path: Path) -> None:
     """A damaged config.json or weights file, named with its path (json's and safetensors' own errors name neither):
     the config is parsed and each safetensors file's header read (it says where every tensor lies, so a file cut

@@ -3,7 +3,6 @@ document's window logits (accuracy, macro-F1)."""
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from ..runs import (
     write_outputs,
     write_trained_model,
 )
-from ..sources import resolve_model_directory
+from ..sources import resolve_model_directory, saved_config
 from ..training.finetune import FinetuneSettings, train
 from ..training.processes import world_size
 
@@ -56,7 +55,7 @@ def _training_labels(model_path, data_labels: list[str]) -> list[str]:
     fresh sorted order swapped its classes' meanings), else the data's labels sorted (`label_vocabulary`); a saved
     classifier whose labels the data does not fit is refused."""
     path = resolve_model_directory(model_path) if model_path is not None else None
-    config = json.loads((path / "config.json").read_text(encoding="utf-8")) if path is not None else {}
+    config = saved_config(path) if path is not None else {}
     if config.get("model_type") != "longbird" or "LongBirdForSequenceClassification" not in (
             config.get("architectures") or []):
         return data_labels

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 
 import torch
@@ -45,9 +46,13 @@ def agreed_across_processes(value: float) -> float:
 def leave_the_group_at_exit() -> None:
     """Under torchrun: end the process group when the process exits, before the interpreter tears down the objects
     that hold its threads (a process left to that once aborted at exit in C++, "terminate called without an active
-    exception", after a run that had saved its model: torchrun then reported the run as failed). Idempotent."""
-    import atexit
+    exception", after a run that had saved its model: torchrun then reported the run as failed). Registered once
+    however many runs the process finishes."""
+    if _distributed():
+        atexit.unregister(_leave_the_group)
+        atexit.register(_leave_the_group)
 
-    if _distributed() and not getattr(leave_the_group_at_exit, "registered", False):
-        leave_the_group_at_exit.registered = True
-        atexit.register(lambda: torch.distributed.destroy_process_group() if _distributed() else None)
+
+def _leave_the_group() -> None:
+    if _distributed():
+        torch.distributed.destroy_process_group()
